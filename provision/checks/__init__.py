@@ -1,0 +1,1 @@
+"""testinfra suites that `provision verify` runs, one file per phase."""

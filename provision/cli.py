@@ -1,0 +1,199 @@
+"""Command line: parses flags, calls the Python API, prints the result. Nothing else.
+
+Exit codes: 0 every host succeeded; 1 a host failed or was unreachable; 2 usage or
+inventory error (nothing was contacted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from provision import __version__
+from provision.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, InventoryError, ProvisionError
+
+
+def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
+    p.add_argument("--inventory", "-i", required=True, help="inventory name (inventory/NAME) or directory")
+    if limit:
+        p.add_argument("--limit", "-l", help="Ansible host pattern to restrict the run to")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+
+
+def _runs_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path(os.environ.get("PROVISION_RUNS_DIR", ".provision/runs")),
+        help="where run records go (default: $PROVISION_RUNS_DIR or .provision/runs)",
+    )
+
+
+def _ansible_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vault-password-file", type=Path, help="passed to ansible-playbook")
+    p.add_argument(
+        "--no-host-key-checking",
+        dest="host_key_checking",
+        action="store_false",
+        help="DANGEROUS: accept any ssh host key (checking is on by default)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="provision",
+        description="Take a Proxmox VE GPU host to a verified SGLang endpoint.",
+    )
+    parser.add_argument("--version", action="version", version=f"provision {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("apply", help="converge hosts: kernel args, GPU passthrough, SGLang service")
+    _common(p)
+    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    p.add_argument("--check", action="store_true", help="report what would change without changing it")
+    p.add_argument("--diff", action="store_true", help="show file and config differences")
+    p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _runs_dir(p)
+    _ansible_opts(p)
+
+    p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
+    _common(p)
+    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    _runs_dir(p)
+    _ansible_opts(p)
+
+    p = sub.add_parser("verify", help="prove the deployment with testinfra checks")
+    _common(p)
+    p.add_argument("--junit", type=Path, help="write JUnit XML here")
+    _runs_dir(p)
+
+    p = sub.add_parser("inventory", help="inventory tools")
+    inv_sub = p.add_subparsers(dest="inventory_command", required=True, metavar="SUBCOMMAND")
+    c = inv_sub.add_parser("check", help="validate an inventory without contacting any host")
+    _common(c, limit=False)
+    return parser
+
+
+def _confirm(args: argparse.Namespace, console: Console) -> None:
+    if args.yes or args.check:
+        return
+    if not sys.stdin.isatty():
+        raise ProvisionError("apply changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)")
+    answer = console.input(
+        f"Apply to inventory {args.inventory!r}{' limit ' + args.limit if args.limit else ''}? [y/N] "
+    )
+    if answer.strip().lower() not in ("y", "yes"):
+        raise ProvisionError("aborted: nothing was changed")
+
+
+def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision import inventory
+
+    inv = inventory.load(args.inventory)
+    for warning in inv.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    report = {
+        "inventory": str(inv.path),
+        "valid": True,
+        "proxmox_hosts": [h.name for h in inv.proxmox_hosts],
+        "gpu_containers": [h.name for h in inv.gpu_containers],
+        "warnings": inv.warnings,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        out.print(
+            f"{inv.path}: ok ({len(inv.proxmox_hosts)} proxmox_hosts, {len(inv.gpu_containers)} gpu_containers)",
+            highlight=False,
+        )
+    return EXIT_OK
+
+
+def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> int:
+    from provision import apply as apply_mod
+    from provision import inventory
+
+    opts = apply_mod.ApplyOptions(
+        inventory=args.inventory,
+        limit=args.limit,
+        tags=apply_mod.parse_tags(args.tags),
+        check=plan or args.check,
+        diff=plan or args.diff,
+        reboot=None if plan else args.reboot,
+        runs_dir=args.runs_dir,
+        host_key_checking=args.host_key_checking,
+        vault_password_file=args.vault_password_file,
+    )
+    inventory.load(opts.inventory)  # validate before asking anything
+    if not plan:
+        _confirm(args, err)
+    result = apply_mod.apply(opts, console=err, kind="plan" if plan else "apply")
+    if args.json:
+        data = result.to_dict()
+        if plan:
+            data["would_change"] = apply_mod.plan_summary(result)
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        apply_mod.print_result(out, result, "plan (check mode: nothing was changed)" if plan else "apply")
+        if plan:
+            for host, tasks in sorted(apply_mod.plan_summary(result).items()):
+                out.print(
+                    f"{host}: {len(tasks)} change(s) pending" if tasks else f"{host}: up to date", highlight=False
+                )
+                for task in tasks:
+                    out.print(f"  ~ {task}", highlight=False, markup=False)
+    return EXIT_OK if result.succeeded else EXIT_FAILED
+
+
+def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision import verify
+
+    report = verify.verify(args.inventory, limit=args.limit, junit=args.junit, runs_dir=args.runs_dir)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        verify.print_report(out, report)
+    return EXIT_OK if report.passed else EXIT_FAILED
+
+
+def _console(stderr: bool) -> Console:
+    # In logs and pipes, don't wrap at 80 columns: one message stays one line.
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out, err = _console(stderr=False), _console(stderr=True)
+    try:
+        if args.command == "inventory":
+            return _cmd_inventory_check(args, out, err)
+        if args.command == "apply":
+            return _cmd_apply(args, out, err)
+        if args.command == "plan":
+            return _cmd_apply(args, out, err, plan=True)
+        if args.command == "verify":
+            return _cmd_verify(args, out, err)
+    except InventoryError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except ProvisionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        return EXIT_FAILED
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The one place that runs ansible-runner and turns its events into progress and a result.
+
+Every run gets a fresh private data dir (runner's env/ files are sticky, §a.6 of the
+ecosystem notes), an ansible.cfg that this package controls, and the `ansible-playbook`
+of the interpreter running us. What is kept afterwards goes to a run record directory,
+copied from the private data dir with secrets redacted; the private data dir is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from provision.errors import ProvisionError
+from provision.paths import playbooks_dir, roles_dir
+
+REDACTED = "********"
+# Environment variables whose values are secrets wherever they appear.
+_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|VAULT)", re.IGNORECASE)
+_MIN_SECRET_LEN = 4  # never "redact" tiny values such as "1" everywhere
+
+
+@dataclass
+class HostStats:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "changed" if self.changed else "ok"
+
+
+@dataclass
+class RunResult:
+    playbook: str
+    status: str  # runner's status: successful, failed, timeout, canceled
+    rc: int
+    check: bool
+    started: str
+    duration_s: float
+    hosts: dict[str, HostStats] = field(default_factory=dict)
+    changed_tasks: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    host_durations_s: dict[str, float] = field(default_factory=dict)
+    record_dir: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return (
+            self.rc == 0
+            and self.status == "successful"
+            and not any(h.failed or h.unreachable for h in self.hosts.values())
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["succeeded"] = self.succeeded
+        data["hosts"] = {name: {**asdict(s), "status": s.status} for name, s in self.hosts.items()}
+        return data
+
+
+class EventCollector:
+    """Counts what ran, per host, from runner events.
+
+    `handle` is runner's event_handler: it must stay tiny (a slow handler stalls runner's
+    output loop) and must return True (else the event is not written to job_events).
+    """
+
+    def __init__(self, on_update: Callable[[str, dict[str, Any]], None] | None = None):
+        self.changed_tasks: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+        self.current_task = ""
+        self.current_play = ""
+        self.host_seconds: dict[str, float] = {}
+        self.live: dict[str, HostStats] = {}
+        self._on_update = on_update
+
+    def handle(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        host = data.get("host", "")
+        if kind == "playbook_on_play_start":
+            self.current_play = data.get("name", "")
+        elif kind == "playbook_on_task_start":
+            self.current_task = data.get("task", "")
+        elif kind.startswith("runner_on_") and host and kind not in ("runner_on_start", "runner_on_async_poll"):
+            stats = self.live.setdefault(host, HostStats())
+            res = data.get("res") or {}
+            self.host_seconds[host] = self.host_seconds.get(host, 0.0) + float(data.get("duration") or 0)
+            task = data.get("task", "")
+            if kind in ("runner_on_ok", "runner_on_async_ok"):
+                stats.ok += 1
+                if res.get("changed"):
+                    stats.changed += 1
+                    self.changed_tasks.append({"host": host, "task": task, "play": self.current_play})
+            elif kind in ("runner_on_failed", "runner_on_async_failed"):
+                if data.get("ignore_errors"):
+                    stats.ignored += 1
+                else:
+                    stats.failed += 1
+                    self.failures.append({"host": host, "task": task, "message": _failure_message(res)})
+            elif kind == "runner_on_unreachable":
+                stats.unreachable += 1
+                self.failures.append(
+                    {"host": host, "task": task, "message": "unreachable: " + str(res.get("msg", "")).strip()}
+                )
+            elif kind == "runner_on_skipped":
+                stats.skipped += 1
+        elif kind in ("warning", "deprecated") and event.get("stdout"):
+            self.warnings.append(_strip_ansi(event["stdout"]).strip())
+        if self._on_update is not None:
+            self._on_update(kind, data)
+        return True
+
+
+def _failure_message(res: dict[str, Any]) -> str:
+    msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
+    if res.get("stderr") and res.get("msg") and res["stderr"] not in str(msg):
+        msg = f"{msg}: {res['stderr']}"
+    return str(msg).strip()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def ansible_cfg(forks: int, host_key_checking: bool, control_dir: Path) -> str:
+    """The ansible.cfg every run uses. Pipelining and ControlPersist make tasks cheap;
+    host key checking stays on unless the caller relaxes it explicitly."""
+    return "\n".join(
+        [
+            "[defaults]",
+            f"forks = {forks}",
+            f"host_key_checking = {host_key_checking}",
+            "interpreter_python = auto_silent",
+            "retry_files_enabled = False",
+            "gathering = implicit",
+            "timeout = 30",
+            "",
+            "[ssh_connection]",
+            "pipelining = True",
+            "ssh_args = -o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15 "
+            "-o ServerAliveCountMax=4 -o ConnectTimeout=20",
+            f"control_path_dir = {control_dir}",
+            "retries = 1",
+            "",
+        ]
+    )
+
+
+def secret_values(extra: Iterable[str] = ()) -> set[str]:
+    """The values to scrub: secret-looking environment variables plus any given ones."""
+    values = {v for k, v in os.environ.items() if _SECRET_ENV.search(k)}
+    values.update(extra)
+    return {v for v in values if v and len(v) >= _MIN_SECRET_LEN}
+
+
+def redact_tree(root: Path, secrets: set[str]) -> int:
+    """Replace every secret value in every file under root. Returns the files changed."""
+    if not secrets:
+        return 0
+    ordered = sorted(secrets, key=len, reverse=True)  # longest first: a secret may contain another
+    changed = 0
+    for path in root.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            continue
+        scrubbed = text
+        for secret in ordered:
+            scrubbed = scrubbed.replace(secret, REDACTED)
+            escaped = json.dumps(secret)[1:-1]
+            if escaped != secret:
+                scrubbed = scrubbed.replace(escaped, REDACTED)
+        if scrubbed != text:
+            path.write_text(scrubbed, encoding="utf-8", errors="surrogateescape")
+            changed += 1
+    return changed
+
+
+def _keep_artifacts(artifact_root: Path, record_dir: Path, secrets: set[str]) -> None:
+    """Copy runner's artifacts into the run record, without the environment dump and redacted."""
+    dest = record_dir / "artifacts"
+    for ident_dir in artifact_root.iterdir() if artifact_root.is_dir() else ():
+        target = dest / ident_dir.name
+        shutil.copytree(ident_dir, target, ignore=shutil.ignore_patterns("fact_cache", "command"))
+        command = ident_dir / "command"
+        if command.is_file():
+            # runner stores the whole environment here; keep the command line only
+            try:
+                data = json.loads(command.read_text())
+                (target / "command").write_text(json.dumps({"command": data.get("command"), "cwd": data.get("cwd")}))
+            except (OSError, ValueError):
+                pass
+    redact_tree(dest, secrets)
+
+
+def new_record_dir(runs_dir: Path, kind: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for n in range(1000):
+        candidate = runs_dir / (f"{stamp}-{kind}" + (f"-{n}" if n else ""))
+        try:
+            candidate.mkdir(mode=0o700)
+            return candidate
+        except FileExistsError:
+            continue
+    raise ProvisionError(f"{runs_dir}: cannot create a run record directory")
+
+
+def run_playbook(
+    playbook: str,
+    inventory: Path,
+    *,
+    record_dir: Path,
+    host_count: int,
+    limit: str | None = None,
+    tags: list[str] | None = None,
+    check: bool = False,
+    diff: bool = False,
+    extravars: dict[str, Any] | None = None,
+    host_key_checking: bool = True,
+    vault_password_file: Path | None = None,
+    secrets: Iterable[str] = (),
+    progress: Any = None,
+) -> RunResult:
+    """Run one packaged playbook against an inventory directory and return what happened.
+
+    Secrets must never be in `extravars` (they would be on ansible-playbook's command
+    line): inventories read them from the environment or vault.
+    """
+    import ansible_runner
+
+    playbook_path = playbooks_dir() / playbook
+    if not playbook_path.is_file():
+        raise ProvisionError(f"{playbook_path}: packaged playbook not found")
+    pdd = Path(tempfile.mkdtemp(prefix="provision-"))
+    started = time.monotonic()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    collector = EventCollector(on_update=progress.update if progress else None)
+    try:
+        cfg = pdd / "ansible.cfg"
+        control_dir = pdd / "cp"
+        control_dir.mkdir(mode=0o700)
+        cfg.write_text(ansible_cfg(max(1, min(host_count, 50)), host_key_checking, control_dir))
+        bin_dir = str(Path(sys.executable).parent)
+        envvars = {
+            # runner finds ansible-playbook through PATH: use the one beside our interpreter
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "ANSIBLE_CONFIG": str(cfg),
+            "ANSIBLE_HOST_KEY_CHECKING": str(host_key_checking),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
+            "PROVISION_PYTHON": sys.executable,
+        }
+        cmdline = []
+        if check:
+            cmdline.append("--check")
+        if diff:
+            cmdline.append("--diff")
+        if vault_password_file:
+            cmdline += ["--vault-password-file", str(vault_password_file)]
+        if progress:
+            progress.start()
+        runner = ansible_runner.run(
+            private_data_dir=str(pdd),
+            project_dir=str(playbooks_dir()),
+            playbook=str(playbook_path),
+            inventory=str(inventory),
+            roles_path=[str(roles_dir())],
+            envvars=envvars,
+            extravars=extravars or {},
+            limit=limit,
+            tags=",".join(tags) if tags else None,
+            cmdline=" ".join(cmdline) or None,
+            forks=max(1, min(host_count, 50)),
+            suppress_env_files=True,
+            quiet=True,
+            event_handler=collector.handle,
+            ident="run",
+        )
+        hosts = _final_stats(runner.stats, collector)
+        result = RunResult(
+            playbook=playbook,
+            status=runner.status,
+            rc=runner.rc,
+            check=check,
+            started=started_at,
+            duration_s=round(time.monotonic() - started, 2),
+            hosts=hosts,
+            changed_tasks=collector.changed_tasks,
+            failures=collector.failures,
+            warnings=collector.warnings,
+            host_durations_s={h: round(s, 2) for h, s in collector.host_seconds.items()},
+            record_dir=str(record_dir),
+        )
+        if runner.status != "successful" and not result.failures:
+            stdout = (
+                (pdd / "artifacts" / "run" / "stdout").read_text(errors="replace")[-2000:]
+                if (pdd / "artifacts" / "run" / "stdout").is_file()
+                else ""
+            )
+            result.failures.append({"host": "", "task": "", "message": _strip_ansi(stdout).strip() or runner.status})
+        all_secrets = secret_values(secrets)
+        _keep_artifacts(pdd / "artifacts", record_dir, all_secrets)
+        return result
+    finally:
+        if progress:
+            progress.stop()
+        shutil.rmtree(pdd, ignore_errors=True)
+
+
+def _final_stats(stats: dict[str, dict[str, int]] | None, collector: EventCollector) -> dict[str, HostStats]:
+    if not stats:
+        return collector.live
+    hosts: dict[str, HostStats] = {}
+    names = set(collector.live)
+    for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored"):
+        names |= set((stats.get(key) or {}).keys())
+    for name in sorted(names):
+        hosts[name] = HostStats(
+            ok=stats.get("ok", {}).get(name, 0),
+            changed=stats.get("changed", {}).get(name, 0),
+            failed=stats.get("failures", {}).get(name, 0),
+            unreachable=stats.get("dark", {}).get(name, 0),
+            skipped=stats.get("skipped", {}).get(name, 0),
+            rescued=stats.get("rescued", {}).get(name, 0),
+            ignored=stats.get("ignored", {}).get(name, 0),
+        )
+    return hosts
+
+
+def write_summary(record_dir: Path, summary: dict[str, Any], secrets: Iterable[str] = ()) -> Path:
+    """Write summary.json atomically, redacted."""
+    path = record_dir / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    redact_tree(record_dir, secret_values(secrets))
+    return path

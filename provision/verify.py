@@ -1,0 +1,187 @@
+"""`provision verify`: run the packaged testinfra suites against every host, in parallel.
+
+Each host gets its own pytest process (testinfra's ansible backend, reading the same
+inventory) writing JUnit XML; the results are merged into one table per host. A host
+that cannot be reached shows up as failed checks with the connection error as reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from provision import inventory as inventory_mod
+from provision.runner import new_record_dir, redact_tree, secret_values
+
+CHECKS_DIR = Path(__file__).resolve().parent / "checks"
+# group -> suites run on its hosts
+SUITES = {
+    inventory_mod.PROXMOX_HOSTS: ["test_host.py"],
+    inventory_mod.GPU_CONTAINERS: ["test_container.py"],
+}
+HOST_TIMEOUT_S = 900
+
+
+@dataclass
+class Check:
+    host: str
+    suite: str
+    name: str
+    passed: bool
+    reason: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class VerifyReport:
+    inventory: str
+    checks: list[Check] = field(default_factory=list)
+    record_dir: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {
+            "inventory": self.inventory,
+            "passed": self.passed,
+            "record_dir": self.record_dir,
+            "checks": [c.__dict__ for c in self.checks],
+        }
+
+
+def _reason(problem: ET.Element) -> str:
+    """The assertion message, or for an error the last `E   ...` line of the traceback."""
+    message = (problem.get("message") or "").strip()
+    text = problem.text or ""
+    e_lines = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    if problem.tag == "error" or not message or message == "collection failure":
+        return (e_lines[-1] if e_lines else message or "error").strip()
+    return message.splitlines()[0]
+
+
+def _parse_junit(path: Path, host: str) -> list[Check]:
+    checks = []
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        name = case.get("name", "").split("[", 1)[0]
+        suite = case.get("classname", "").rsplit(".", 1)[-1]
+        problem = next((case.find(tag) for tag in ("failure", "error") if case.find(tag) is not None), None)
+        skipped = case.find("skipped")
+        if skipped is not None:
+            continue
+        reason = _reason(problem) if problem is not None else ""
+        checks.append(Check(host, suite, name, problem is None, reason[:300], float(case.get("time", 0) or 0)))
+    return checks
+
+
+def _run_host(inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: Path) -> list[Check]:
+    suites = [str(CHECKS_DIR / s) for g, files in SUITES.items() if g in host.groups for s in files]
+    if not suites:
+        return []
+    junit = workdir / f"{host.name}.xml"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *suites,
+        f"--hosts=ansible://{host.name}",
+        f"--ansible-inventory={inv.path}",
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--no-header",
+        "-o",
+        "addopts=",
+        "-o",
+        "junit_family=xunit1",
+        f"--rootdir={CHECKS_DIR}",
+    ]
+    env = {
+        **os.environ,
+        # testinfra runs ansible-inventory through PATH: use the one beside our interpreter
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "PROVISION_VERIFY_HOST": host.name,
+    }
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=workdir)
+    except subprocess.TimeoutExpired:
+        return [Check(host.name, "verify", "checks finished", False, f"timed out after {HOST_TIMEOUT_S}s")]
+    if not junit.is_file():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
+        return [Check(host.name, "verify", "checks ran", False, tail[0][:300])]
+    return _parse_junit(junit, host.name)
+
+
+def verify(
+    inventory: str, limit: str | None = None, junit: Path | None = None, runs_dir: Path = Path(".provision/runs")
+) -> VerifyReport:
+    inv = inventory_mod.load(inventory)
+    hosts = [h for h in inv.hosts.values() if set(SUITES) & h.groups]
+    if limit:
+        wanted = {p.strip() for p in limit.replace(":", ",").split(",") if p.strip()}
+        hosts = [h for h in hosts if h.name in wanted or wanted & h.groups]
+    report = VerifyReport(inventory=str(inv.path))
+    record = new_record_dir(runs_dir, "verify")
+    report.record_dir = str(record)
+    with (
+        tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp,
+        ThreadPoolExecutor(max_workers=max(1, min(len(hosts), 16))) as pool,
+    ):
+        for checks in pool.map(lambda h: _run_host(inv, h, Path(tmp)), hosts):
+            report.checks.extend(checks)
+        if junit:
+            _write_junit(report, junit)
+    (record / "verify.json").write_text(json.dumps(report.to_dict(), indent=2))
+    redact_tree(record, secret_values())
+    return report
+
+
+def _write_junit(report: VerifyReport, path: Path) -> None:
+    suites = ET.Element("testsuites", name="provision verify")
+    by_host: dict[str, list[Check]] = {}
+    for c in report.checks:
+        by_host.setdefault(c.host, []).append(c)
+    for host, checks in by_host.items():
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name=host,
+            tests=str(len(checks)),
+            failures=str(sum(not c.passed for c in checks)),
+        )
+        for c in checks:
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{c.suite}", name=c.name, time=f"{c.seconds:.3f}")
+            if not c.passed:
+                ET.SubElement(case, "failure", message=c.reason)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def print_report(console: Console, report: VerifyReport) -> None:
+    hosts = sorted({c.host for c in report.checks})
+    if not hosts:
+        console.print("no hosts matched: nothing was verified", style="red")
+    for host in hosts:
+        table = Table(title=f"verify {host}")
+        for col in ("suite", "check", "result", "reason"):
+            table.add_column(col)
+        for c in (c for c in report.checks if c.host == host):
+            table.add_row(c.suite, c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.reason))
+        console.print(table)
+    verdict = "[green]all checks passed[/]" if report.passed else "[red]verification failed[/]"
+    console.print(f"{verdict}; record: {escape(report.record_dir)}")

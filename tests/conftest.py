@@ -1,0 +1,70 @@
+"""Shared fixtures: real sshd targets and inventories written for them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.sshtarget import free_port, make_client_key, start_target
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> Path:
+    """hosts: {group: {host: vars}}"""
+    path.mkdir(parents=True, exist_ok=True)
+    doc = {"all": {"children": {g: {"hosts": h} for g, h in hosts.items()}}}
+    (path / "hosts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    if group_vars:
+        (path / "group_vars").mkdir(exist_ok=True)
+        for group, values in group_vars.items():
+            (path / "group_vars" / f"{group}.yml").write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def run_provision(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="session")
+def ssh_lab(tmp_path_factory):
+    """Two real sshd targets: a 'node' and a 'container'."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not Path("/usr/sbin/sshd").exists():
+        pytest.skip("needs root, unshare and openssh-server (installed by .ci/setup)")
+    root = tmp_path_factory.mktemp("sshlab")
+    key = make_client_key(root)
+    known_hosts = root / "known_hosts"
+    targets = {}
+    try:
+        for name in ("node1", "ct1"):
+            targets[name] = start_target(name, root, key, known_hosts)
+        yield {"root": root, "targets": targets, "dead_port": free_port()}
+    finally:
+        for t in targets.values():
+            t.stop()
+
+
+def lab_inventory(ssh_lab, path: Path, extra_hosts: dict | None = None, group_vars: dict | None = None) -> Path:
+    t = ssh_lab["targets"]
+    hosts = {
+        "proxmox_hosts": {"node1": t["node1"].inventory_vars()},
+        "gpu_containers": {
+            "ct1": {**t["ct1"].inventory_vars(), "proxmox_host": "node1", "proxmox_vmid": 100},
+        },
+    }
+    for group, more in (extra_hosts or {}).items():
+        hosts[group].update(more)
+    return write_inventory(path, hosts, group_vars)

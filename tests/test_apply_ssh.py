@@ -1,0 +1,195 @@
+"""`provision apply`, `plan` and `verify` against real sshd targets, through ansible-runner.
+
+The tests run in file order and share two targets: check mode first (nothing may be
+written), then the first apply, then the idempotent second apply.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import lab_inventory, run_provision
+
+pytestmark = pytest.mark.integration
+
+SECRET = "s3cr3t-Pr0xm0x-" + "7f1c9a"
+
+
+@pytest.fixture(scope="module")
+def inv(ssh_lab, tmp_path_factory):
+    return lab_inventory(
+        ssh_lab,
+        tmp_path_factory.mktemp("inv") / "sshlab",
+        group_vars={
+            "all": {
+                "proxmox_api_host": "127.0.0.1",
+                "proxmox_api_user": "root@pam",
+                "proxmox_api_password": "{{ lookup('ansible.builtin.env', 'PROXMOX_PASSWORD') }}",
+            }
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+def _state(target, path="/var/lib/provision") -> str:
+    return target.ssh(f"ls -1 {path} 2>/dev/null || true").stdout.split()
+
+
+def _summary(output: str) -> dict:
+    return json.loads(output)
+
+
+def test_check_mode_changes_nothing(ssh_lab, inv, runs):
+    proc = run_provision("apply", "--inventory", str(inv), "--check", "--json", "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    result = _summary(proc.stdout)
+    assert result["check"] is True
+    assert result["hosts"]["node1"]["changed"] > 0, "check mode must report the pending changes"
+    for target in ssh_lab["targets"].values():
+        assert _state(target) == [], f"--check wrote files on {target.name}"
+
+
+def test_plan_lists_pending_tasks_per_host(ssh_lab, inv, runs):
+    proc = run_provision("plan", "--inventory", str(inv), "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    assert "node1:" in proc.stdout and "change(s) pending" in proc.stdout
+    assert "~ Record the converged phase in the state directory" in proc.stdout
+    assert _state(ssh_lab["targets"]["node1"]) == []
+
+
+def test_first_apply_converges_and_counts_match(ssh_lab, inv, runs):
+    proc = run_provision(
+        "apply",
+        "--inventory",
+        str(inv),
+        "--yes",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        env={"PROXMOX_PASSWORD": SECRET},
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    result = _summary(proc.stdout)
+    assert result["succeeded"] is True
+    node, ct = result["hosts"]["node1"], result["hosts"]["ct1"]
+    # The state dir already exists (the target's private tmpfs is mounted there), so:
+    # node1: kernel phase (kernel.json, applied.json) + verify phase (verify.json)
+    assert (node["changed"], node["failed"], node["unreachable"]) == (3, 0, 0)
+    # ct1: gpu phase (gpu.json, applied.json) + sglang.json + verify.json
+    assert (ct["changed"], ct["failed"], ct["unreachable"]) == (4, 0, 0)
+    assert len(result["changed_tasks"]) == node["changed"] + ct["changed"]
+    # what the summary says matches what is on the hosts
+    assert _state(ssh_lab["targets"]["node1"]) == ["applied.json", "kernel.json", "verify.json"]
+    assert _state(ssh_lab["targets"]["ct1"]) == ["applied.json", "gpu.json", "sglang.json", "verify.json"]
+    record = Path(result["record_dir"])
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["hosts"]["node1"]["changed"] == 3
+    events = list((record / "artifacts" / "run" / "job_events").glob("*.json"))
+    oks = [json.loads(e.read_text()) for e in events]
+    assert sum(1 for e in oks if e["event"] == "runner_on_ok" and e["event_data"]["host"] == "node1") == node["ok"]
+
+
+def test_second_apply_changes_nothing(ssh_lab, inv, runs):
+    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    result = _summary(proc.stdout)
+    assert {h: s["changed"] for h, s in result["hosts"].items()} == {"node1": 0, "ct1": 0}
+
+
+def test_tags_select_phases(ssh_lab, inv, runs):
+    node, ct = ssh_lab["targets"]["node1"], ssh_lab["targets"]["ct1"]
+    node.ssh("rm /var/lib/provision/kernel.json")
+    ct.ssh("rm /var/lib/provision/gpu.json")
+    proc = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "kernel", "--runs-dir", str(runs)
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = _summary(proc.stdout)
+    assert [(t["host"], t["task"]) for t in result["changed_tasks"]] == [
+        ("node1", "Record the converged phase in the state directory")
+    ]
+    assert "kernel.json" in _state(node)
+    assert "gpu.json" not in _state(ct), "--tags kernel must not run the gpu phase"
+    # put the container back as it was for the tests that follow
+    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "gpu", "--runs-dir", str(runs))
+    assert proc.returncode == 0 and "gpu.json" in _state(ct)
+
+
+def test_verify_passes_on_converged_hosts(ssh_lab, inv, runs, tmp_path):
+    junit = tmp_path / "verify.xml"
+    proc = run_provision("verify", "--inventory", str(inv), "--json", "--junit", str(junit), "--runs-dir", str(runs))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {c["host"] for c in report["checks"]} == {"node1", "ct1"}
+    assert all(c["passed"] for c in report["checks"])
+    assert junit.read_text().count("<testcase") == len(report["checks"])
+
+
+def test_verify_fails_with_reason_when_state_is_broken(ssh_lab, inv, runs):
+    node = ssh_lab["targets"]["node1"]
+    node.ssh("mv /var/lib/provision/applied.json /var/lib/provision/applied.json.bak")
+    try:
+        proc = run_provision("verify", "--inventory", str(inv), "--json", "--runs-dir", str(runs))
+    finally:
+        node.ssh("mv /var/lib/provision/applied.json.bak /var/lib/provision/applied.json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert [(c["host"], c["name"]) for c in failed] == [("node1", "test_provision_applied")]
+    assert "applied.json is missing" in failed[0]["reason"]
+
+
+def test_unreachable_host_fails_run_but_others_finish(ssh_lab, tmp_path, runs):
+    dead = {
+        "node2": {
+            **ssh_lab["targets"]["node1"].inventory_vars(),
+            "ansible_port": ssh_lab["dead_port"],
+        }
+    }
+    inv2 = lab_inventory(ssh_lab, tmp_path / "withdead", extra_hosts={"proxmox_hosts": dead})
+    proc = run_provision("apply", "--inventory", str(inv2), "--yes", "--json", "--runs-dir", str(runs))
+    assert proc.returncode == 1
+    result = _summary(proc.stdout)
+    assert result["hosts"]["node2"]["unreachable"] >= 1
+    assert result["hosts"]["node1"]["failed"] == 0 and result["hosts"]["node1"]["ok"] > 0
+    assert result["hosts"]["ct1"]["failed"] == 0 and result["hosts"]["ct1"]["ok"] > 0
+    assert any(f["host"] == "node2" and "unreachable" in f["message"] for f in result["failures"])
+    vproc = run_provision("verify", "--inventory", str(inv2), "--json", "--runs-dir", str(runs))
+    report = json.loads(vproc.stdout)
+    assert vproc.returncode == 1
+    assert any(c["host"] == "node2" and not c["passed"] for c in report["checks"]), "unreachable host not reported"
+
+
+def test_unknown_host_key_is_refused(ssh_lab, tmp_path, runs):
+    target = ssh_lab["targets"]["node1"]
+    empty_known_hosts = tmp_path / "empty_known_hosts"
+    empty_known_hosts.write_text("")
+    vars_ = {
+        **target.inventory_vars(),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={empty_known_hosts} -o IdentitiesOnly=yes",
+    }
+    inv3 = lab_inventory(ssh_lab, tmp_path / "nokeys", extra_hosts={"proxmox_hosts": {"node1": vars_}})
+    proc = run_provision(
+        "apply", "--inventory", str(inv3), "--yes", "--json", "--tags", "kernel", "--runs-dir", str(runs)
+    )
+    assert proc.returncode == 1
+    result = _summary(proc.stdout)
+    assert result["hosts"]["node1"]["unreachable"] >= 1
+
+
+def test_no_secret_in_run_records(runs):
+    assert any(runs.iterdir()), "no run records were written"
+    hits = subprocess.run(["grep", "-rl", SECRET, str(runs)], capture_output=True, text=True)
+    assert hits.stdout == "", f"secret found in: {hits.stdout}"
+    commands = list(runs.rglob("artifacts/run/command"))
+    assert commands, "runner artifacts were not kept"
+    for command in commands:
+        assert "env" not in json.loads(command.read_text())

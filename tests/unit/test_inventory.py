@@ -1,0 +1,194 @@
+"""Inventory validation: one clear line per problem, exit 2, and nothing contacted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from provision import inventory
+from provision.errors import InventoryError
+
+GOOD_HOSTS = """\
+all:
+  children:
+    proxmox_hosts:
+      hosts:
+        pve1:
+          ansible_host: 192.0.2.10
+    gpu_containers:
+      hosts:
+        ct1:
+          proxmox_host: pve1
+          proxmox_vmid: 110
+"""
+
+
+def make(tmp_path: Path, hosts: str, group_vars: dict[str, str] | None = None) -> Path:
+    root = tmp_path / "inv"
+    root.mkdir()
+    (root / "hosts.yml").write_text(textwrap.dedent(hosts))
+    for name, text in (group_vars or {}).items():
+        (root / "group_vars").mkdir(exist_ok=True)
+        (root / "group_vars" / f"{name}.yml").write_text(textwrap.dedent(text))
+    return root
+
+
+def problems(root: Path) -> list[str]:
+    with pytest.raises(InventoryError) as exc:
+        inventory.load(root)
+    return exc.value.problems
+
+
+def test_shipped_prod_example_is_valid():
+    inv = inventory.load(Path(__file__).resolve().parents[2] / "inventory" / "prod")
+    assert [h.name for h in inv.proxmox_hosts] == ["pve-gpu-01"]
+    assert inv.gpu_containers[0].value("proxmox_vmid") == 110
+    assert inv.warnings == [], "the example must not keep secrets in plain text"
+
+
+def test_good_inventory_merges_group_vars(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS, {"all": "proxmox_api_port: 8006\n", "gpu_containers": "proxmox_api_port: 8007\n"})
+    inv = inventory.load(root)
+    assert inv.hosts["pve1"].value("proxmox_api_port") == 8006
+    assert inv.hosts["ct1"].value("proxmox_api_port") == 8007
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS.replace("proxmox_vmid: 110", "proxmox_vmid: [110"))
+    (line,) = problems(root)
+    assert line.startswith(f"{root}/hosts.yml:12:") and "YAML syntax error" in line
+
+
+def test_yaml_syntax_error_in_group_vars(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS, {"all": "proxmox_api_port: 8006\n  bad: : indent\n"})
+    (line,) = problems(root)
+    assert line.startswith(f"{root}/group_vars/all.yml:2:")
+
+
+def test_container_on_unknown_node(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS.replace("proxmox_host: pve1", "proxmox_host: pve9"))
+    assert problems(root) == [f"{root}/hosts.yml:10: host ct1: proxmox_host: 'pve9' is not a host in proxmox_hosts"]
+
+
+@pytest.mark.parametrize(
+    ("vmid", "expected"),
+    [
+        ('"110"', "proxmox_vmid: expected an integer, got '110' (str)"),
+        ("110.5", "proxmox_vmid: expected an integer, got 110.5 (float)"),
+        ("true", "proxmox_vmid: expected an integer, got True (bool)"),
+        ("99", "proxmox_vmid: 99 is out of range 100..999999999"),
+        ("1000000000", "proxmox_vmid: 1000000000 is out of range 100..999999999"),
+    ],
+)
+def test_bad_vmid(tmp_path, vmid, expected):
+    root = make(tmp_path, GOOD_HOSTS.replace("proxmox_vmid: 110", f"proxmox_vmid: {vmid}"))
+    assert problems(root) == [f"{root}/hosts.yml:11: host ct1: {expected}"]
+
+
+def test_duplicate_vmid_on_one_node(tmp_path):
+    hosts = GOOD_HOSTS + "        ct2:\n          proxmox_host: pve1\n          proxmox_vmid: 110\n"
+    root = make(tmp_path, hosts)
+    assert problems(root) == [f"{root}/hosts.yml:14: host ct2: proxmox_vmid: 110 is already used by ct1 on node pve1"]
+
+
+def test_same_vmid_on_two_nodes_is_fine(tmp_path):
+    hosts = GOOD_HOSTS.replace("        pve1:\n", "        pve2:\n        pve1:\n")
+    hosts += "        ct2:\n          proxmox_host: pve2\n          proxmox_vmid: 110\n"
+    inventory.load(make(tmp_path, hosts))
+
+
+def test_missing_groups(tmp_path):
+    root = make(tmp_path, "all:\n  hosts:\n    pve1:\n")
+    assert problems(root) == [
+        f"{root}/hosts.yml: group proxmox_hosts is missing (the inventory contract needs it)",
+        f"{root}/hosts.yml: group gpu_containers is missing (the inventory contract needs it)",
+    ]
+
+
+def test_missing_container_variables(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS.replace("          proxmox_host: pve1\n          proxmox_vmid: 110\n", ""))
+    assert problems(root) == [
+        f"{root}/hosts.yml:9: host ct1: proxmox_host: missing (name its PVE node)",
+        f"{root}/hosts.yml:9: host ct1: proxmox_vmid: missing (the container's VMID)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("proxmox_api_port: '8006'", "proxmox_api_port: expected an integer port from 1 to 65535, got '8006' (str)"),
+        ("proxmox_api_validate_certs: 'no'", "proxmox_api_validate_certs: expected true or false, got 'no' (str)"),
+        ("proxmox_api_user: root", "proxmox_api_user: expected a PVE user with its realm, e.g. root@pam"),
+        ("proxmox_api_token_id: root@pam!prov", "proxmox_api_token_id: expected the token name only"),
+    ],
+)
+def test_wrong_types_in_group_vars(tmp_path, text, expected):
+    root = make(tmp_path, GOOD_HOSTS, {"all": text + "\n"})
+    found = problems(root)
+    assert len(found) == 2  # once per host that inherits the bad value
+    assert found[0].startswith(f"{root}/group_vars/all.yml:1: host ct1: {expected}")
+
+
+def test_templates_and_vault_values_are_not_type_checked(tmp_path):
+    root = make(
+        tmp_path,
+        GOOD_HOSTS.replace("proxmox_vmid: 110", 'proxmox_vmid: "{{ 100 + 10 }}"'),
+        {"all": "proxmox_api_password: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  6162\n"},
+    )
+    inv = inventory.load(root)
+    assert inv.warnings == []
+
+
+def test_plain_text_secret_warns(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS, {"all": "proxmox_api_password: hunter22\n"})
+    inv = inventory.load(root)
+    assert len(inv.warnings) == 1 and "proxmox_api_password is in plain text" in inv.warnings[0]
+    assert "hunter22" not in inv.warnings[0]
+
+
+def test_cli_broken_inventory_exits_2_without_connecting(tmp_path):
+    # the host points at a port where a listener would notice a connection
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    hosts = GOOD_HOSTS.replace("ansible_host: 192.0.2.10", f"ansible_host: 127.0.0.1\n          ansible_port: {port}")
+    root = make(tmp_path, hosts.replace("proxmox_vmid: 110", "proxmox_vmid: abc"))
+    runs = tmp_path / "runs"
+    for args in (["inventory", "check"], ["apply", "--yes"], ["plan"], ["verify"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "provision", *args, "--inventory", str(root), "--runs-dir", str(runs)][
+                : None if args[0] != "inventory" else -2
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ},
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [
+            f"error: {root}/hosts.yml:12: host ct1: proxmox_vmid: expected an integer, got 'abc' (str)"
+        ]
+        assert "Traceback" not in proc.stderr
+    with pytest.raises(TimeoutError):
+        listener.accept()
+    assert not runs.exists(), "a run record was created for an invalid inventory"
+
+
+def test_cli_unknown_inventory_name(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "--inventory", "nosuch"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "inventory 'nosuch' not found" in proc.stderr
