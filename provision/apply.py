@@ -42,9 +42,7 @@ def parse_tags(text: str | None) -> list[str]:
 
 
 def _extravars(opts: ApplyOptions) -> dict[str, Any]:
-    from provision import __version__
-
-    extra: dict[str, Any] = {"provision_version": __version__}
+    extra: dict[str, Any] = {}
     if opts.reboot is not None:
         if opts.reboot not in ("auto", "never"):
             raise UsageError(f"--reboot: expected auto or never, got {opts.reboot!r}")

@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", type=Path, help="write JUnit XML here")
     _runs_dir(p)
 
+    p = sub.add_parser("diag", help="GPU peer-to-peer and NCCL correctness diagnostic on the containers")
+    _common(p)
+    p.add_argument("--hosts", action="store_true", help="also run it on the Proxmox nodes")
+    _runs_dir(p)
+
     p = sub.add_parser("inventory", help="inventory tools")
     inv_sub = p.add_subparsers(dest="inventory_command", required=True, metavar="SUBCOMMAND")
     c = inv_sub.add_parser("check", help="validate an inventory without contacting any host")
@@ -168,6 +173,17 @@ def _console(stderr: bool) -> Console:
     return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
 
 
+def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision import diag
+
+    report = diag.diag(args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, console=err)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        diag.print_report(out, report)
+    return EXIT_OK if report.healthy else EXIT_FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -181,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_apply(args, out, err, plan=True)
         if args.command == "verify":
             return _cmd_verify(args, out, err)
+        if args.command == "diag":
+            return _cmd_diag(args, out, err)
     except InventoryError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)

@@ -234,6 +234,13 @@ def new_record_dir(runs_dir: Path, kind: str) -> Path:
     raise ProvisionError(f"{runs_dir}: cannot create a run record directory")
 
 
+def base_extravars() -> dict[str, Any]:
+    """Facts about provision itself that every playbook may use."""
+    from provision import __version__
+
+    return {"provision_version": __version__, "provision_scripts_dir": str(Path(__file__).resolve().parent / "scripts")}
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -296,7 +303,7 @@ def run_playbook(
             inventory=str(inventory),
             roles_path=[str(roles_dir())],
             envvars=envvars,
-            extravars=extravars or {},
+            extravars={**base_extravars(), **(extravars or {})},
             limit=limit,
             tags=",".join(tags) if tags else None,
             cmdline=" ".join(cmdline) or None,

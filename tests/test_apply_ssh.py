@@ -193,3 +193,17 @@ def test_no_secret_in_run_records(runs):
     assert commands, "runner artifacts were not kept"
     for command in commands:
         assert "env" not in json.loads(command.read_text())
+
+
+def test_diag_reports_no_gpu_cleanly(ssh_lab, inv, runs):
+    proc = run_provision("diag", "--inventory", str(inv), "--json", "--runs-dir", str(runs))
+    assert proc.returncode == 1, "no-gpu is not healthy"
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    result = report["results"]["ct1"]
+    assert result["verdict"] == "no-gpu"
+    assert "PyTorch not installed" in result["reason"] or "is_available() is False" in result["reason"]
+    assert set(report["results"]) == {"ct1"}, "nodes only with --hosts"
+    stored = ssh_lab["targets"]["ct1"].ssh("cat /var/lib/provision/gpu-diag.json").stdout
+    assert json.loads(stored)["verdict"] == "no-gpu"
+    assert (Path(report["record_dir"]) / "diag-ct1.json").is_file()
