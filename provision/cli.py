@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", action="store_true", help="also run it on the Proxmox nodes")
     _runs_dir(p)
 
+    p = sub.add_parser("lab", help="the test lab: VMs, a container and a Proxmox API on this machine")
+    lab_sub = p.add_subparsers(dest="lab_command", required=True, metavar="SUBCOMMAND")
+    c = lab_sub.add_parser("up", help="build (or reuse) the image, boot the lab, write inventory/lab/")
+    c.add_argument("--hosts", type=int, default=2, help="lab PVE hosts: 1 = GRUB, 2 = + systemd-boot (default 2)")
+    c = lab_sub.add_parser("down", help="stop everything the lab started and remove its state")
+    c = lab_sub.add_parser("status", help="what is running")
+    c.add_argument("--json", action="store_true")
+
     p = sub.add_parser("inventory", help="inventory tools")
     inv_sub = p.add_subparsers(dest="inventory_command", required=True, metavar="SUBCOMMAND")
     c = inv_sub.add_parser("check", help="validate an inventory without contacting any host")
@@ -184,6 +192,25 @@ def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK if report.healthy else EXIT_FAILED
 
 
+def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision.lab.lab import Lab
+
+    lab = Lab()
+    progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
+    if args.lab_command == "up":
+        status = lab.up(hosts=args.hosts, progress=progress)
+    elif args.lab_command == "down":
+        lab.down(progress=progress)
+        return EXIT_OK
+    else:
+        status = lab.status()
+    if getattr(args, "json", False):
+        print(json.dumps(status, indent=2))
+    else:
+        out.print_json(json.dumps(status))
+    return EXIT_OK if status.get("up") else EXIT_FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -197,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_apply(args, out, err, plan=True)
         if args.command == "verify":
             return _cmd_verify(args, out, err)
+        if args.command == "lab":
+            return _cmd_lab(args, out, err)
         if args.command == "diag":
             return _cmd_diag(args, out, err)
     except InventoryError as exc:

@@ -1,0 +1,31 @@
+#!/bin/bash
+# Builds the lab's Debian 12 (bookworm) root filesystem from Debian's packages only.
+#   build-rootfs.sh OUT_DIR DEB_CACHE_DIR
+# The rootfs serves both the lab VMs (PVE host stand-ins: kernel, GRUB, systemd-boot) and
+# the nspawn containers (LXC stand-ins). Lab-only additions (fake GPU nodes, nvidia-smi and
+# proxmox-boot-tool shims) are laid down by lab-overlay/ at disk-build time, not here.
+set -euo pipefail
+OUT=$1 CACHE=$2
+mkdir -p "$CACHE"
+rm -rf "$OUT.tmp"
+PACKAGES=systemd-sysv,udev,dbus,linux-image-amd64,grub-pc,systemd-boot,openssh-server,python3,python3-apt
+PACKAGES+=,python3-venv,python3-pip,iproute2,sudo,kmod,procps,ca-certificates,less,zstd,e2fsprogs,dosfstools
+PACKAGES+=,pciutils,curl
+mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
+  --include="$PACKAGES" \
+  --skip=essential/unlink \
+  --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
+  --setup-hook="sync-in $CACHE /var/cache/apt/archives/" \
+  --essential-hook='chroot "$1" dpkg-divert --local --rename --add /usr/sbin/update-initramfs && ln -s /bin/true "$1"/usr/sbin/update-initramfs' \
+  --customize-hook="sync-out /var/cache/apt/archives $CACHE" \
+  --customize-hook='rm "$1"/usr/sbin/update-initramfs && chroot "$1" dpkg-divert --local --rename --remove /usr/sbin/update-initramfs && chroot "$1" update-initramfs -c -k all' \
+  --customize-hook='echo MODULES=dep > "$1"/etc/initramfs-tools/conf.d/lab-dep.conf' \
+  --customize-hook='for t in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer; do chroot "$1" systemctl mask $t; done' \
+  --customize-hook='chroot "$1" systemctl enable systemd-networkd' \
+  --customize-hook='rm -f "$1"/etc/ssh/ssh_host_*' \
+  bookworm "$OUT.tmp" \
+  "deb http://deb.debian.org/debian bookworm main" \
+  "deb http://deb.debian.org/debian bookworm-updates main" \
+  "deb http://deb.debian.org/debian-security bookworm-security main"
+rm -rf "$OUT"
+mv "$OUT.tmp" "$OUT"

@@ -1,0 +1,114 @@
+"""Build and cache the lab's disk images: a bookworm rootfs, a GRUB disk and a systemd-boot disk."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision.errors import ProvisionError
+
+HERE = Path(__file__).resolve().parent
+ROOT_UUID = "6b3d2f9e-1a2b-4c3d-8e4f-5a6b7c8d9e0f"
+ESP_VOLID = "1AB0C0DE"
+REQUIRED_TOOLS = {
+    "mmdebstrap": "mmdebstrap",
+    "qemu-system-x86_64": "qemu-system-x86",
+    "qemu-img": "qemu-utils",
+    "mkfs.ext4": "e2fsprogs",
+    "mkfs.vfat": "dosfstools",
+    "mcopy": "mtools",
+    "sfdisk": "fdisk",
+    "systemd-nspawn": "systemd-container",
+    "ip": "iproute2",
+}
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+
+
+def check_tools() -> None:
+    missing = sorted({pkg for tool, pkg in REQUIRED_TOOLS.items() if not shutil.which(tool)})
+    if not OVMF_CODE.exists():
+        missing.append("ovmf")
+    if missing:
+        raise ProvisionError(
+            f"the lab needs Debian packages that are not installed: {' '.join(missing)} "
+            f"(run .ci/setup, or: apt-get install {' '.join(missing)} eatmydata)"
+        )
+    if os.geteuid() != 0:
+        raise ProvisionError("the lab needs root (mounts, network namespaces, systemd-nspawn)")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("PROVISION_LAB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "provision", "lab"
+    )
+    return Path(base)
+
+
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        for f in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+            h.update(str(f.relative_to(HERE)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Image:
+    rootfs: Path
+    grub_disk: Path
+    sdboot_disk: Path
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def _run(cmd: list[str], log: Path, what: str) -> None:
+    with log.open("a") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        raise ProvisionError(f"lab image: {what} failed (exit {proc.returncode}); see {log}: " + " | ".join(tail))
+
+
+def ensure_image(progress=print) -> Image:
+    """Return the cached image for the current recipe, building what is missing."""
+    check_tools()
+    root = cache_root()
+    rootfs_key = _digest([HERE / "build-rootfs.sh"])
+    disks_key = _digest([HERE / "build-rootfs.sh", HERE / "build-disks.sh", HERE / "overlay"])
+    rootfs = root / f"rootfs-{rootfs_key}"
+    disks = root / f"disks-{disks_key}"
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "build.log"
+    timings: dict[str, float] = {}
+    if not (rootfs / "etc" / "os-release").is_file():
+        progress(f"lab image: building the bookworm rootfs with mmdebstrap (about 2 min) -> {rootfs}")
+        start = time.monotonic()
+        _run(["bash", str(HERE / "build-rootfs.sh"), str(rootfs), str(root / "debs")], log, "rootfs build")
+        timings["rootfs_s"] = round(time.monotonic() - start, 1)
+    if not ((disks / "grub.raw").is_file() and (disks / "sdboot.raw").is_file()):
+        progress(f"lab image: building the GRUB and systemd-boot disks -> {disks}")
+        start = time.monotonic()
+        _run(
+            [
+                "bash",
+                str(HERE / "build-disks.sh"),
+                str(rootfs),
+                str(HERE / "overlay"),
+                str(disks),
+                ROOT_UUID,
+                ESP_VOLID,
+            ],
+            log,
+            "disk build",
+        )
+        timings["disks_s"] = round(time.monotonic() - start, 1)
+    for old in root.glob("disks-*"):
+        if old != disks:
+            shutil.rmtree(old, ignore_errors=True)
+    return Image(rootfs=rootfs, grub_disk=disks / "grub.raw", sdboot_disk=disks / "sdboot.raw", timings_s=timings)

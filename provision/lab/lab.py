@@ -1,0 +1,362 @@
+"""`provision lab up|down|status`: the lab's lifecycle and the inventory it writes.
+
+State lives in the lab directory ($PROVISION_LAB_DIR, default ./.lab): the per-lab ssh
+client key and known_hosts, the API secrets (0600), VM overlays, the container's upper
+layer, logs and state.json. `lab up` writes inventory/lab/ for that state; `lab down`
+stops everything and removes both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provision.errors import ProvisionError
+from provision.lab import pve, wheelhouse
+from provision.lab.container import ContainerSpec, LabContainer
+from provision.lab.image import Image, cache_root, check_tools, ensure_image
+from provision.lab.vm import LabVm, VmSpec, choose_accel
+
+BOOT_TIMEOUT_S = 600
+CONTAINER_NAME = "sglang-01"
+CONTAINER_VMID = 101
+TOKEN_NAME = "provision"
+# An offline site's package share: the real sglang wheel and the lab's SGLang stand-in.
+WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("PROVISION_LAB_DIR", ".lab")).resolve()
+
+
+def inventory_dir() -> Path:
+    return Path(os.environ.get("PROVISION_LAB_INVENTORY", "inventory/lab")).resolve()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_specs(count: int, ports: list[int]) -> list[VmSpec]:
+    """Host 1 boots with GRUB, host 2 with systemd-boot, further ones alternate."""
+    specs = []
+    for i in range(count):
+        loader = "grub" if i % 2 == 0 else "sdboot"
+        name = f"pve-{loader}" + (f"-{i + 1}" if i >= 2 else "")
+        specs.append(VmSpec(name=name, bootloader=loader, port=ports[i]))
+    return specs
+
+
+@dataclass
+class Lab:
+    dir: Path = field(default_factory=lab_dir)
+
+    # ---------------------------------------------------------------- state
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_file)
+
+    @property
+    def client_key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    def vms(self, state: dict[str, Any] | None = None) -> list[LabVm]:
+        state = state or self.state()
+        image = state.get("image", {})
+        disks = {"grub": Path(image.get("grub_disk", "")), "sdboot": Path(image.get("sdboot_disk", ""))}
+        return [
+            LabVm(
+                VmSpec(**spec),
+                self.dir / "vms" / spec["name"],
+                disks[spec["bootloader"]],
+                self.client_key,
+                self.known_hosts,
+            )
+            for spec in state.get("vms", [])
+        ]
+
+    def containers(self, state: dict[str, Any] | None = None) -> list[LabContainer]:
+        state = state or self.state()
+        rootfs = Path(state.get("image", {}).get("rootfs", ""))
+        return [
+            LabContainer(
+                ContainerSpec(**spec), self.dir / "containers" / spec["name"], rootfs, self.client_key, self.known_hosts
+            )
+            for spec in state.get("containers", [])
+        ]
+
+    def vm(self, name: str) -> LabVm:
+        return next(v for v in self.vms() if v.spec.name == name)
+
+    def container(self, name: str = CONTAINER_NAME) -> LabContainer:
+        return next(c for c in self.containers() if c.spec.name == name)
+
+    def pve_control(self, method: str, path: str, body: dict | None = None) -> Any:
+        return pve.control(self.dir, method, path, body)
+
+    def secrets(self) -> dict[str, str]:
+        return json.loads((self.dir / "secrets.json").read_text())
+
+    # ---------------------------------------------------------------- up
+    def up(self, hosts: int = 2, progress=print) -> dict[str, Any]:
+        if hosts < 1:
+            raise ProvisionError("--hosts: at least 1")
+        check_tools()
+        if self.state().get("up"):
+            progress("lab: already up (provision lab down first to rebuild)")
+            return self.status()
+        timings: dict[str, float] = {}
+        try:
+            start = time.monotonic()
+            image = ensure_image(progress)
+            timings["image_s"] = round(time.monotonic() - start, 1)
+            timings.update(image.timings_s)
+            state = self._init_state(hosts, image)
+            start = time.monotonic()
+            self._build_wheelhouse()
+            timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
+            self._start_pve(state)
+            containers, vms = self.containers(state), self.vms(state)
+            start = time.monotonic()
+            for ct in containers:
+                ct.start()
+            for ct in containers:
+                ct.wait_for_ssh(120)
+            timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
+            accel = choose_accel()
+            state["accel"] = accel
+            progress(f"lab: booting {len(vms)} VM(s) under {accel.upper()} (about {70 * len(vms)} s on 2 cores)")
+            start = time.monotonic()
+            for vm in vms:
+                vm.start(accel)
+            with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
+                list(pool.map(lambda v: v.wait_for_ssh(BOOT_TIMEOUT_S), vms))
+            timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
+            state["up"] = True
+            state["timings"] = timings
+            self._save(state)
+            self.write_inventory(state)
+            progress(
+                f"lab: up in {sum(v for k, v in timings.items() if k in ('image_s', 'container_to_ssh_s', 'vms_to_ssh_s')):.0f}s; inventory: {inventory_dir()}"
+            )
+            return self.status()
+        except BaseException:
+            progress("lab: bring-up failed; tearing down what was started")
+            self.down(progress=lambda *_: None)
+            raise
+
+    def _init_state(self, hosts: int, image: Image) -> dict[str, Any]:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.client_key.exists():
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "provision-lab", "-f", str(self.client_key)],
+                check=True,
+            )
+        secrets_file = self.dir / "secrets.json"
+        if not secrets_file.exists():
+            secrets_file.touch(mode=0o600)
+            secrets_file.write_text(
+                json.dumps({"pve_password": secrets.token_urlsafe(18), "pve_token_secret": str(uuid.uuid4())})
+            )
+        (self.dir / "pve-password").touch(mode=0o600)
+        (self.dir / "pve-password").write_text(self.secrets()["pve_password"])
+        vm_specs = host_specs(hosts, [_free_port() for _ in range(hosts)])
+        ct_specs = [ContainerSpec(name=CONTAINER_NAME, index=1)]
+        state: dict[str, Any] = {
+            "up": False,
+            "image": {
+                "rootfs": str(image.rootfs),
+                "grub_disk": str(image.grub_disk),
+                "sdboot_disk": str(image.sdboot_disk),
+            },
+            "vms": [vars(s) for s in vm_specs],
+            "containers": [{"name": s.name, "index": s.index, "gpus": s.gpus} for s in ct_specs],
+            "pve_port": _free_port(),
+        }
+        self._save(state)
+        machines = [*self.vms(state), *self.containers(state)]
+        for machine in machines:
+            machine.make_host_key()
+        lines = [machine.known_hosts_line() for machine in machines]
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+        return state
+
+    def _build_wheelhouse(self) -> None:
+        house = self.dir / "wheelhouse"
+        house.mkdir(exist_ok=True)
+        sglang_wheel = wheelhouse.fetch_sglang_wheel(cache_root() / "wheels")
+        target = house / sglang_wheel.name
+        if not target.exists():
+            shutil.copy(sglang_wheel, target)
+        wheelhouse.build_standin_wheel(sglang_wheel, house)
+
+    def _start_pve(self, state: dict[str, Any]) -> None:
+        seed = {
+            "port": state["pve_port"],
+            "token_name": TOKEN_NAME,
+            "nodes": [v["name"] for v in state["vms"]],
+            "containers": [
+                {
+                    "vmid": CONTAINER_VMID,
+                    "name": CONTAINER_NAME,
+                    "node": state["vms"][0]["name"],
+                    "config": {"cores": 8, "memory": 65536, "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"},
+                }
+            ],
+        }
+        (self.dir / pve.SEED_FILE).write_text(json.dumps(seed))
+        (self.dir / "pve-ready").unlink(missing_ok=True)
+        try:
+            import fakepve  # noqa: F401
+        except ImportError as exc:
+            raise ProvisionError("the lab needs fakepve: pip install 'provision[lab]' (or run .ci/setup)") from exc
+        with (self.dir / "pve.log").open("a") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "provision.lab.pve", str(self.dir)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        (self.dir / "pve.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 30
+        while not (self.dir / "pve-ready").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.dir / "pve.log").read_text(errors="replace").strip().splitlines()[-3:]
+                raise ProvisionError("lab: fakepve did not start: " + " | ".join(tail))
+            time.sleep(0.1)
+
+    # ---------------------------------------------------------------- inventory
+    def write_inventory(self, state: dict[str, Any]) -> Path:
+        inv = inventory_dir()
+        (inv / "group_vars").mkdir(parents=True, exist_ok=True)
+        nodes = {
+            v["name"]: {"ansible_host": "127.0.0.1", "ansible_port": v["port"], "lab_bootloader": v["bootloader"]}
+            for v in state["vms"]
+        }
+        cts = {
+            c["name"]: {
+                "ansible_host": ContainerSpec(**c).address,
+                "proxmox_host": state["vms"][0]["name"],
+                "proxmox_vmid": CONTAINER_VMID,
+            }
+            for c in state["containers"]
+        }
+        hosts = {"all": {"children": {"proxmox_hosts": {"hosts": nodes}, "gpu_containers": {"hosts": cts}}}}
+        header = "# Written by `provision lab up` for the running lab; removed by `provision lab down`.\n"
+        (inv / "hosts.yml").write_text(header + yaml.safe_dump(hosts, sort_keys=False))
+        password_file = self.dir / "pve-password"
+        group_vars = {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.client_key),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} -o IdentitiesOnly=yes",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "proxmox_api_host": "127.0.0.1",
+            "proxmox_api_port": state["pve_port"],
+            "proxmox_api_user": "root@pam",
+            "proxmox_api_password": "{{ lookup('ansible.builtin.env', 'PROXMOX_PASSWORD', "
+            f"default=lookup('ansible.builtin.file', '{password_file}')) }}}}",
+            "proxmox_api_token_id": TOKEN_NAME,
+            "proxmox_api_validate_certs": True,
+            "proxmox_api_ca_file": str(self.dir / "pve.crt"),
+        }
+        (inv / "group_vars" / "all.yml").write_text(header + yaml.safe_dump(group_vars, sort_keys=False, width=200))
+        container_vars = {
+            # the same variables an offline site uses: install from a local wheelhouse
+            "sglang_pip_find_links": WHEELHOUSE_IN_CONTAINER,
+            "sglang_pip_index_url": "",
+            # the lab has no GPU: its SGLang stand-in serves the API under the real flags
+            "sglang_package": "sglang_labserver",
+            "sglang_launch_module": "sglang_labserver.launch_server",
+            "sglang_model_path": "/srv/models/lab-standin",
+            "sglang_served_model_name": "lab-standin",
+        }
+        (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
+        return inv
+
+    # ---------------------------------------------------------------- down
+    def down(self, progress=print) -> None:
+        state = self.state()
+        for vm in self.vms(state):
+            vm.stop()
+        for ct in self.containers(state):
+            ct.teardown()
+        pid_file = self.dir / "pve.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            pid_file.unlink(missing_ok=True)
+        inv = inventory_dir()
+        for generated in (inv / "hosts.yml", inv / "group_vars" / "all.yml", inv / "group_vars" / "gpu_containers.yml"):
+            generated.unlink(missing_ok=True)
+        if (inv / "group_vars").is_dir() and not any((inv / "group_vars").iterdir()):
+            (inv / "group_vars").rmdir()
+        if self.dir.is_dir():
+            leftovers = [
+                line.split()[1]
+                for line in Path("/proc/mounts").read_text().splitlines()
+                if str(self.dir) in line.split()[1]
+            ]
+            for mount in sorted(leftovers, reverse=True):
+                subprocess.run(["umount", "-l", mount], capture_output=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        progress("lab: down")
+
+    # ---------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        state = self.state()
+        if not state:
+            return {"up": False, "lab_dir": str(self.dir), "cache": str(cache_root())}
+        pve_up = False
+        with contextlib.suppress(OSError):
+            pve_up = bool(self.pve_control("GET", f"/ct/{CONTAINER_VMID}"))
+        return {
+            "up": bool(state.get("up")),
+            "lab_dir": str(self.dir),
+            "inventory": str(inventory_dir()),
+            "accel": state.get("accel"),
+            "vms": [
+                {
+                    "name": v.spec.name,
+                    "bootloader": v.spec.bootloader,
+                    "ssh": f"127.0.0.1:{v.spec.port}",
+                    "running": v.is_running(),
+                }
+                for v in self.vms(state)
+            ],
+            "containers": [
+                {"name": c.spec.name, "ssh": f"{c.spec.address}:22", "running": c.is_running()}
+                for c in self.containers(state)
+            ],
+            "pve": {"url": f"https://127.0.0.1:{state.get('pve_port')}", "running": pve_up},
+            "timings": state.get("timings", {}),
+        }

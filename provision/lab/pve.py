@@ -1,0 +1,127 @@
+"""The lab's Proxmox VE API: fakepve on loopback with TLS, seeded with the lab's nodes and
+container, plus a small control socket so tests can inject faults.
+
+Run as its own process (`python -m provision.lab.pve STATE_DIR`), reading its seed from
+STATE_DIR/pve-seed.json. fakepve (AGPL-3.0) is used as a separate test tool, never
+imported by product code.
+
+Control socket (HTTP over the unix socket STATE_DIR/pve-control.sock):
+  POST /fail      {"method", "suffix", "status", "message", "times"} or {"method", "suffix", "error"}
+  POST /reset     drop every injected failure
+  POST /ct-config {"vmid", "set": {...}, "delete": [...]}  change a config underneath clients
+  GET  /ct/VMID   the container's config, pending changes, digest and status
+  GET  /requests  every request seen so far as [method, path] (bodies left out)
+  POST /settings  {"time_scale": float, "version": "8.4.1"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+SEED_FILE = "pve-seed.json"
+CONTROL_SOCKET = "pve-control.sock"
+
+
+async def serve(state_dir: Path) -> None:
+    from aiohttp import web
+    from fakepve import FakePve
+    from fakepve.certs import make_cert
+
+    seed = json.loads((state_dir / SEED_FILE).read_text())
+    secrets = json.loads((state_dir / "secrets.json").read_text())
+    pve = FakePve(user="root@pam", password=secrets["pve_password"], host="127.0.0.1", port=seed["port"])
+    pve.time_scale = seed.get("time_scale", 0.0)
+    pve.nodes = {}
+    for node in seed["nodes"]:
+        pve.add_node(node)
+    for ct in seed["containers"]:
+        pve.add_ct(ct["vmid"], ct["name"], node=ct["node"], status="running", config=ct.get("config", {}))
+    pve.apitokens[f"root@pam!{seed['token_name']}"] = secrets["pve_token_secret"]
+    # With any grant, fakepve checks permissions as PVE does (tokens may not set devN).
+    pve.grant("audit@pve", "/", "VM.Audit")
+    certfile, keyfile, _ = make_cert(str(state_dir), name="pve", hosts=("127.0.0.1",))
+    await pve.start(certfile, keyfile)
+
+    async def fail(request):
+        body = await request.json()
+        pve.fail(body["method"], body["suffix"], status=body.get("status"), message=body.get("message"),
+                 error=body.get("error"), times=body.get("times"))  # fmt: skip
+        return web.json_response({"ok": True})
+
+    async def reset(request):
+        pve.failures.clear()
+        return web.json_response({"ok": True})
+
+    async def ct_config(request):
+        body = await request.json()
+        ct = pve.guest(int(body["vmid"]))
+        ct.config.update(body.get("set", {}))
+        for key in body.get("delete", []):
+            ct.config.pop(key, None)
+        return web.json_response({"digest": ct.digest()})
+
+    async def ct_show(request):
+        ct = pve.guest(int(request.match_info["vmid"]))
+        if ct is None:
+            return web.json_response({"error": "no such guest"}, status=404)
+        return web.json_response(
+            {"config": ct.config, "pending": ct.pending, "digest": ct.digest(), "status": ct.status}
+        )
+
+    async def requests_seen(request):
+        return web.json_response([[m, p] for m, p, _ in pve.requests])
+
+    async def settings(request):
+        body = await request.json()
+        if "time_scale" in body:
+            pve.time_scale = float(body["time_scale"])
+        if "version" in body:
+            pve.version = body["version"]
+            pve.release_version = ".".join(body["version"].split(".")[:2])
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.add_routes([
+        web.post("/fail", fail), web.post("/reset", reset), web.post("/ct-config", ct_config),
+        web.get("/ct/{vmid}", ct_show), web.get("/requests", requests_seen), web.post("/settings", settings),
+    ])  # fmt: skip
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = state_dir / CONTROL_SOCKET
+    sock.unlink(missing_ok=True)
+    await web.UnixSite(runner, str(sock)).start()
+    (state_dir / "pve-ready").write_text(str(pve.port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    await pve.stop()
+    sock.unlink(missing_ok=True)
+
+
+def control(state_dir: Path, method: str, path: str, body: dict | None = None) -> object:
+    """Call the control socket (used by tests and `provision lab status`)."""
+    import http.client
+    import socket
+
+    class _Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.settimeout(10)
+            self.sock.connect(str(state_dir / CONTROL_SOCKET))
+
+    conn = _Conn("localhost")
+    conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                 headers={"Content-Type": "application/json"})  # fmt: skip
+    response = conn.getresponse()
+    return json.loads(response.read() or b"null")
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(Path(sys.argv[1])))

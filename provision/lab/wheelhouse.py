@@ -1,0 +1,69 @@
+"""The lab's wheelhouse: the real sglang wheel and the SGLang stand-in, built as a wheel.
+
+The SGLang role installs from it through the same variables an offline site uses
+(`sglang_pip_find_links`, no index), so the lab exercises the real install path.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from provision.errors import ProvisionError
+from provision.sglang_flags import flags_from_wheel
+
+HERE = Path(__file__).resolve().parent
+STANDIN_SRC = HERE / "standin" / "sglang_labserver"
+SGLANG_VERSION = "0.5.23"
+STANDIN_NAME = "sglang_labserver"
+
+
+def fetch_sglang_wheel(cache: Path, version: str = SGLANG_VERSION) -> Path:
+    """The sglang wheel for this Python (3.11 on bookworm), downloaded once into the cache."""
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+         "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", str(cache), f"sglang=={version}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if proc.returncode != 0 or not found:
+        raise ProvisionError(f"lab: cannot download sglang=={version}: {proc.stderr.strip()[-300:]}")
+    return found[0]
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def build_standin_wheel(sglang_wheel: Path, out_dir: Path) -> Path:
+    """A pure-Python wheel of the stand-in, carrying the real release's flag list."""
+    files: dict[str, bytes] = {}
+    for path in sorted(STANDIN_SRC.glob("*.py")):
+        files[f"{STANDIN_NAME}/{path.name}"] = path.read_bytes()
+    files[f"{STANDIN_NAME}/flags.json"] = json.dumps(flags_from_wheel(sglang_wheel), indent=0).encode()
+    dist = f"{STANDIN_NAME}-{SGLANG_VERSION}.dist-info"
+    files[f"{dist}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {STANDIN_NAME}\nVersion: {SGLANG_VERSION}\n"
+        "Summary: provision lab stand-in for SGLang's HTTP server (no model)\nRequires-Python: >=3.9\n"
+    ).encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: provision-lab\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = [_record_line(name, data) for name, data in files.items()] + [f"{dist}/RECORD,,"]
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wheel = out_dir / f"{STANDIN_NAME}-{SGLANG_VERSION}-py3-none-any.whl"
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    tmp.replace(wheel)
+    return wheel

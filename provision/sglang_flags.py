@@ -1,0 +1,118 @@
+"""The command-line flags of a pinned SGLang release, read from its wheel's source.
+
+SGLang 0.5.x declares most server flags as annotated fields (`name: A[type, Arg(...)]` or
+`A[type, "help"]`) under `sglang/srt/arg_groups/fields/`, turned into argparse options by
+`add_cli_args_from_dataclass` (bool -> store_true, `cli_name`/`aliases` honoured, `no_cli`
+skipped); the rest are `parser.add_argument(...)` calls in `sglang/srt/server_args.py`.
+Reading that source with `ast` needs neither torch nor a GPU, so a typo in an inventory's
+flags fails on the controller at apply time.
+"""
+
+from __future__ import annotations
+
+import ast
+import zipfile
+from pathlib import Path
+
+FIELDS_PREFIX = "sglang/srt/arg_groups/fields/"
+SERVER_ARGS = "sglang/srt/server_args.py"
+
+
+def _is_bool(node: ast.expr) -> bool:
+    """bool, Optional[bool] or bool | None."""
+    if isinstance(node, ast.Name):
+        return node.id == "bool"
+    if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Optional":
+        return _is_bool(node.slice)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return (_is_bool(node.left) and _is_none(node.right)) or (_is_bool(node.right) and _is_none(node.left))
+    return False
+
+
+def _is_none(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _strings(node: ast.expr | None) -> list[str]:
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def flags_from_fields_source(source: str) -> dict[str, bool]:
+    """{flag: takes_a_value} for every CLI field declared in one fields/*.py module."""
+    flags: dict[str, bool] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        ann = node.annotation
+        if not (isinstance(ann, ast.Subscript) and getattr(ann.value, "id", "") == "A"):
+            continue
+        parts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+        if len(parts) < 2:
+            continue
+        type_node, meta = parts[0], parts[1]
+        names = ["--" + node.target.id.replace("_", "-")]
+        takes_value = not _is_bool(type_node)
+        if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg":
+            no_cli = _keyword(meta, "no_cli")
+            if isinstance(no_cli, ast.Constant) and no_cli.value is True:
+                continue
+            cli_name = _keyword(meta, "cli_name")
+            if isinstance(cli_name, ast.Constant):
+                names[0] = cli_name.value
+            names += _strings(_keyword(meta, "aliases"))
+            action = _keyword(meta, "action")
+            if isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"):
+                takes_value = False
+        elif not (isinstance(meta, ast.Constant) and isinstance(meta.value, str)):
+            continue
+        for name in names:
+            flags[name] = takes_value
+    return flags
+
+
+def flags_from_add_argument_source(source: str) -> dict[str, bool]:
+    """{flag: takes_a_value} for explicit parser.add_argument("--x", ...) calls."""
+    flags: dict[str, bool] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
+            continue
+        names = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+        action = _keyword(node, "action")
+        takes_value = not (isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"))
+        nargs = _keyword(node, "nargs")
+        if isinstance(nargs, ast.Constant) and nargs.value == 0:
+            takes_value = False
+        for name in names:
+            flags[name] = takes_value
+    return flags
+
+
+def flags_from_wheel(wheel: Path) -> dict[str, bool]:
+    """Every `sglang serve` / `python -m sglang.launch_server` flag of this wheel."""
+    flags: dict[str, bool] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith(FIELDS_PREFIX) and name.endswith(".py"):
+                flags.update(flags_from_fields_source(zf.read(name).decode()))
+        if SERVER_ARGS in zf.namelist():
+            flags.update(flags_from_add_argument_source(zf.read(SERVER_ARGS).decode()))
+    if "--model-path" not in flags:
+        raise ValueError(f"{wheel}: no SGLang server flags found (not an sglang 0.5.x wheel?)")
+    return dict(sorted(flags.items()))
+
+
+def unknown_flags(args: list[str], known: dict[str, bool]) -> list[str]:
+    """The flags in an argument list that the release does not have (`--x=1` and `--x 1` forms)."""
+    unknown = []
+    for arg in args:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            if name not in known:
+                unknown.append(name)
+    return unknown
