@@ -16,6 +16,7 @@ from provision.runner import RunResult, new_record_dir, run_playbook, write_summ
 
 PHASES = ("kernel", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
+ROLLBACK_PLAYBOOK = "rollback.yml"
 
 
 @dataclass
@@ -61,8 +62,10 @@ def inventory_secrets(inv: inventory_mod.Inventory) -> set[str]:
     return found
 
 
-def apply(opts: ApplyOptions, console: Console | None = None, kind: str = "apply") -> RunResult:
-    """Validate the inventory, run site.yml, write the run record and return the result."""
+def apply(
+    opts: ApplyOptions, console: Console | None = None, kind: str = "apply", playbook: str = SITE_PLAYBOOK
+) -> RunResult:
+    """Validate the inventory, run the playbook (site.yml), write the run record and return the result."""
     console = console or Console(stderr=True)
     inv = inventory_mod.load(opts.inventory)
     for warning in inv.warnings:
@@ -71,7 +74,7 @@ def apply(opts: ApplyOptions, console: Console | None = None, kind: str = "apply
     record = new_record_dir(opts.runs_dir, kind)
     secrets = inventory_secrets(inv)
     result = run_playbook(
-        SITE_PLAYBOOK,
+        playbook,
         inv.path,
         record_dir=record,
         host_count=len(inv.hosts),
@@ -106,6 +109,9 @@ def plan_summary(result: RunResult) -> dict[str, list[str]]:
 
 def print_result(console: Console, result: RunResult, title: str) -> None:
     console.print(summary_table(result, title))
+    for host, messages in sorted(result.reports.items()):
+        for message in messages:
+            console.print(f"{escape(host)}: {escape(message)}", highlight=False)
     for failure in result.failures:
         where = f"{failure['host']}: " if failure["host"] else ""
         task = f"[{failure['task']}] " if failure["task"] else ""

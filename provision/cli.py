@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from provision import __version__
-from provision.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, InventoryError, ProvisionError
+from provision.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, InventoryError, ProvisionError, UsageError
 
 
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
@@ -59,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _runs_dir(p)
+    _ansible_opts(p)
+
+    p = sub.add_parser("rollback", help="restore the previous kernel command line of nodes and reboot them")
+    _common(p)
+    p.add_argument("--reboot", choices=("auto", "never"), help="reboot the nodes whose command line was restored")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(check=False, diff=False, tags=None)
     _runs_dir(p)
     _ansible_opts(p)
 
@@ -126,6 +134,30 @@ def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -
             highlight=False,
         )
     return EXIT_OK
+
+
+def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision import apply as apply_mod
+    from provision import inventory
+
+    if not args.limit:
+        raise UsageError("rollback needs --limit HOST: roll back the nodes you mean, by name or pattern")
+    opts = apply_mod.ApplyOptions(
+        inventory=args.inventory,
+        limit=args.limit,
+        reboot=args.reboot,
+        runs_dir=args.runs_dir,
+        host_key_checking=args.host_key_checking,
+        vault_password_file=args.vault_password_file,
+    )
+    inventory.load(opts.inventory)
+    _confirm(args, err)
+    result = apply_mod.apply(opts, console=err, kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        apply_mod.print_result(out, result, "rollback")
+    return EXIT_OK if result.succeeded else EXIT_FAILED
 
 
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> int:
@@ -220,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_inventory_check(args, out, err)
         if args.command == "apply":
             return _cmd_apply(args, out, err)
+        if args.command == "rollback":
+            return _cmd_rollback(args, out, err)
         if args.command == "plan":
             return _cmd_apply(args, out, err, plan=True)
         if args.command == "verify":

@@ -61,6 +61,8 @@ class RunResult:
     changed_tasks: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # per host, what the roles' "Report ..." tasks said (bootloader path, reboot pending, findings)
+    reports: dict[str, list[str]] = field(default_factory=dict)
     host_durations_s: dict[str, float] = field(default_factory=dict)
     record_dir: str = ""
 
@@ -90,11 +92,15 @@ class EventCollector:
         self.changed_tasks: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
         self.warnings: list[str] = []
+        self.reports: dict[str, list[str]] = {}
         self.current_task = ""
         self.current_play = ""
         self.host_seconds: dict[str, float] = {}
         self.live: dict[str, HostStats] = {}
         self._on_update = on_update
+
+    def _report(self, host: str, res: dict[str, Any]) -> None:
+        self.reports.setdefault(host, []).extend(_report_messages(res))
 
     def handle(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -114,6 +120,8 @@ class EventCollector:
                 if res.get("changed"):
                     stats.changed += 1
                     self.changed_tasks.append({"host": host, "task": task, "play": self.current_play})
+                if task.startswith("Report "):
+                    self._report(host, res)
             elif kind in ("runner_on_failed", "runner_on_async_failed"):
                 if data.get("ignore_errors"):
                     stats.ignored += 1
@@ -132,6 +140,11 @@ class EventCollector:
         if self._on_update is not None:
             self._on_update(kind, data)
         return True
+
+
+def _report_messages(res: dict[str, Any]) -> list[str]:
+    items = res.get("results") if isinstance(res.get("results"), list) else [res]
+    return [" ".join(str(i["msg"]).split()) for i in items if isinstance(i, dict) and i.get("msg")]
 
 
 def _failure_message(res: dict[str, Any]) -> str:
@@ -325,6 +338,7 @@ def run_playbook(
             changed_tasks=collector.changed_tasks,
             failures=collector.failures,
             warnings=collector.warnings,
+            reports=collector.reports,
             host_durations_s={h: round(s, 2) for h, s in collector.host_seconds.items()},
             record_dir=str(record_dir),
         )

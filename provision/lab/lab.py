@@ -67,6 +67,8 @@ def host_specs(count: int, ports: list[int]) -> list[VmSpec]:
 @dataclass
 class Lab:
     dir: Path = field(default_factory=lab_dir)
+    # picks the container network 10.213.<net_index>.0/30 and its namespace, so two labs can coexist
+    net_index: int = field(default_factory=lambda: int(os.environ.get("PROVISION_LAB_NET_INDEX", "1")))
 
     # ---------------------------------------------------------------- state
     @property
@@ -110,9 +112,15 @@ class Lab:
     def containers(self, state: dict[str, Any] | None = None) -> list[LabContainer]:
         state = state or self.state()
         rootfs = Path(state.get("image", {}).get("rootfs", ""))
+        binds = {WHEELHOUSE_IN_CONTAINER: self.dir / "wheelhouse"}
         return [
             LabContainer(
-                ContainerSpec(**spec), self.dir / "containers" / spec["name"], rootfs, self.client_key, self.known_hosts
+                ContainerSpec(**spec),
+                self.dir / "containers" / spec["name"],
+                rootfs,
+                self.client_key,
+                self.known_hosts,
+                read_only_binds=binds,
             )
             for spec in state.get("containers", [])
         ]
@@ -168,9 +176,8 @@ class Lab:
             state["timings"] = timings
             self._save(state)
             self.write_inventory(state)
-            progress(
-                f"lab: up in {sum(v for k, v in timings.items() if k in ('image_s', 'container_to_ssh_s', 'vms_to_ssh_s')):.0f}s; inventory: {inventory_dir()}"
-            )
+            total = sum(timings.get(k, 0) for k in ("image_s", "wheelhouse_s", "container_to_ssh_s", "vms_to_ssh_s"))
+            progress(f"lab: up in {total:.0f}s; inventory: {inventory_dir()}")
             return self.status()
         except BaseException:
             progress("lab: bring-up failed; tearing down what was started")
@@ -193,7 +200,7 @@ class Lab:
         (self.dir / "pve-password").touch(mode=0o600)
         (self.dir / "pve-password").write_text(self.secrets()["pve_password"])
         vm_specs = host_specs(hosts, [_free_port() for _ in range(hosts)])
-        ct_specs = [ContainerSpec(name=CONTAINER_NAME, index=1)]
+        ct_specs = [ContainerSpec(name=CONTAINER_NAME, index=self.net_index)]
         state: dict[str, Any] = {
             "up": False,
             "image": {

@@ -89,10 +89,10 @@ class State:
 
 def answer(prompt: str) -> str:
     """The stand-in's whole 'model': arithmetic questions get the right answer."""
-    m = re.search(r"(-?\d+)\s*([*x×+\-/])\s*(-?\d+)", prompt)
+    m = re.search(r"(-?\d+)\s*([*x\u00d7+\-/])\s*(-?\d+)", prompt)
     if m:
         a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
-        value = {"*": a * b, "x": a * b, "×": a * b, "+": a + b, "-": a - b, "/": a / b if b else "undefined"}[op]
+        value = {"*": a * b, "x": a * b, "\u00d7": a * b, "+": a + b, "-": a - b, "/": a / b if b else "undefined"}[op]
         return f"{a} {op} {b} = {value}. The answer is {value}."
     return "This is the provision lab's SGLang stand-in; it has no model."
 
@@ -102,7 +102,7 @@ def make_handler(state: State):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, fmt, *args):  # one access line per request, like uvicorn
-            sys.stderr.write("INFO:     %s - %s\n" % (self.address_string(), fmt % args))
+            sys.stderr.write(f"INFO:     {self.address_string()} - {fmt % args}\n")
 
         # ------------------------------------------------------------ helpers
         def _json(self, code: int, body) -> None:

@@ -1,0 +1,449 @@
+#!/usr/bin/python
+"""Ansible module: merge kernel arguments into the bootloader's configuration, safely."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kernel_cmdline
+short_description: Merge kernel command line arguments for GRUB or systemd-boot (proxmox-boot-tool)
+description:
+  - C(configure) merges I(add) and I(remove) into the configured command line, never overwriting it. On GRUB
+    hosts it edits C(GRUB_CMDLINE_LINUX_DEFAULT) where its effective value is defined (C(/etc/default/grub) or
+    the last C(/etc/default/grub.d/*.cfg) snippet that sets it), or, when that definition is not a plain
+    literal, writes the merged value to C(/etc/default/grub.d/zz-provision.cfg). Arguments to remove are also
+    removed from C(GRUB_CMDLINE_LINUX). On systemd-boot hosts it edits the first line of C(/etc/kernel/cmdline).
+    Every changed file is backed up first.
+  - C(verify_generated) checks that the generated boot configuration (C(/boot/grub/grub.cfg), or the loader
+    entries on every ESP listed in C(/etc/kernel/proxmox-boot-uuids)) carries the wanted arguments.
+  - C(restore) puts back the files of the latest backup. C(running) compares C(/proc/cmdline) with the wanted
+    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP state and the IO_PAGE_FAULT count.
+options:
+  action:
+    type: str
+    choices: [configure, verify_generated, restore, running, findings]
+    default: configure
+  bootloader:
+    type: str
+    choices: [auto, grub, systemd-boot]
+    default: auto
+  add:
+    type: list
+    elements: str
+    default: []
+  remove:
+    type: list
+    elements: str
+    default: []
+  backup_dir:
+    type: path
+    default: /var/lib/provision/kernel-cmdline
+"""
+
+EXAMPLES = r"""
+- name: Merge SEV-SNP arguments
+  kernel_cmdline:
+    add: [kvm_amd.sev=1, iommu=nopt]
+    remove: [iommu=pt]
+"""
+
+RETURN = r"""
+bootloader: {description: grub or systemd-boot, and how it was detected, type: str, returned: always}
+line: {description: the configured (effective) command line after the change, type: str, returned: configure}
+previous: {description: the configured command line before, type: str, returned: configure}
+files: {description: files changed, type: list, returned: configure}
+backup: {description: directory holding the originals, type: str, returned: when changed}
+"""
+
+import datetime
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kernel_cmdline import merge, missing, split
+
+GRUB_MAIN = "/etc/default/grub"
+GRUB_SNIPPETS = "/etc/default/grub.d"
+GRUB_OVERRIDE = "/etc/default/grub.d/zz-provision.cfg"
+GRUB_CFG = "/boot/grub/grub.cfg"
+KERNEL_CMDLINE = "/etc/kernel/cmdline"
+PBT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
+DEFAULT_VAR, LINUX_VAR = "GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX"
+
+
+# ------------------------------------------------------------------ detection
+def detect_bootloader(module):
+    """As the PVE docs and proxmox-boot-tool do: `proxmox-boot-tool status` exits 0 and lists an ESP
+    'configured with: uefi' -> systemd-boot; exit 2 (no uuids file), only 'grub', or no tool -> GRUB."""
+    tool = module.get_bin_path("proxmox-boot-tool")
+    if tool is None:
+        return "grub", "proxmox-boot-tool not installed"
+    rc, out, err = module.run_command([tool, "status"])
+    if rc == 0 and "configured with: uefi" in out:
+        return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
+    if rc == 2:
+        return "grub", "proxmox-boot-tool status: no ESPs managed (exit 2)"
+    return "grub", "proxmox-boot-tool status: ESPs use grub"
+
+
+# ------------------------------------------------------------------ GRUB files
+def grub_files():
+    return [GRUB_MAIN] + sorted(glob.glob(os.path.join(GRUB_SNIPPETS, "*.cfg")))
+
+
+def _assignment(var):
+    return re.compile(r"^(\s*(?:export\s+)?" + var + r"=)(.*)$")
+
+
+def last_assignment(var):
+    """(file, line index, raw value) of the last assignment of var across the grub files, or None."""
+    found = None
+    for path in grub_files():
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines):
+            m = _assignment(var).match(line)
+            if m:
+                found = (path, i, m.group(2))
+    return found
+
+
+def effective_grub_value(module, var):
+    """The value update-grub will see: source the main file and the snippets in order, as it does."""
+    script = '. "$1"; shift; for f in "$@"; do . "$f"; done; printf %s "$' + var + '"'
+    rc, out, err = module.run_command(["/bin/sh", "-c", script, "sh"] + grub_files())
+    if rc != 0:
+        module.fail_json(msg="cannot evaluate %s from %s: %s" % (var, ", ".join(grub_files()), err.strip()))
+    return out
+
+
+def literal_value(raw):
+    """The string a plain literal assignment holds, or None if it is not one ($vars, $(...), `...`)."""
+    raw = raw.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+        return raw[1:-1]
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        inner = raw[1:-1]
+        if "$" in inner or "`" in inner or "\\" in inner:
+            return None
+        return inner
+    if re.match(r"^[^\s$`\"'\\]*$", raw):
+        return raw
+    return None
+
+
+def quote(value):
+    if '"' not in value and "$" not in value and "`" not in value and "\\" not in value:
+        return '"%s"' % value
+    return "'%s'" % value.replace("'", "'\\''")
+
+
+# ------------------------------------------------------------------ backups
+class Backup(object):
+    def __init__(self, root):
+        self.root = root
+        self.dir = None
+
+    def save(self, path):
+        if self.dir is None:
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            self.dir = os.path.join(self.root, "backups", stamp)
+            os.makedirs(self.dir, mode=0o700)
+            self.manifest = {"created": stamp, "files": {}}
+        target = os.path.join(self.dir, "files", path.lstrip("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.exists(path):
+            shutil.copy2(path, target)
+            self.manifest["files"][path] = "saved"
+        else:
+            self.manifest["files"][path] = "absent"
+
+    def commit(self):
+        if self.dir is None:
+            return None
+        with open(os.path.join(self.dir, "manifest.json"), "w") as f:
+            json.dump(self.manifest, f, indent=1)
+        latest = os.path.join(self.root, "latest")
+        tmp = latest + ".tmp"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(self.dir, tmp)
+        os.replace(tmp, latest)
+        return self.dir
+
+
+def atomic_write(path, content):
+    directory = os.path.dirname(path)
+    mode = os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o644
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".provision-")
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def record_wanted(directory, bootloader, add, remove):
+    """What provision wants, for `provision verify` to compare with /proc/cmdline (bookkeeping, not a change)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, "wanted.json")
+    content = json.dumps({"bootloader": bootloader, "add": add, "remove": remove}, indent=1, sort_keys=True) + "\n"
+    if not os.path.exists(path) or open(path).read() != content:
+        atomic_write(path, content)
+
+
+# ------------------------------------------------------------------ configure
+def plan_grub(module, add, remove):
+    """Return (changes {path: new content}, before line, after line, notes)."""
+    before = effective_grub_value(module, DEFAULT_VAR)
+    result = merge(before, add, remove)
+    linux_before = effective_grub_value(module, LINUX_VAR)
+    linux_result = merge(linux_before, [], remove)
+    changes, notes = {}, []
+    contents = {}
+
+    def read(path):
+        if path not in contents:
+            with open(path) as f:
+                contents[path] = f.read()
+        return contents[path]
+
+    overrides = {}
+    for var, res in ((DEFAULT_VAR, result), (LINUX_VAR, linux_result)):
+        if not res["changed"]:
+            continue
+        where = last_assignment(var)
+        if where is not None and literal_value(where[2]) is not None and where[0] != GRUB_OVERRIDE:
+            path, index, _ = where
+            lines = read(path).split("\n")
+            prefix = _assignment(var).match(lines[index]).group(1)
+            lines[index] = prefix + quote(res["line"])
+            contents[path] = "\n".join(lines)
+            changes[path] = contents[path]
+            notes.append("%s set in %s" % (var, path))
+        else:
+            overrides[var] = res["line"]
+            notes.append(
+                "%s is not a plain literal where it is last set (%s); the merged value goes to %s"
+                % (var, where[0] if where else "nowhere", GRUB_OVERRIDE)
+            )
+    if overrides:
+        existing = read(GRUB_OVERRIDE) if os.path.exists(GRUB_OVERRIDE) else ""
+        lines = [ln for ln in existing.split("\n") if ln and not any(_assignment(v).match(ln) for v in overrides)]
+        if not lines:
+            lines = ["# Written by provision (kernel_cmdline): the merged kernel arguments, applied last."]
+        lines += ["%s=%s" % (var, quote(value)) for var, value in overrides.items()]
+        changes[GRUB_OVERRIDE] = "\n".join(lines) + "\n"
+    return changes, before, result, notes
+
+
+def plan_systemd_boot(module, add, remove):
+    if os.path.exists(KERNEL_CMDLINE):
+        with open(KERNEL_CMDLINE) as f:
+            content = f.read()
+        first, _, rest = content.partition("\n")
+        notes = []
+    else:
+        with open("/proc/cmdline") as f:
+            first = " ".join(a for a in split(f.read()) if not a.startswith(("initrd=", "BOOT_IMAGE=")))
+        rest, content = "", None
+        notes = ["%s did not exist: started from /proc/cmdline, as proxmox-boot-tool does" % KERNEL_CMDLINE]
+    result = merge(first, add, remove)
+    if not any(a.startswith("root=") for a in split(result["line"])):
+        module.fail_json(msg="%s: the first line has no root= argument; proxmox-boot-tool refresh would refuse it"
+                         % KERNEL_CMDLINE)
+    changes = {}
+    if result["changed"] or content is None:
+        changes[KERNEL_CMDLINE] = result["line"] + "\n" + rest
+    return changes, first, result, notes
+
+
+def configure(module, bootloader, add, remove):
+    planner = plan_grub if bootloader == "grub" else plan_systemd_boot
+    changes, before, result, notes = planner(module, add, remove)
+    out = dict(
+        changed=bool(changes), line=result["line"], previous=before, files=sorted(changes),
+        added=result["added"], replaced=result["replaced"], removed=result["removed"],
+        warnings_list=result["warnings"], notes=notes,
+    )
+    if changes and module._diff:
+        out["diff"] = []
+        for path, new in sorted(changes.items()):
+            old = open(path).read() if os.path.exists(path) else ""
+            out["diff"].append(dict(before=old, after=new, before_header=path, after_header=path))
+    if not module.check_mode:
+        record_wanted(module.params["backup_dir"], bootloader, add, remove)
+    if changes and not module.check_mode:
+        backup = Backup(module.params["backup_dir"])
+        for path in changes:
+            backup.save(path)
+        out["backup"] = backup.commit()
+        for path, new in changes.items():
+            atomic_write(path, new)
+    return out
+
+
+# ------------------------------------------------------------------ checks
+def generated_lines(module, bootloader):
+    """The kernel command lines the bootloader will use, as (source, line) pairs."""
+    found = []
+    if bootloader == "grub":
+        with open(GRUB_CFG) as f:
+            for line in f:
+                stripped = line.strip()
+                if stripped.startswith("linux") and ("vmlinuz" in stripped or "/boot/" in stripped):
+                    found.append((GRUB_CFG, " ".join(stripped.split()[2:])))
+                    break  # the default (first) entry is what boots
+        return found
+    with open(PBT_UUIDS) as f:
+        uuids = [ln.split()[0] for ln in f if ln.strip()]
+    for uuid in uuids:
+        device = "/dev/disk/by-uuid/" + uuid
+        if not os.path.exists(device):
+            module.fail_json(msg="ESP %s listed in %s does not exist" % (device, PBT_UUIDS))
+        mnt = tempfile.mkdtemp(prefix="provision-esp-")
+        rc, _, err = module.run_command(["mount", "-o", "ro", device, mnt])
+        if rc != 0:
+            os.rmdir(mnt)
+            module.fail_json(msg="cannot mount ESP %s: %s" % (device, err.strip()))
+        try:
+            for entry in sorted(glob.glob(os.path.join(mnt, "loader", "entries", "proxmox-*.conf"))):
+                with open(entry) as f:
+                    for line in f:
+                        if line.startswith("options"):
+                            found.append(("%s:%s" % (uuid, os.path.basename(entry)), line.split(None, 1)[1].strip()))
+        finally:
+            module.run_command(["umount", mnt])
+            os.rmdir(mnt)
+    return found
+
+
+def verify_generated(module, bootloader, add, remove):
+    lines = generated_lines(module, bootloader)
+    if not lines:
+        module.fail_json(msg="no kernel command line found in the generated boot configuration (%s)"
+                         % (GRUB_CFG if bootloader == "grub" else "loader entries on the ESPs"))
+    bad = []
+    for source, line in lines:
+        gap = missing(line, add, remove)
+        if not gap["ok"]:
+            bad.append("%s: missing %s, still has %s" % (source, gap["absent"] or "-", gap["still_present"] or "-"))
+    if bad:
+        module.fail_json(msg="the generated boot configuration does not carry the new arguments: " + "; ".join(bad),
+                         generated=lines)
+    return dict(changed=False, generated=lines)
+
+
+def configured_line(module, bootloader):
+    planner = plan_grub if bootloader == "grub" else plan_systemd_boot
+    return planner(module, [], [])[2]["line"]
+
+
+def restore(module, bootloader):
+    """Put back the latest backup; say whether the running kernel then needs a reboot to match."""
+    before = configured_line(module, bootloader)
+    result = _restore_files(module)
+    after = configured_line(module, bootloader) if not module.check_mode else before
+    with open("/proc/cmdline") as f:
+        running_args = split(f.read())
+    dropped = [a for a in split(before) if a not in split(after)]
+    result.update(
+        configured_before=before,
+        configured_after=after,
+        reboot_needed=bool(result["changed"])
+        and (any(a not in running_args for a in split(after)) or any(a in running_args for a in dropped)),
+    )
+    return result
+
+
+def _restore_files(module):
+    latest = os.path.join(module.params["backup_dir"], "latest")
+    if not os.path.exists(latest):
+        module.fail_json(msg="no backup to restore under %s" % module.params["backup_dir"])
+    source = os.path.realpath(latest)
+    with open(os.path.join(source, "manifest.json")) as f:
+        manifest = json.load(f)
+    restored = []
+    for path, how in sorted(manifest["files"].items()):
+        saved = os.path.join(source, "files", path.lstrip("/"))
+        if how == "saved":
+            with open(saved) as f:
+                original = f.read()
+            current = open(path).read() if os.path.exists(path) else None
+            if current != original:
+                restored.append(path)
+                if not module.check_mode:
+                    atomic_write(path, original)
+        elif os.path.exists(path):
+            restored.append(path)
+            if not module.check_mode:
+                os.unlink(path)
+    return dict(changed=bool(restored), restored=restored, backup=source)
+
+
+def running(add, remove):
+    with open("/proc/cmdline") as f:
+        line = f.read().strip()
+    gap = missing(line, add, remove)
+    return dict(changed=False, proc_cmdline=line, reboot_needed=not gap["ok"], **gap)
+
+
+def findings(module):
+    rc, log, _ = module.run_command(["dmesg"])
+    out = {}
+    if rc != 0:
+        out.update(iommu_default_domain="unknown (dmesg not readable)", io_page_faults=None)
+    else:
+        m = re.search(r"iommu: Default domain type: (\w+)", log)
+        out["iommu_default_domain"] = m.group(1) if m else "not supported"
+        out["io_page_faults"] = log.count("IO_PAGE_FAULT")
+        m = re.search(r"SEV-SNP (enabled|disabled|unusable)[^\n]*", log)
+        snp_log = re.search(r"SNP: [^\n]*cannot be supported", log)
+        out["sev_snp_dmesg"] = m.group(0) if m else (snp_log.group(0) if snp_log else "not supported")
+    try:
+        with open("/sys/module/kvm_amd/parameters/sev_snp") as f:
+            out["sev_snp"] = {"Y": "enabled", "1": "enabled", "N": "disabled", "0": "disabled"}.get(f.read().strip(), "unknown")
+    except OSError:
+        out["sev_snp"] = "not supported (kvm_amd not loaded)"
+    return dict(changed=False, findings=out)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            action=dict(type="str", default="configure",
+                        choices=["configure", "verify_generated", "restore", "running", "findings"]),
+            bootloader=dict(type="str", default="auto", choices=["auto", "grub", "systemd-boot"]),
+            add=dict(type="list", elements="str", default=[]),
+            remove=dict(type="list", elements="str", default=[]),
+            backup_dir=dict(type="path", default="/var/lib/provision/kernel-cmdline"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["bootloader"] == "auto":
+        bootloader, how = detect_bootloader(module)
+    else:
+        bootloader, how = p["bootloader"], "set by the inventory"
+    action = p["action"]
+    if action == "configure":
+        result = configure(module, bootloader, p["add"], p["remove"])
+    elif action == "verify_generated":
+        result = verify_generated(module, bootloader, p["add"], p["remove"])
+    elif action == "restore":
+        result = restore(module, bootloader)
+    elif action == "running":
+        result = running(p["add"], p["remove"])
+    else:
+        result = findings(module)
+    module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)
+
+
+if __name__ == "__main__":
+    main()

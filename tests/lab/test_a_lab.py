@@ -1,0 +1,192 @@
+"""The lab itself: real GRUB and systemd-boot reboots, fake GPUs, the Proxmox API, teardown.
+
+Tests run in file order against the one session lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provision.lab.container import UVM_MAJOR
+from tests.conftest import run_provision
+
+
+def test_lab_status_reports_everything_running(lab):
+    status = lab.status()
+    assert status["up"] is True
+    assert {v["name"]: v["running"] for v in status["vms"]} == {"pve-grub": True, "pve-sdboot": True}
+    assert status["containers"][0]["running"] and status["pve"]["running"]
+    assert status["accel"] in ("tcg", "kvm")
+
+
+def test_hosts_look_like_pve_gpu_hosts(lab):
+    for name in ("pve-grub", "pve-sdboot"):
+        vm = lab.vm(name)
+        nodes = vm.ssh("stat -c '%n %t %T' /dev/nvidia0 /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm").stdout.split("\n")
+        majors = {line.split()[0]: int(line.split()[1], 16) for line in nodes if line}
+        assert majors["/dev/nvidia0"] == majors["/dev/nvidiactl"] == 195
+        assert majors["/dev/nvidia-uvm"] != 195, "nvidia-uvm must have its own (dynamic) major"
+        smi = vm.ssh("nvidia-smi --query-gpu=index,driver_version --format=csv,noheader").stdout.split("\n")
+        assert [line for line in smi if line] == ["0, 580.95.05", "1, 580.95.05"]
+    grub_status = lab.vm("pve-grub").ssh("proxmox-boot-tool status")
+    assert grub_status.returncode == 2 and "proxmox-boot-uuids does not exist" in grub_status.stderr
+    sd_status = lab.vm("pve-sdboot").ssh("proxmox-boot-tool status")
+    assert sd_status.returncode == 0 and "is configured with: uefi" in sd_status.stdout
+    assert "System currently booted with uefi" in sd_status.stdout
+
+
+def test_container_has_passthrough_nodes_and_systemd(lab):
+    ct = lab.container()
+    out = ct.ssh("stat -c '%n %t' /dev/nvidia0 /dev/nvidia-uvm; ps -p 1 -o comm=; ls /srv/provision-wheelhouse").stdout
+    assert "/dev/nvidia0 c3" in out and f"/dev/nvidia-uvm {UVM_MAJOR:x}" in out
+    assert "systemd" in out
+    assert "sglang_labserver-0.5.23-py3-none-any.whl" in out and "sglang-0.5.23-" in out
+
+
+def _reboot(machine, timeout=420) -> str:
+    old = machine.boot_id()
+    assert old
+    machine.ssh("systemctl reboot", timeout=20)
+    return machine.wait_for_ssh(timeout, not_boot_id=old)
+
+
+def test_grub_host_reboots_into_edited_cmdline(lab):
+    vm = lab.vm("pve-grub")
+    edit = vm.ssh(
+        'sed -i -E \'s/^(GRUB_CMDLINE_LINUX_DEFAULT="[^"]*)"/\\1 lab_marker=grub1"/\' /etc/default/grub'
+        " && update-grub && grep -c lab_marker=grub1 /boot/grub/grub.cfg",
+        timeout=240,
+    )
+    assert edit.returncode == 0, edit.stderr
+    _reboot(vm)
+    assert "lab_marker=grub1" in vm.ssh("cat /proc/cmdline").stdout.split()
+
+
+def test_sdboot_host_reboots_into_edited_kernel_cmdline(lab):
+    vm = lab.vm("pve-sdboot")
+    edit = vm.ssh(
+        "printf '%s lab_marker=sdboot1' \"$(head -n1 /etc/kernel/cmdline)\" > /etc/kernel/cmdline"
+        " && proxmox-boot-tool refresh",
+        timeout=240,
+    )
+    assert edit.returncode == 0, edit.stderr
+    _reboot(vm)
+    cmdline = vm.ssh("cat /proc/cmdline").stdout.split()
+    assert "lab_marker=sdboot1" in cmdline
+    assert any(a.startswith("initrd=\\EFI\\proxmox\\") for a in cmdline), "not booted through systemd-boot"
+
+
+def test_container_restart_keeps_state(lab):
+    ct = lab.container()
+    ct.ssh("echo kept > /root/marker")
+    new = _reboot(ct, timeout=60)
+    assert new
+    assert ct.ssh("cat /root/marker").stdout.strip() == "kept"
+
+
+def _proxmox(lab, **auth):
+    from proxmoxer import ProxmoxAPI
+
+    state = lab.state()
+    return ProxmoxAPI("127.0.0.1", port=state["pve_port"], verify_ssl=str(lab.dir / "pve.crt"), service="PVE", **auth)
+
+
+def test_fakepve_with_ticket_and_token(lab):
+    secrets = lab.secrets()
+    by_ticket = _proxmox(lab, user="root@pam", password=secrets["pve_password"])
+    by_token = _proxmox(lab, user="root@pam", token_name="provision", token_value=secrets["pve_token_secret"])
+    for api in (by_ticket, by_token):
+        config = api.nodes("pve-grub").lxc(101).config.get()
+        assert config["hostname"] == "sglang-01" and "digest" in config
+        assert {n["node"] for n in api.nodes.get()} == {"pve-grub", "pve-sdboot"}
+
+
+def test_fakepve_faults_can_be_injected(lab):
+    from proxmoxer.core import ResourceException
+
+    api = _proxmox(lab, user="root@pam", password=lab.secrets()["pve_password"])
+    lab.pve_control("POST", "/fail", {"method": "GET", "suffix": "/nodes/pve-grub/lxc/101/config", "status": 596,
+                                      "message": "Broken pipe", "times": 1})  # fmt: skip
+    with pytest.raises(ResourceException) as exc:
+        api.nodes("pve-grub").lxc(101).config.get()
+    assert exc.value.status_code == 596
+    assert api.nodes("pve-grub").lxc(101).config.get()["hostname"] == "sglang-01"
+    before = lab.pve_control("GET", "/ct/101")["digest"]
+    after = lab.pve_control("POST", "/ct-config", {"vmid": 101, "set": {"description": "changed underneath"}})
+    assert after["digest"] != before
+
+
+def test_failed_lab_up_leaves_nothing_behind(lab_env, tmp_path, monkeypatch):
+    from provision.errors import ProvisionError
+    from provision.lab.lab import Lab
+    from provision.lab.vm import LabVm
+
+    def no_boot(self, timeout, not_boot_id=None):
+        raise ProvisionError("injected: the guest never answers")
+
+    monkeypatch.setattr(LabVm, "wait_for_ssh", no_boot)
+    monkeypatch.setenv("PROVISION_LAB_INVENTORY", str(tmp_path / "inventory" / "lab"))
+    broken = Lab(dir=tmp_path / "broken-lab", net_index=7)
+    with pytest.raises(ProvisionError, match="never answers"):
+        broken.up(hosts=1, progress=lambda msg: None)
+    time.sleep(1)
+    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(broken.dir) not in procs, "a process of the failed lab is still running"
+    assert str(broken.dir) not in Path("/proc/mounts").read_text()
+    assert "provision-lab-7" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not broken.dir.exists()
+
+
+def test_standin_refuses_unknown_flags_and_serves_the_api(lab, tmp_path):
+    """The stand-in from the lab's wheelhouse, run here: argparse refusal, readiness, drain."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin/pip"), "install", "-q", "--no-index", "--find-links", str(lab.dir / "wheelhouse"),
+         "sglang_labserver"], check=True,
+    )  # fmt: skip
+    py = str(venv / "bin/python")
+    bad = subprocess.run([py, "-m", "sglang_labserver.launch_server", "--model-path", "m", "--no-such-flag"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad.stderr
+    port = 32000 + os.getpid() % 1000
+    proc = subprocess.Popen(
+        [py, "-m", "sglang_labserver.launch_server", "--model-path", "/m", "--port", str(port), "--tp", "2",
+         "--disable-custom-all-reduce"],
+        env={**os.environ, "SGLANG_LABSERVER_STARTUP_S": "3", "NCCL_P2P_DISABLE": "1"},
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    import urllib.error
+    import urllib.request
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, b""
+        except OSError:
+            return None, b""
+
+    try:
+        time.sleep(1)
+        assert get("/health")[0] == 503, "must not be healthy while starting"
+        deadline = time.monotonic() + 20
+        while get("/health")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert get("/ready")[0] == 200
+        info = json.loads(get("/server_info")[1])
+        assert info["tp_size"] == 2 and info["disable_custom_all_reduce"] is True
+        assert info["max_total_num_tokens"] == 780820
+        assert json.loads(get("/lab/env")[1])["env"]["NCCL_P2P_DISABLE"] == "1"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "SIGTERM received" in err and "Draining" in err

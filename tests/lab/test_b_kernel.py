@@ -1,0 +1,173 @@
+"""The kernel phase on both bootloader paths of the lab (issue: kernel arguments).
+
+Tests run in file order on the shared lab. Starting states: pve-grub has quoted arguments,
+iommu=pt and kvm_amd.sev=0 in /etc/default/grub plus an argument appended only by a grub.d
+snippet; pve-sdboot has quotes, iommu.passthrough=1 and kvm_amd.sev=0 in /etc/kernel/cmdline
+without a trailing newline.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from tests.conftest import run_provision
+from tests.lab.helpers import apply, boots, set_host_vars, split_cmdline
+
+SNP_ADD = ["mem_encrypt=on", "kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+SNP_GONE = ["iommu=pt", "iommu.passthrough=1", "kvm_amd.sev=0"]
+GRUB_KEEP = ["quiet", 'dyndbg="module iommu +p"', "site_arg=1", "console=ttyS0,115200n8"]
+SDBOOT_KEEP = ["quiet", 'acpi_osi="Windows 2020"', "console=ttyS0,115200n8"]
+FILES = "/etc/default/grub /etc/default/grub.d/* /etc/kernel/cmdline /boot/grub/grub.cfg"
+
+
+def write(machine, path: str, content: str) -> None:
+    data = base64.b64encode(content.encode()).decode()
+    assert machine.ssh(f"mkdir -p $(dirname {path}) && echo {data} | base64 -d > {path}").returncode == 0
+
+
+def checksums(machine) -> str:
+    return machine.ssh(f"sha256sum {FILES} 2>/dev/null").stdout
+
+
+def args_of(machine) -> list[str]:
+    return split_cmdline(machine.ssh("cat /proc/cmdline").stdout)
+
+
+@pytest.fixture(scope="module")
+def hosts(lab, lab_inventory):
+    grub, sdboot = lab.vm("pve-grub"), lab.vm("pve-sdboot")
+    current = grub.ssh("cat /etc/default/grub").stdout
+    current = re.sub(
+        r"^GRUB_CMDLINE_LINUX_DEFAULT=.*$",
+        "GRUB_CMDLINE_LINUX_DEFAULT='quiet dyndbg=\"module iommu +p\" iommu=pt kvm_amd.sev=0'",
+        current,
+        flags=re.M,
+    )
+    write(grub, "/etc/default/grub", current)
+    write(
+        grub, "/etc/default/grub.d/50-site.cfg", 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT site_arg=1"\n'
+    )
+    root = sdboot.ssh("head -n1 /etc/kernel/cmdline").stdout.split()[0]
+    write(
+        sdboot,
+        "/etc/kernel/cmdline",
+        f'{root} ro console=ttyS0,115200n8 quiet acpi_osi="Windows 2020" iommu.passthrough=1 kvm_amd.sev=0',
+    )
+    assert not sdboot.ssh("tail -c1 /etc/kernel/cmdline | od -c").stdout.strip().endswith("\\n")
+    return {"pve-grub": grub, "pve-sdboot": sdboot, "inventory": lab_inventory}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernel-runs")
+
+
+def test_check_reports_changes_without_making_them(hosts, runs):
+    before = {n: (checksums(hosts[n]), hosts[n].boot_id()) for n in ("pve-grub", "pve-sdboot")}
+    rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--check")
+    assert rc == 0, err[-2000:]
+    for name in ("pve-grub", "pve-sdboot"):
+        assert result["hosts"][name]["changed"] >= 1, f"{name}: --check must report the pending change"
+        assert (checksums(hosts[name]), hosts[name].boot_id()) == before[name], f"{name} changed under --check"
+        assert any("reboot pending" in m for m in result["reports"][name])
+
+
+def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
+    ids = {n: hosts[n].boot_id() for n in ("pve-grub", "pve-sdboot")}
+    rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--reboot", "never")
+    assert rc == 0, err[-2000:]
+    reports = result["reports"]
+    assert any(m.startswith("grub (proxmox-boot-tool status: no ESPs managed") for m in reports["pve-grub"])
+    assert any(
+        m.startswith("systemd-boot (proxmox-boot-tool status: ESP configured with uefi") for m in reports["pve-sdboot"]
+    )
+    assert any("SEV-SNP needs the IOMMU in translation mode" in m for m in reports["pve-grub"])
+    for name in ("pve-grub", "pve-sdboot"):
+        assert any(m.startswith("reboot pending") for m in reports[name])
+        assert hosts[name].boot_id() == ids[name], f"{name} rebooted with --reboot never"
+    grub_cfg = hosts["pve-grub"].ssh("grep -m1 -E '^\\s+linux\\s' /boot/grub/grub.cfg").stdout
+    assert all(a in grub_cfg.split() for a in SNP_ADD) and "iommu=pt" not in grub_cfg.split()
+    # the append-style grub.d snippet means the merged line goes to a last-applied snippet
+    assert "zz-provision.cfg" in hosts["pve-grub"].ssh("ls /etc/default/grub.d").stdout
+    entry = hosts["pve-sdboot"].ssh("proxmox-boot-tool status").stdout
+    assert "configured with: uefi" in entry
+
+
+def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
+    before = {n: (hosts[n].boot_id(), boots(hosts[n])) for n in ("pve-grub", "pve-sdboot")}
+    rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel")
+    assert rc == 0, err[-3000:]
+    for name, keep in (("pve-grub", GRUB_KEEP), ("pve-sdboot", SDBOOT_KEEP)):
+        vm = hosts[name]
+        assert vm.boot_id() != before[name][0], f"{name} did not reboot"
+        assert boots(vm) == before[name][1] + 1, f"{name} rebooted more than once"
+        args = args_of(vm)
+        assert all(a in args for a in SNP_ADD), (name, args)
+        assert not [a for a in SNP_GONE if a in args], (name, args)
+        assert all(a in args for a in keep), f"{name} lost arguments it was not asked to change: {args}"
+        findings = vm.ssh("cat /var/lib/provision/kernel-findings.json").stdout
+        assert '"sev_snp"' in findings and '"iommu_default_domain"' in findings
+    cmdline_file = hosts["pve-sdboot"].ssh("cat /etc/kernel/cmdline").stdout
+    assert cmdline_file.count("\n") == 1, "the first line only, newline-terminated"
+
+
+def test_second_apply_changes_nothing_and_does_not_reboot(hosts, runs):
+    ids = {n: hosts[n].boot_id() for n in ("pve-grub", "pve-sdboot")}
+    rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel")
+    assert rc == 0, err[-2000:]
+    assert {n: result["hosts"][n]["changed"] for n in ids} == {"pve-grub": 0, "pve-sdboot": 0}
+    assert {n: hosts[n].boot_id() for n in ids} == ids
+
+
+def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, runs):
+    grub = hosts["pve-grub"]
+    # valid shell when sourced alone, but aborts grub-mkconfig (set -e, GRUB_DEVICE set): a broken snippet
+    write(grub, "/etc/default/grub.d/60-broken.cfg", '[ -z "${GRUB_DEVICE:-}" ]\n')
+    set_host_vars(hosts["inventory"], "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=1"]})
+    before = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
+              grub.boot_id())  # fmt: skip
+    try:
+        rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", "pve-grub")
+    finally:
+        grub.ssh("rm -f /etc/default/grub.d/60-broken.cfg")
+        set_host_vars(hosts["inventory"], "pve-grub", None)
+    assert rc == 1
+    message = " ".join(f["message"] for f in result["failures"])
+    assert "restored from" in message and "not rebooted" in message, message
+    after = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
+             grub.boot_id())  # fmt: skip
+    assert after == before, "the previous boot configuration must stay in place, without a reboot"
+
+
+def test_a_host_that_does_not_come_back_stops_the_rollout(hosts, runs, lab):
+    inv = hosts["inventory"]
+    set_host_vars(inv, "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=2"], "kernel_cmdline_reboot_timeout": 5})
+    set_host_vars(inv, "pve-sdboot", {"kernel_cmdline_extra_args": ["lab_new=2"]})
+    grub_id, sdboot_id = hosts["pve-grub"].boot_id(), hosts["pve-sdboot"].boot_id()
+    try:
+        rc, result, err = apply(inv, runs, "--tags", "kernel")
+    finally:
+        set_host_vars(inv, "pve-grub", None)
+        set_host_vars(inv, "pve-sdboot", None)
+        hosts["pve-grub"].wait_for_ssh(600, not_boot_id=grub_id)
+    assert rc == 1
+    assert result["hosts"]["pve-grub"]["failed"] >= 1
+    assert hosts["pve-sdboot"].boot_id() == sdboot_id, "the second host rebooted although the first failed"
+    assert "lab_new=2" not in args_of(hosts["pve-sdboot"])
+    assert any(f["host"] == "pve-grub" for f in result["failures"])
+
+
+def test_rollback_restores_the_previous_line_and_reboots_only_where_needed(hosts, runs):
+    grub, sdboot = hosts["pve-grub"], hosts["pve-sdboot"]
+    assert "lab_new=2" in args_of(grub)  # it came back with the argument, just too late
+    sdboot_id = sdboot.boot_id()
+    proc = run_provision("rollback", "--inventory", str(hosts["inventory"]), "--limit", "proxmox_hosts", "--yes",
+                         "--json", "--runs-dir", str(runs), timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "lab_new=2" not in args_of(grub), "pve-grub must reboot into the restored line"
+    assert "lab_new=2" not in sdboot.ssh("cat /etc/kernel/cmdline").stdout
+    assert sdboot.boot_id() == sdboot_id, "pve-sdboot never ran lab_new=2: restoring needs no reboot"
+    assert all(a in args_of(grub) for a in SNP_ADD)

@@ -1,0 +1,100 @@
+"""The pure kernel command line merge used by the kernel_cmdline module."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline" / "module_utils" / "kernel_cmdline.py"
+spec = importlib.util.spec_from_file_location("kernel_cmdline_utils", PATH)
+kc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kc)
+
+SNP_ADD = ["mem_encrypt=on", "kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+SNP_REMOVE = ["iommu=pt", "iommu.passthrough=1", "amd_iommu=off", "amd_iommu=pgtbl_v2"]
+
+
+def merged(line, add=SNP_ADD, remove=SNP_REMOVE):
+    return kc.merge(line, add, remove)
+
+
+def test_appends_wanted_arguments_keeping_existing_ones_in_order():
+    r = merged("quiet splash")
+    assert r["line"] == "quiet splash mem_encrypt=on kvm_amd.sev=1 kvm_amd.sev_es=1 kvm_amd.sev_snp=1 iommu=nopt"
+    assert r["changed"] and r["added"] == SNP_ADD
+
+
+def test_conflicting_value_is_replaced_in_place():
+    r = merged("quiet kvm_amd.sev=0 splash")
+    assert r["line"].split()[:3] == ["quiet", "kvm_amd.sev=1", "splash"]
+    assert r["replaced"] == ["kvm_amd.sev=0 -> kvm_amd.sev=1"]
+
+
+def test_duplicate_keys_collapse_to_the_wanted_value():
+    r = merged("kvm_amd.sev=0 quiet kvm_amd.sev=0")
+    assert r["line"].split().count("kvm_amd.sev=1") == 1
+    assert "kvm_amd.sev=0" not in r["line"]
+
+
+def test_passthrough_iommu_is_removed_in_snp_profile():
+    r = merged("quiet iommu=pt iommu.passthrough=1 amd_iommu=off")
+    assert "iommu=pt" not in r["line"].split() and "iommu.passthrough=1" not in r["line"]
+    assert set(r["removed"]) == {"iommu=pt", "iommu.passthrough=1", "amd_iommu=off"}
+    assert "iommu=nopt" in r["line"].split()
+
+
+def test_quoted_values_stay_intact():
+    line = 'quiet dyndbg="file drivers/iommu/* +p" acpi_osi="Windows 2020"'
+    r = merged(line)
+    assert r["line"].startswith(line + " ")
+    assert kc.split(r["line"])[1] == 'dyndbg="file drivers/iommu/* +p"'
+
+
+def test_remove_by_key_removes_every_value():
+    r = kc.merge("a=1 b a=2 c", [], ["a"])
+    assert r["line"] == "b c" and r["removed"] == ["a=1", "a=2"]
+
+
+def test_remove_exact_value_keeps_other_values():
+    assert kc.merge("iommu=pt iommu=soft", [], ["iommu=pt"])["line"] == "iommu=soft"
+
+
+def test_repeatable_keys_are_appended_not_replaced():
+    r = kc.merge("console=tty0", ["console=ttyS0,115200n8"], [])
+    assert r["line"] == "console=tty0 console=ttyS0,115200n8"
+
+
+def test_amd_iommu_on_is_kept_with_a_warning():
+    r = kc.merge("quiet", ["amd_iommu=on"], [])
+    assert r["line"] == "quiet amd_iommu=on"
+    assert len(r["warnings"]) == 1 and "Unknown option" in r["warnings"][0]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "quiet",
+        "root=UUID=1 ro quiet iommu=pt kvm_amd.sev=0",
+        'x="a b" kvm_amd.sev_snp=0 iommu.passthrough=1 console=ttyS0',
+        "BOOT_IMAGE=/vmlinuz root=/dev/sda1 amd_iommu=on iommu=nopt mem_encrypt=on",
+    ],
+)
+def test_merge_is_idempotent(line):
+    once = merged(line)
+    twice = merged(once["line"])
+    assert twice["line"] == once["line"] and not twice["changed"]
+
+
+def test_unchanged_line_reports_no_change():
+    line = "quiet " + " ".join(SNP_ADD)
+    assert not merged(line)["changed"]
+
+
+def test_missing_reports_what_the_running_kernel_lacks():
+    gap = kc.missing("BOOT_IMAGE=x quiet iommu=pt kvm_amd.sev=1", SNP_ADD, SNP_REMOVE)
+    assert gap["absent"] == ["mem_encrypt=on", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+    assert gap["still_present"] == ["iommu=pt"] and not gap["ok"]
+    assert kc.missing(" ".join(SNP_ADD), SNP_ADD, SNP_REMOVE)["ok"]
