@@ -108,11 +108,22 @@ def flags_from_wheel(wheel: Path) -> dict[str, bool]:
 
 
 def unknown_flags(args: list[str], known: dict[str, bool]) -> list[str]:
-    """The flags in an argument list that the release does not have (`--x=1` and `--x 1` forms)."""
+    """The flags in an argument list that the release does not accept (`--x=1` and `--x 1` forms).
+
+    Like argparse (allow_abbrev), a unique prefix of a flag is accepted (`--tp` for `--tp-size`); the
+    value after a flag that takes one is skipped, so a value starting with `--` is not judged."""
     unknown = []
+    skip_value = False
     for arg in args:
-        if arg.startswith("--"):
-            name = arg.split("=", 1)[0]
-            if name not in known:
-                unknown.append(name)
+        if skip_value:
+            skip_value = False
+            continue
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        matches = [name] if name in known else [flag for flag in known if flag.startswith(name)]
+        if len(matches) != 1:
+            unknown.append(name)
+            continue
+        skip_value = known[matches[0]] and "=" not in arg
     return unknown

@@ -36,6 +36,7 @@ BOOT_TIMEOUT_S = 600
 CONTAINER_NAME = "sglang-01"
 CONTAINER_VMID = 101
 TOKEN_NAME = "provision"
+DRIVER_VERSION = "580.95.05"
 # An offline site's package share: the real sglang wheel and the lab's SGLang stand-in.
 WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
 
@@ -228,6 +229,7 @@ class Lab:
         if not target.exists():
             shutil.copy(sglang_wheel, target)
         wheelhouse.build_standin_wheel(sglang_wheel, house)
+        wheelhouse.build_fake_nvidia_installer(house, DRIVER_VERSION)
 
     def _start_pve(self, state: dict[str, Any]) -> None:
         seed = {
@@ -292,7 +294,6 @@ class Lab:
             "proxmox_api_user": "root@pam",
             "proxmox_api_password": "{{ lookup('ansible.builtin.env', 'PROXMOX_PASSWORD', "
             f"default=lookup('ansible.builtin.file', '{password_file}')) }}}}",
-            "proxmox_api_token_id": TOKEN_NAME,
             "proxmox_api_validate_certs": True,
             "proxmox_api_ca_file": str(self.dir / "pve.crt"),
         }
@@ -305,7 +306,11 @@ class Lab:
             "sglang_package": "sglang_labserver",
             "sglang_launch_module": "sglang_labserver.launch_server",
             "sglang_model_path": "/srv/models/lab-standin",
+            # the controller reads the pinned release's flags from the sglang wheel in the lab's wheelhouse
+            "sglang_flag_check_wheel_dirs": [str(self.dir / "wheelhouse")],
             "sglang_served_model_name": "lab-standin",
+            # the lab's stand-in for NVIDIA's .run installer (it installs an nvidia-smi that reports the version)
+            "gpu_passthrough_userspace_installer": f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ _gpu_passthrough_driver }}}}.run",
         }
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
         return inv

@@ -67,3 +67,24 @@ def build_standin_wheel(sglang_wheel: Path, out_dir: Path) -> Path:
             zf.writestr(name, data)
     tmp.replace(wheel)
     return wheel
+
+
+def build_fake_nvidia_installer(out_dir: Path, version: str) -> Path:
+    """The lab's stand-in for NVIDIA-Linux-x86_64-<version>.run: with --no-kernel-module it installs an
+    nvidia-smi that reports this version (the lab's shim), as the real userspace would."""
+    shim = (HERE / "overlay" / "common" / "usr" / "local" / "bin" / "nvidia-smi").read_text()
+    script = f"""#!/bin/sh
+# provision lab: stands in for NVIDIA's installer; no kernel module, no libraries, only nvidia-smi.
+set -eu
+case " $* " in *" --no-kernel-module "*) ;; *) echo "ERROR: the lab installer needs --no-kernel-module" >&2; exit 1;; esac
+mkdir -p /etc/lab /usr/bin
+echo {version} > /etc/lab/driver_version
+cat > /usr/bin/nvidia-smi <<'SHIM'
+{shim}SHIM
+chmod 0755 /usr/bin/nvidia-smi
+echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: {version}) is now complete."
+"""
+    path = out_dir / f"NVIDIA-Linux-x86_64-{version}.run"
+    path.write_text(script)
+    path.chmod(0o755)
+    return path

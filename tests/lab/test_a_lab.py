@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from provision.lab.container import UVM_MAJOR
-from tests.conftest import run_provision
 
 
 def test_lab_status_reports_everything_running(lab):

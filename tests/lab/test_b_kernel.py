@@ -98,7 +98,7 @@ def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
 
 def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
     before = {n: (hosts[n].boot_id(), boots(hosts[n])) for n in ("pve-grub", "pve-sdboot")}
-    rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel")
+    rc, _, err = apply(hosts["inventory"], runs, "--tags", "kernel")
     assert rc == 0, err[-3000:]
     for name, keep in (("pve-grub", GRUB_KEEP), ("pve-sdboot", SDBOOT_KEEP)):
         vm = hosts[name]
@@ -130,7 +130,7 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     before = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
               grub.boot_id())  # fmt: skip
     try:
-        rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", "pve-grub")
+        rc, result, _ = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", "pve-grub")
     finally:
         grub.ssh("rm -f /etc/default/grub.d/60-broken.cfg")
         set_host_vars(hosts["inventory"], "pve-grub", None)
@@ -148,7 +148,7 @@ def test_a_host_that_does_not_come_back_stops_the_rollout(hosts, runs, lab):
     set_host_vars(inv, "pve-sdboot", {"kernel_cmdline_extra_args": ["lab_new=2"]})
     grub_id, sdboot_id = hosts["pve-grub"].boot_id(), hosts["pve-sdboot"].boot_id()
     try:
-        rc, result, err = apply(inv, runs, "--tags", "kernel")
+        rc, result, _ = apply(inv, runs, "--tags", "kernel")
     finally:
         set_host_vars(inv, "pve-grub", None)
         set_host_vars(inv, "pve-sdboot", None)

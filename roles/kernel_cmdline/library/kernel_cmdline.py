@@ -256,8 +256,9 @@ def plan_systemd_boot(module, add, remove):
         notes = ["%s did not exist: started from /proc/cmdline, as proxmox-boot-tool does" % KERNEL_CMDLINE]
     result = merge(first, add, remove)
     if not any(a.startswith("root=") for a in split(result["line"])):
-        module.fail_json(msg="%s: the first line has no root= argument; proxmox-boot-tool refresh would refuse it"
-                         % KERNEL_CMDLINE)
+        module.fail_json(
+            msg="%s: the first line has no root= argument; proxmox-boot-tool refresh would refuse it" % KERNEL_CMDLINE
+        )
     changes = {}
     if result["changed"] or content is None:
         changes[KERNEL_CMDLINE] = result["line"] + "\n" + rest
@@ -268,9 +269,15 @@ def configure(module, bootloader, add, remove):
     planner = plan_grub if bootloader == "grub" else plan_systemd_boot
     changes, before, result, notes = planner(module, add, remove)
     out = dict(
-        changed=bool(changes), line=result["line"], previous=before, files=sorted(changes),
-        added=result["added"], replaced=result["replaced"], removed=result["removed"],
-        warnings_list=result["warnings"], notes=notes,
+        changed=bool(changes),
+        line=result["line"],
+        previous=before,
+        files=sorted(changes),
+        added=result["added"],
+        replaced=result["replaced"],
+        removed=result["removed"],
+        warnings_list=result["warnings"],
+        notes=notes,
     )
     if changes and module._diff:
         out["diff"] = []
@@ -327,16 +334,19 @@ def generated_lines(module, bootloader):
 def verify_generated(module, bootloader, add, remove):
     lines = generated_lines(module, bootloader)
     if not lines:
-        module.fail_json(msg="no kernel command line found in the generated boot configuration (%s)"
-                         % (GRUB_CFG if bootloader == "grub" else "loader entries on the ESPs"))
+        module.fail_json(
+            msg="no kernel command line found in the generated boot configuration (%s)"
+            % (GRUB_CFG if bootloader == "grub" else "loader entries on the ESPs")
+        )
     bad = []
     for source, line in lines:
         gap = missing(line, add, remove)
         if not gap["ok"]:
             bad.append("%s: missing %s, still has %s" % (source, gap["absent"] or "-", gap["still_present"] or "-"))
     if bad:
-        module.fail_json(msg="the generated boot configuration does not carry the new arguments: " + "; ".join(bad),
-                         generated=lines)
+        module.fail_json(
+            msg="the generated boot configuration does not carry the new arguments: " + "; ".join(bad), generated=lines
+        )
     return dict(changed=False, generated=lines)
 
 
@@ -408,7 +418,9 @@ def findings(module):
         out["sev_snp_dmesg"] = m.group(0) if m else (snp_log.group(0) if snp_log else "not supported")
     try:
         with open("/sys/module/kvm_amd/parameters/sev_snp") as f:
-            out["sev_snp"] = {"Y": "enabled", "1": "enabled", "N": "disabled", "0": "disabled"}.get(f.read().strip(), "unknown")
+            out["sev_snp"] = {"Y": "enabled", "1": "enabled", "N": "disabled", "0": "disabled"}.get(
+                f.read().strip(), "unknown"
+            )
     except OSError:
         out["sev_snp"] = "not supported (kvm_amd not loaded)"
     return dict(changed=False, findings=out)
@@ -417,8 +429,11 @@ def findings(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            action=dict(type="str", default="configure",
-                        choices=["configure", "verify_generated", "restore", "running", "findings"]),
+            action=dict(
+                type="str",
+                default="configure",
+                choices=["configure", "verify_generated", "restore", "running", "findings"],
+            ),
             bootloader=dict(type="str", default="auto", choices=["auto", "grub", "systemd-boot"]),
             add=dict(type="list", elements="str", default=[]),
             remove=dict(type="list", elements="str", default=[]),

@@ -318,9 +318,34 @@ def make_handler(state: State):
     return Handler
 
 
+def config_args(argv: list[str]) -> list[str]:
+    """`--config FILE` merges options from a YAML file, as SGLang does; the stand-in reads the JSON
+    subset of YAML (what provision writes) and simple `key: value` lines."""
+    if "--config" not in argv:
+        return []
+    path = argv[argv.index("--config") + 1]
+    text = open(path).read()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = {}
+        for line in text.splitlines():
+            if ":" in line and not line.lstrip().startswith("#"):
+                key, value = line.split(":", 1)
+                data[key.strip()] = value.strip().strip("'\"")
+    out: list[str] = []
+    for key, value in data.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value not in (False, None):
+            out += [flag, str(value)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(config_args(argv) + argv)
     state = State(args, ["python", "-m", "sglang.launch_server", *argv])
     host, port = args.host or "127.0.0.1", int(args.port or 30000)
     server = ThreadingHTTPServer((host, port), make_handler(state))

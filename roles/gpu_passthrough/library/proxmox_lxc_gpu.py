@@ -1,0 +1,316 @@
+#!/usr/bin/python
+"""Ansible module: put a host's NVIDIA device nodes into an LXC container's devN entries via the PVE API."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: proxmox_lxc_gpu
+short_description: Pass NVIDIA device nodes into a Proxmox LXC container as devN entries (proxmoxer)
+description:
+  - Reads the container config with its digest, keeps unrelated devN/mpN/... entries, puts the NVIDIA
+    entries into free slots and writes with the digest, retrying a bounded number of times when PVE answers
+    "detected modified configuration". Restarts the container only when a change is left pending (PVE 8, or an
+    edited entry on PVE 9; a new entry hot-plugs on PVE 9). Waits for every task and checks its exitstatus.
+  - Runs on the controller. Supports check mode and diff. Passwords and token secrets are never returned.
+options:
+  api_host: {type: str, required: true}
+  api_port: {type: int, default: 8006}
+  api_user: {type: str, default: root@pam}
+  api_password: {type: str, no_log: true}
+  api_token_id: {type: str}
+  api_token_secret: {type: str, no_log: true}
+  validate_certs: {type: bool, default: true}
+  ca_file: {type: path}
+  backend: {type: str, choices: [https, ssh], default: https, description: ssh runs pvesh on the node as root}
+  ssh_host: {type: str}
+  ssh_port: {type: int, default: 22}
+  ssh_user: {type: str, default: root}
+  ssh_private_key_file: {type: path}
+  ssh_known_hosts: {type: path, description: known_hosts file; unknown or changed host keys are refused}
+  node: {type: str, required: true}
+  vmid: {type: int, required: true}
+  nodes: {type: list, elements: dict, required: true, description: the host's device nodes (path, type, mode)}
+  gpus: {type: raw, default: all, description: all, or a list of GPU indices}
+  mode: {type: str, default: "0666"}
+  uid: {type: int}
+  gid: {type: int}
+  restart: {type: str, choices: [auto, never], default: auto}
+  retries: {type: int, default: 3}
+  task_timeout: {type: int, default: 300}
+"""
+
+EXAMPLES = r"""
+- name: Pass all GPUs into CT 101
+  proxmox_lxc_gpu:
+    api_host: pve.example.net
+    api_user: root@pam
+    api_password: "{{ lookup('env', 'PROXMOX_PASSWORD') }}"
+    node: pve1
+    vmid: 101
+    nodes: "{{ discovered_nodes }}"
+"""
+
+RETURN = r"""
+entries: {description: devN -> value of the NVIDIA entries after the run, type: dict, returned: always}
+set: {description: entries written, type: dict, returned: always}
+deleted: {description: entries deleted, type: list, returned: always}
+restarted: {description: whether the container was rebooted to apply pending changes, type: bool, returned: always}
+"""
+
+import os
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_devices import DeviceError, desired_entries, is_ours, parse_entry, plan, select_nodes
+
+TOKEN_DEVN_HELP = (
+    "PVE lets only root@pam change devN entries, and an API token ({token}) is refused even when it belongs to "
+    "root@pam (HTTP 403). Use a ticket login instead (proxmox_api_user: root@pam with proxmox_api_password from "
+    "the environment or vault, and no proxmox_api_token_id), or gpu_passthrough_api_backend: ssh, which runs "
+    "pvesh on the node as root over ssh with its host key checked"
+)
+MODIFIED = "detected modified configuration"
+RETRYABLE_STATUS = (500, 502, 503, 595, 596, 597, 598, 599)
+
+
+class ApiFailure(Exception):
+    pass
+
+
+def _proxmoxer():
+    try:
+        import proxmoxer
+        from proxmoxer.core import ResourceException
+
+        return proxmoxer, ResourceException
+    except ImportError:
+        raise ApiFailure(
+            "proxmoxer is not installed for the controller's Python (%s); it comes with provision" % os.sys.executable
+        )
+
+
+def connect(p):
+    proxmoxer, _ = _proxmoxer()
+    if p["backend"] == "ssh":
+        return connect_ssh(p, proxmoxer)
+    where = "https://%s:%s" % (p["api_host"], p["api_port"])
+    kwargs = dict(port=p["api_port"], user=p["api_user"], timeout=30, service="PVE")
+    kwargs["verify_ssl"] = (p["ca_file"] or True) if p["validate_certs"] else False
+    if p["api_token_id"]:
+        if not p["api_token_secret"]:
+            raise ApiFailure("proxmox_api_token_id is set but proxmox_api_token_secret is empty")
+        kwargs.update(token_name=p["api_token_id"], token_value=p["api_token_secret"])
+    else:
+        if not p["api_password"]:
+            raise ApiFailure("no credentials for %s: set proxmox_api_password (or a token)" % where)
+        kwargs["password"] = p["api_password"]
+    try:
+        api = proxmoxer.ProxmoxAPI(p["api_host"], backend="https", **kwargs)
+        if p["api_token_id"]:
+            api.version.get()  # tokens are checked on the first request, not at construction
+        return api
+    except proxmoxer.AuthenticationError as exc:
+        raise ApiFailure(
+            "authentication failed for %s at %s (wrong password or user?): %s" % (p["api_user"], where, exc)
+        )
+    except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
+        text = str(exc)
+        if "SSL" in type(exc).__name__ or "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+            raise ApiFailure(
+                "TLS verification of %s failed (%s): set proxmox_api_ca_file to the CA that signed the PVE "
+                "certificate (on a node: /etc/pve/pve-root-ca.pem)" % (where, text.split("(Caused by")[0].strip())
+            )
+        status = getattr(exc, "status_code", None)
+        if status == 401:
+            raise ApiFailure("authentication failed for %s at %s: %s" % (p["api_user"], where, exc))
+        raise
+
+
+def connect_ssh(p, proxmoxer):
+    """pvesh on the node over ssh (as root@pam, so devN changes are allowed), host key checked."""
+    import paramiko
+    from proxmoxer.backends import ssh_paramiko
+
+    known_hosts = p["ssh_known_hosts"] or os.path.expanduser("~/.ssh/known_hosts")
+    host = p["ssh_host"] or p["api_host"]
+
+    def checked_connect(session):
+        client = paramiko.SSHClient()
+        client.load_host_keys(known_hosts)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(
+            session.host,
+            port=session.port,
+            username=session.user,
+            key_filename=session.private_key_file,
+            allow_agent=True,
+            look_for_keys=not session.private_key_file,
+            timeout=30,
+        )
+        return client
+
+    ssh_paramiko.SshParamikoSession._connect = checked_connect
+    try:
+        return proxmoxer.ProxmoxAPI(
+            host,
+            backend="ssh_paramiko",
+            user=p["ssh_user"],
+            port=p["ssh_port"],
+            private_key_file=p["ssh_private_key_file"],
+            service="PVE",
+        )
+    except paramiko.SSHException as exc:
+        raise ApiFailure(
+            "ssh to %s:%s refused (host key checked against %s): %s" % (host, p["ssh_port"], known_hosts, exc)
+        )
+
+
+def with_retries(p, what, call):
+    """Bounded retry for an API that is down or answers 5xx/59x; 4xx and modified-config are not retried here."""
+    _, ResourceException = _proxmoxer()
+    delay, last = 1.0, None
+    for attempt in range(1, p["retries"] + 1):
+        try:
+            return call()
+        except ResourceException as exc:
+            if exc.status_code not in RETRYABLE_STATUS or MODIFIED in str(exc):
+                raise
+            last = exc
+        except ApiFailure:
+            raise
+        except Exception as exc:
+            if "Connection" not in type(exc).__name__ and "Timeout" not in type(exc).__name__:
+                raise
+            last = exc
+        if attempt < p["retries"]:
+            time.sleep(delay)
+            delay *= 2
+    raise ApiFailure(
+        "%s failed %d times; the PVE API at %s:%s keeps failing: %s"
+        % (what, p["retries"], p["api_host"], p["api_port"], last)
+    )
+
+
+def wait_task(p, api, node, upid):
+    """Wait for a task and check its exitstatus (proxmoxer's blocking_status does neither reliably)."""
+    deadline = time.monotonic() + p["task_timeout"]
+    while True:
+        status = with_retries(p, "reading task status", lambda: api.nodes(node).tasks(upid).status.get())
+        if status.get("status") == "stopped":
+            exitstatus = status.get("exitstatus", "")
+            if exitstatus == "OK" or str(exitstatus).startswith("WARNINGS"):
+                return exitstatus
+            log = with_retries(p, "reading the task log", lambda: api.nodes(node).tasks(upid).log.get(limit=50))
+            tail = " | ".join(line.get("t", "") for line in log[-5:])
+            raise ApiFailure("task %s ended with exitstatus %r: %s" % (upid, exitstatus, tail))
+        if time.monotonic() > deadline:
+            raise ApiFailure("task %s still running after %ss" % (upid, p["task_timeout"]))
+        time.sleep(1)
+
+
+def run(module):
+    p = module.params
+    gpus = p["gpus"]
+    if isinstance(gpus, str) and gpus != "all":
+        gpus = [g for g in gpus.split(",") if g.strip()]
+    selected = select_nodes(p["nodes"], gpus)
+    wanted = desired_entries(selected, p["mode"], p["uid"], p["gid"])
+    _, ResourceException = _proxmoxer()
+    api = with_retries(p, "connecting", lambda: connect(p))
+    ct = api.nodes(p["node"]).lxc(p["vmid"])
+    result = dict(changed=False, restarted=False, set={}, deleted=[], attempts=0)
+    for attempt in range(1, p["retries"] + 2):
+        config = with_retries(p, "reading the container config", lambda: ct.config.get())
+        change = plan(config, wanted)
+        result["entries"] = {k: v for k, v in change["after"].items() if is_ours(parse_entry(v).get("path", ""))}
+        if not change["set"] and not change["delete"]:
+            break
+        result.update(changed=True, set=change["set"], deleted=change["delete"], attempts=attempt)
+        if module._diff:
+            lines = lambda entries: "".join(
+                "%s: %s\n" % (k, v) for k, v in sorted(entries.items(), key=lambda kv: int(kv[0][3:]))
+            )  # noqa: E731
+            result["diff"] = dict(
+                before=lines(change["before"]),
+                after=lines(change["after"]),
+                before_header="CT %s devN (%s)" % (p["vmid"], p["node"]),
+                after_header="CT %s devN (%s)" % (p["vmid"], p["node"]),
+            )
+        if module.check_mode:
+            return result
+        body = dict(change["set"], digest=config["digest"])
+        if change["delete"]:
+            body["delete"] = ",".join(change["delete"])
+        try:
+            with_retries(p, "writing the container config", lambda: ct.config.put(**body))
+            break
+        except ResourceException as exc:
+            if exc.status_code == 403 and p["api_token_id"] and p["backend"] == "https":
+                raise ApiFailure(TOKEN_DEVN_HELP.format(token="%s!%s" % (p["api_user"], p["api_token_id"])))
+            if exc.status_code == 403:
+                raise ApiFailure("PVE refused the devN change (403): %s. Only root@pam may change devN entries." % exc)
+            if MODIFIED in str(exc) and attempt <= p["retries"]:
+                continue  # someone changed the config between our read and write: read again
+            if exc.status_code == 400:
+                raise ApiFailure("PVE rejected the devN entries: %s %s" % (exc, exc.errors or ""))
+            raise
+    else:
+        raise ApiFailure("the container config kept changing underneath (%d attempts)" % (p["retries"] + 1))
+    if not result["changed"]:
+        return result
+    pending = with_retries(p, "reading pending changes", lambda: ct.pending.get())
+    touched = set(result["set"]) | set(result["deleted"])
+    ours = sorted(e["key"] for e in pending if e["key"] in touched and ("pending" in e or "delete" in e))
+    status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
+    result["pending"] = ours
+    if ours and status.get("status") == "running" and p["restart"] == "auto":
+        upid = with_retries(p, "rebooting the container", lambda: ct.status.reboot.post())
+        result["restart_exitstatus"] = wait_task(p, api, p["node"], upid)
+        result["restarted"] = True
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            api_host=dict(type="str", required=True),
+            api_port=dict(type="int", default=8006),
+            api_user=dict(type="str", default="root@pam"),
+            api_password=dict(type="str", no_log=True),
+            api_token_id=dict(type="str", no_log=False),
+            api_token_secret=dict(type="str", no_log=True),
+            validate_certs=dict(type="bool", default=True),
+            ca_file=dict(type="path"),
+            backend=dict(type="str", choices=["https", "ssh"], default="https"),
+            ssh_host=dict(type="str"),
+            ssh_port=dict(type="int", default=22),
+            ssh_user=dict(type="str", default="root"),
+            ssh_private_key_file=dict(type="path"),
+            ssh_known_hosts=dict(type="path"),
+            node=dict(type="str", required=True),
+            vmid=dict(type="int", required=True),
+            nodes=dict(type="list", elements="dict", required=True),
+            gpus=dict(type="raw", default="all"),
+            mode=dict(type="str", default="0666"),
+            uid=dict(type="int"),
+            gid=dict(type="int"),
+            restart=dict(type="str", choices=["auto", "never"], default="auto"),
+            retries=dict(type="int", default=3),
+            task_timeout=dict(type="int", default=300),
+        ),
+        supports_check_mode=True,
+    )
+    if not module.params["validate_certs"] and module.params["backend"] == "https":
+        module.warn("proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified")
+    try:
+        result = run(module)
+    except (ApiFailure, DeviceError) as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:
+        module.fail_json(msg="%s: %s" % (type(exc).__name__, exc), exception=traceback.format_exc())
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

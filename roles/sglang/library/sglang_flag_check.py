@@ -1,0 +1,80 @@
+#!/usr/bin/python
+"""Ansible module (controller): check server flags against a pinned SGLang release's own flag list."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_flag_check
+short_description: Fail on flags the pinned SGLang release does not have, before anything is rendered
+description:
+  - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see provision.sglang_flags),
+    looking for the wheel in I(wheel_dirs) and downloading it (pip download --no-deps) into the first one when
+    it is missing. Unique prefixes are accepted, as argparse accepts them.
+options:
+  version: {type: str, required: true}
+  args: {type: list, elements: str, required: true}
+  wheel_dirs: {type: list, elements: path, required: true}
+  index_url: {type: str}
+"""
+
+RETURN = r"""
+wheel: {description: the wheel whose source was read, type: str, returned: always}
+flags_known: {description: how many flags the release has, type: int, returned: always}
+"""
+
+import glob
+import os
+import subprocess
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def find_or_fetch(module, version, dirs, index_url):
+    for d in dirs:
+        found = sorted(glob.glob(os.path.join(d, "sglang-%s-*.whl" % version)))
+        if found:
+            return found[0]
+    target = dirs[0]
+    os.makedirs(target, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", target, "sglang==%s" % version]
+    if index_url:
+        cmd[4:4] = ["--index-url", index_url]
+    rc, out, err = module.run_command(cmd)
+    found = sorted(glob.glob(os.path.join(target, "sglang-%s-*.whl" % version)))
+    if rc != 0 or not found:
+        module.fail_json(msg="cannot get the sglang %s wheel to check flags (looked in %s; pip download: %s)"
+                         % (version, ", ".join(dirs), (err or out).strip()[-300:]))
+    return found[0]
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            version=dict(type="str", required=True),
+            args=dict(type="list", elements="str", required=True),
+            wheel_dirs=dict(type="list", elements="path", required=True),
+            index_url=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        from provision.sglang_flags import flags_from_wheel, unknown_flags
+    except ImportError:
+        module.fail_json(msg="this module runs on the controller, in provision's Python (%s)" % sys.executable)
+    p = module.params
+    wheel = find_or_fetch(module, p["version"], p["wheel_dirs"], p["index_url"])
+    known = flags_from_wheel(wheel)
+    unknown = unknown_flags(p["args"], known)
+    if unknown:
+        module.fail_json(
+            msg="SGLang %s has no flag %s (checked against %s); check sglang_extra_args and the role's variables"
+            % (p["version"], ", ".join(unknown), os.path.basename(wheel)),
+            unknown=unknown,
+        )
+    module.exit_json(changed=False, wheel=wheel, flags_known=len(known))
+
+
+if __name__ == "__main__":
+    main()

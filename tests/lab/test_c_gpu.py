@@ -1,0 +1,184 @@
+"""The GPU passthrough phase against the lab's Proxmox API (fakepve, PVE 9 schema) and container.
+
+fakepve models PVE 9: a new devN on a running container hot-plugs (no restart); an edited one stays
+pending until the container reboots, which the role then does once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.lab.helpers import apply, set_host_vars
+
+VMID = 101
+CONFIG_PATH = f"/nodes/pve-grub/lxc/{VMID}/config"
+OUR_PATHS = {
+    "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+    "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
+}  # fmt: skip
+
+
+def ct_config(lab) -> dict:
+    return lab.pve_control("GET", f"/ct/{VMID}")
+
+
+def dev_entries(config: dict) -> dict[str, str]:
+    return {k: v for k, v in config.items() if k.startswith("dev") and k[3:].isdigit()}
+
+
+def puts(lab) -> int:
+    return sum(
+        1 for method, path in lab.pve_control("GET", "/requests") if method == "PUT" and path.endswith("/config")
+    )
+
+
+def drop_our_entries(lab) -> None:
+    config = ct_config(lab)["config"]
+    ours = [k for k, v in dev_entries(config).items() if v.split(",")[0].replace("path=", "") in OUR_PATHS]
+    lab.pve_control("POST", "/ct-config", {"vmid": VMID, "delete": ours})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("gpu-runs")
+
+
+@pytest.fixture
+def inv(lab_inventory):
+    yield lab_inventory
+    set_host_vars(lab_inventory, "sglang-01", None)
+
+
+def test_fresh_container_gets_its_entries_and_the_userspace(lab, inv, runs):
+    rc, result, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-3000:]
+    entries = dev_entries(ct_config(lab)["config"])
+    assert {v.split(",")[0] for v in entries.values()} == OUR_PATHS
+    assert entries["dev0"] == "/dev/nvidia0,mode=0666"
+    assert any("written" in m for m in result["reports"]["sglang-01"])
+    ct = lab.container()
+    assert ct.ssh("nvidia-smi --version").stdout.count("DRIVER version      : 580.95.05") == 1
+    node = lab.vm("pve-grub")
+    assert node.ssh("systemctl is-enabled provision-nvidia-uvm.service").stdout.strip() == "enabled"
+
+
+def test_second_run_changes_nothing_and_writes_nothing(lab, inv, runs):
+    before = puts(lab)
+    rc, result, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    assert result["hosts"]["sglang-01"]["changed"] == 0
+    assert puts(lab) == before, "a converged container must get no API write"
+
+
+def test_unrelated_dev_and_mp_entries_are_kept(lab, inv, runs):
+    drop_our_entries(lab)
+    lab.pve_control("POST", "/ct-config", {"vmid": VMID, "set": {
+        "dev0": "/dev/ttyUSB0", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}})  # fmt: skip
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    config = ct_config(lab)["config"]
+    assert config["dev0"] == "/dev/ttyUSB0" and config["mp0"].startswith("local-lvm:vm-101-disk-1")
+    assert {v.split(",")[0] for k, v in dev_entries(config).items() if k != "dev0"} == OUR_PATHS
+
+
+def test_edited_entry_is_pending_and_the_container_restarts_once(lab, inv, runs):
+    set_host_vars(inv, "sglang-01", {"gpu_passthrough_mode": "0660"})
+    rc, result, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    reboots = [p for m, p in lab.pve_control("GET", "/requests") if m == "POST" and p.endswith("/status/reboot")]
+    assert len(reboots) == 1
+    assert any("container rebooted" in m for m in result["reports"]["sglang-01"])
+    show = ct_config(lab)
+    assert show["pending"] == {} and "mode=0660" in show["config"]["dev1"] + show["config"]["dev2"]
+
+
+def test_modified_configuration_is_retried_and_ends_correct(lab, inv, runs):
+    drop_our_entries(lab)
+    modified = "detected modified configuration - file changed by other user? Try again."
+    lab.pve_control("POST", "/fail", {"method": "PUT", "suffix": CONFIG_PATH, "status": 500, "message": modified,
+                                      "times": 1})  # fmt: skip
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    assert {v.split(",")[0] for v in dev_entries(ct_config(lab)["config"]).values()} >= OUR_PATHS
+
+
+def test_token_auth_explains_the_root_pam_rule_and_changes_nothing(lab, inv, runs):
+    drop_our_entries(lab)
+    digest = ct_config(lab)["digest"]
+    set_host_vars(inv, "sglang-01", {
+        "proxmox_api_token_id": "provision",
+        "proxmox_api_token_secret": "{{ lookup('ansible.builtin.env', 'PROXMOX_TOKEN_SECRET') }}"})  # fmt: skip
+    rc, result, _ = apply(inv, runs, "--tags", "gpu", env={"PROXMOX_TOKEN_SECRET": lab.secrets()["pve_token_secret"]})
+    assert rc == 1
+    message = " ".join(f["message"] for f in result["failures"])
+    assert "only root@pam" in message and "ticket login" in message, message
+    assert "Traceback" not in message
+    assert ct_config(lab)["digest"] == digest, "the config must be untouched"
+
+
+def test_wrong_password_is_a_clear_auth_error(lab, inv, runs):
+    rc, result, _ = apply(inv, runs, "--tags", "gpu", env={"PROXMOX_PASSWORD": "not-the-password"})
+    assert rc == 1
+    assert "authentication failed for root@pam" in " ".join(f["message"] for f in result["failures"])
+
+
+def test_wrong_ca_is_a_clear_tls_error(lab, inv, runs, tmp_path):
+    from fakepve.certs import make_cert
+
+    other_ca, _, _ = make_cert(str(tmp_path), name="other")
+    set_host_vars(inv, "sglang-01", {"proxmox_api_ca_file": other_ca})
+    rc, result, _ = apply(inv, runs, "--tags", "gpu")
+    assert rc == 1
+    message = " ".join(f["message"] for f in result["failures"])
+    assert "TLS verification of https://127.0.0.1" in message and "proxmox_api_ca_file" in message
+
+
+@pytest.mark.parametrize("status", [500, 596])
+def test_failing_api_gets_a_bounded_retry_then_a_clear_error(lab, inv, runs, status):
+    lab.pve_control("POST", "/fail", {"method": "GET", "suffix": CONFIG_PATH, "status": status,
+                                      "message": "Broken pipe" if status == 596 else "boom", "times": 10})  # fmt: skip
+    try:
+        rc, result, _ = apply(inv, runs, "--tags", "gpu")
+    finally:
+        lab.pve_control("POST", "/reset")
+    assert rc == 1
+    message = " ".join(f["message"] for f in result["failures"])
+    assert "failed 3 times" in message and "keeps failing" in message, message
+
+
+def test_api_that_is_down_gets_a_clear_error(lab, inv, runs):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    set_host_vars(inv, "sglang-01", {"proxmox_api_port": dead})
+    rc, result, _ = apply(inv, runs, "--tags", "gpu")
+    assert rc == 1
+    assert "keeps failing" in " ".join(f["message"] for f in result["failures"])
+
+
+def test_task_error_exitstatus_is_a_failure(lab, inv, runs):
+    set_host_vars(inv, "sglang-01", {"gpu_passthrough_mode": "0644"})
+    lab.pve_control("POST", "/fail", {"method": "POST", "suffix": f"/nodes/pve-grub/lxc/{VMID}/status/reboot",
+                                      "error": "did_not_stop", "times": 1})  # fmt: skip
+    try:
+        rc, result, _ = apply(inv, runs, "--tags", "gpu")
+    finally:
+        lab.pve_control("POST", "/reset")
+    assert rc == 1
+    message = " ".join(f["message"] for f in result["failures"])
+    assert "exitstatus" in message and "container did not stop" in message, message
+
+
+def test_no_password_or_token_in_run_records(lab, runs):
+    secrets = lab.secrets()
+    for value in (secrets["pve_password"], secrets["pve_token_secret"]):
+        hits = subprocess.run(["grep", "-rl", value, str(runs)], capture_output=True, text=True).stdout
+        assert hits == "", f"a secret leaked into {hits}"
+    assert any(Path(runs).rglob("summary.json"))
+    assert os.environ.get("PROXMOX_PASSWORD") is None

@@ -1,0 +1,60 @@
+"""Pure helpers of the sglang role and of provision.sglang_flags."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+from provision.sglang_flags import flags_from_add_argument_source, flags_from_fields_source, unknown_flags
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("systemd_quote", ROOT / "roles/sglang/filter_plugins/systemd_quote.py")
+sq = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sq)
+
+FIELDS = """
+class Serving(msgspec.Struct):
+    host: A[str, Arg(help="Host")] = "127.0.0.1"
+    tp_size: A[int, Arg(help="TP", aliases=["--tensor-parallel-size"])] = 1
+    disable_custom_all_reduce: A[bool, Arg(help="off", resolvable=True)] = False
+    enforce_disable_flashinfer_allreduce_fusion: A[bool, "Enforce"] = False
+    hidden: A[int, Arg(help="x", no_cli=True)] = 0
+    renamed: A[Optional[str], Arg(help="x", cli_name="--other-name")] = None
+    model_path: A[str, Arg(help="m", aliases=["--model"])]
+"""
+SERVER_ARGS = """
+def add_cli_args(parser):
+    parser.add_argument("--config", type=str)
+    parser.add_argument("--enable-thing", action="store_true")
+"""
+
+
+def test_fields_become_flags_with_aliases_bools_and_cli_names():
+    flags = flags_from_fields_source(FIELDS)
+    assert flags == {
+        "--host": True, "--tp-size": True, "--tensor-parallel-size": True, "--disable-custom-all-reduce": False,
+        "--enforce-disable-flashinfer-allreduce-fusion": False, "--other-name": True, "--model-path": True,
+        "--model": True,
+    }  # fmt: skip
+    assert flags_from_add_argument_source(SERVER_ARGS) == {"--config": True, "--enable-thing": False}
+
+
+def test_unknown_flags_accept_unique_prefixes_and_skip_values():
+    known = {**flags_from_fields_source(FIELDS), **flags_from_add_argument_source(SERVER_ARGS)}
+    assert unknown_flags(["--tp", "2", "--model-path", "--weird-but-a-value", "--enable-thing"], known) == []
+    assert unknown_flags(["--host=0.0.0.0", "--enable-thnig", "--m"], known) == ["--enable-thnig", "--m"]
+
+
+def test_exec_args_survive_systemd_and_shell_metacharacters():
+    value = '/srv/my model; echo $HOME "q" 100% \\ end'
+    quoted = sq.systemd_exec_arg(value)
+    assert quoted == '"/srv/my model; echo $$HOME \\"q\\" 100%% \\\\ end"'
+    # systemd's unquoting: C escapes inside double quotes, then $$ -> $ and %% -> %
+    unquoted = shlex.split(quoted)[0].replace("$$", "$").replace("%%", "%")
+    assert unquoted == value
+
+
+def test_environment_assignment_is_quoted_as_a_whole():
+    assert sq.systemd_env_assignment(("NCCL_P2P_DISABLE", "1")) == '"NCCL_P2P_DISABLE=1"'
+    assert sq.systemd_env_assignment(("X", 'a "b" 5%')) == '"X=a \\"b\\" 5%%"'
