@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="prove the deployment with testinfra checks")
     _common(p)
     p.add_argument("--junit", type=Path, help="write JUnit XML here")
+    p.add_argument("--checks", help="only the checks matching this pytest -k expression (e.g. 'smoke or health')")
+    p.add_argument("--after-reboot", action="store_true", help="reboot nodes, then containers, one at a time, first")
+    p.add_argument("--yes", "-y", action="store_true", help="with --after-reboot: do not ask for confirmation")
+    _runs_dir(p)
+
+    p = sub.add_parser("capacity", help="serving capacity of each SGLang container, in sessions")
+    _common(p)
+    p.add_argument("--session-tokens", default="32768", help="session sizes to count, comma-separated (default 32768)")
     _runs_dir(p)
 
     p = sub.add_parser("diag", help="GPU peer-to-peer and NCCL correctness diagnostic on the containers")
@@ -101,11 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _confirm(args: argparse.Namespace, console: Console) -> None:
-    if args.yes or args.check:
+def _confirm(args: argparse.Namespace, console: Console, what: str = "changes hosts and may reboot them") -> None:
+    if args.yes or getattr(args, "check", False):
         return
     if not sys.stdin.isatty():
-        raise ProvisionError("apply changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)")
+        raise ProvisionError(f"{args.command} {what}: pass --yes to confirm (no terminal to ask)")
     answer = console.input(
         f"Apply to inventory {args.inventory!r}{' limit ' + args.limit if args.limit else ''}? [y/N] "
     )
@@ -197,14 +205,42 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
 
 
 def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from provision import verify
+    from provision import inventory, verify
 
-    report = verify.verify(args.inventory, limit=args.limit, junit=args.junit, runs_dir=args.runs_dir)
+    inventory.load(args.inventory)
+    if args.after_reboot:
+        args.check = False
+        _confirm(args, err, what="reboots every host in the inventory")
+    report = verify.verify(
+        args.inventory,
+        limit=args.limit,
+        junit=args.junit,
+        runs_dir=args.runs_dir,
+        after_reboot=args.after_reboot,
+        select=args.checks,
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         verify.print_report(out, report)
     return EXIT_OK if report.passed else EXIT_FAILED
+
+
+def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision import verify
+
+    report = verify.verify(
+        args.inventory, limit=args.limit, runs_dir=args.runs_dir, select="test_capacity_report",
+        session_tokens=args.session_tokens,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps({"capacity": report.capacity, "checks": [c.__dict__ for c in report.checks]}, indent=2))
+    else:
+        verify.print_capacity(out, report)
+        for check in report.checks:
+            if not check.passed:
+                out.print(f"[red]{check.host}[/]: {check.reason}", highlight=False)
+    return EXIT_OK if report.passed and report.capacity else EXIT_FAILED
 
 
 def _console(stderr: bool) -> Console:
@@ -260,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_verify(args, out, err)
         if args.command == "lab":
             return _cmd_lab(args, out, err)
+        if args.command == "capacity":
+            return _cmd_capacity(args, out, err)
         if args.command == "diag":
             return _cmd_diag(args, out, err)
     except InventoryError as exc:

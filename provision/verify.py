@@ -22,7 +22,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from provision import inventory as inventory_mod
-from provision.runner import new_record_dir, redact_tree, secret_values
+from provision.progress import LiveProgress
+from provision.runner import new_record_dir, redact_tree, run_playbook, secret_values
 
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 # group -> suites run on its hosts
@@ -48,10 +49,13 @@ class VerifyReport:
     inventory: str
     checks: list[Check] = field(default_factory=list)
     record_dir: str = ""
+    capacity: dict[str, dict] = field(default_factory=dict)
+    reboots: dict[str, list[str]] = field(default_factory=dict)
+    reboot_failures: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        return bool(self.checks) and all(c.passed for c in self.checks) and not self.reboot_failures
 
     def to_dict(self) -> dict:
         return {
@@ -59,6 +63,9 @@ class VerifyReport:
             "passed": self.passed,
             "record_dir": self.record_dir,
             "checks": [c.__dict__ for c in self.checks],
+            "capacity": self.capacity,
+            "reboots": self.reboots,
+            "reboot_failures": self.reboot_failures,
         }
 
 
@@ -68,8 +75,12 @@ def _reason(problem: ET.Element) -> str:
     text = problem.text or ""
     e_lines = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
     if problem.tag == "error" or not message or message == "collection failure":
-        return (e_lines[-1] if e_lines else message or "error").strip()
-    return message.splitlines()[0]
+        message = e_lines[-1] if e_lines else message or "error"
+    first = message.strip().splitlines()[0] if message.strip() else "failed"
+    for prefix in ("AssertionError: ", "Failed: ", "AssertionError"):
+        if first.startswith(prefix):
+            first = first[len(prefix) :]
+    return first.strip() or "failed"
 
 
 def _parse_junit(path: Path, host: str) -> list[Check]:
@@ -87,7 +98,9 @@ def _parse_junit(path: Path, host: str) -> list[Check]:
     return checks
 
 
-def _run_host(inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: Path) -> list[Check]:
+def _run_host(
+    inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: Path, select: str | None = None, extra_env=None
+) -> list[Check]:
     suites = [str(CHECKS_DIR / s) for g, files in SUITES.items() if g in host.groups for s in files]
     if not suites:
         return []
@@ -109,6 +122,7 @@ def _run_host(inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: P
         "-o",
         "junit_family=xunit1",
         f"--rootdir={CHECKS_DIR}",
+        *(["-k", select] if select else []),
     ]
     env = {
         **os.environ,
@@ -116,6 +130,8 @@ def _run_host(inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: P
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "PROVISION_VERIFY_HOST": host.name,
+        "PROVISION_VERIFY_OUT": str(workdir),
+        **(extra_env or {}),
     }
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=workdir)
@@ -127,9 +143,30 @@ def _run_host(inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: P
     return _parse_junit(junit, host.name)
 
 
+def reboot_all(inv: inventory_mod.Inventory, limit: str | None, record: Path, report: VerifyReport) -> None:
+    """Reboot the nodes, then the containers, one at a time (playbooks/reboot.yml)."""
+    result = run_playbook(
+        "reboot.yml",
+        inv.path,
+        record_dir=record,
+        host_count=len(inv.hosts),
+        limit=limit,
+        progress=LiveProgress(Console(stderr=True), "provision verify --after-reboot: rebooting"),
+    )
+    report.reboots = result.reports
+    report.reboot_failures = result.failures
+
+
 def verify(
-    inventory: str, limit: str | None = None, junit: Path | None = None, runs_dir: Path = Path(".provision/runs")
+    inventory: str,
+    limit: str | None = None,
+    junit: Path | None = None,
+    runs_dir: Path = Path(".provision/runs"),
+    after_reboot: bool = False,
+    select: str | None = None,
+    session_tokens: str | None = None,
 ) -> VerifyReport:
+    """Run the suites on every host (in parallel); `select` is a pytest -k expression."""
     inv = inventory_mod.load(inventory)
     hosts = [h for h in inv.hosts.values() if set(SUITES) & h.groups]
     if limit:
@@ -142,7 +179,8 @@ def verify(
         tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp,
         ThreadPoolExecutor(max_workers=max(1, min(len(hosts), 16))) as pool,
     ):
-        for checks in pool.map(lambda h: _run_host(inv, h, Path(tmp)), hosts):
+        env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
+        for checks in pool.map(lambda h: _run_host(inv, h, Path(tmp), select, env), hosts):
             report.checks.extend(checks)
         if junit:
             _write_junit(report, junit)
@@ -183,5 +221,25 @@ def print_report(console: Console, report: VerifyReport) -> None:
         for c in (c for c in report.checks if c.host == host):
             table.add_row(c.suite, c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.reason))
         console.print(table)
+    for host, messages in sorted(report.reboots.items()):
+        for message in messages:
+            console.print(f"{escape(host)}: {escape(message)}")
+    for failure in report.reboot_failures:
+        console.print(f"[red]REBOOT FAILED[/] {escape(failure['host'] + ': ' + failure['message'])}")
+    print_capacity(console, report)
     verdict = "[green]all checks passed[/]" if report.passed else "[red]verification failed[/]"
     console.print(f"{verdict}; record: {escape(report.record_dir)}")
+
+
+def print_capacity(console: Console, report: VerifyReport) -> None:
+    for host, cap in sorted(report.capacity.items()):
+        console.print(f"capacity {escape(host)}: {escape(cap['summary'])}")
+        details = f"  kv cache {cap['kv_cache_dtype']}, context {cap['context_length']:,}"
+        details += f", max_running_requests {cap['max_running_requests']}"
+        if cap.get("kv_bytes_per_token_per_gpu"):
+            details += f", {cap['kv_bytes_per_token_per_gpu']:,} KV bytes/token/GPU ({cap['kv_pool_gib_per_gpu']} GiB)"
+        console.print(escape(details))
+        for p in cap.get("predictions", []):
+            console.print(
+                escape(f"  {p['what']}: {p['max_total_num_tokens']:,} tokens, {p['full_context_sessions']} sessions")
+            )

@@ -1,15 +1,62 @@
-"""Checks for a PVE node (group proxmox_hosts)."""
+"""Checks for a Proxmox node (group proxmox_hosts): kernel arguments, findings, GPU nodes."""
 
-PROVISION_STATE = "/var/lib/provision/applied.json"
+from __future__ import annotations
+
+import json
+
+from provision.checks.support import STATE_DIR, read_json
 
 
 def test_host_reachable(host):
     """The node answers over ssh with the inventory's connection settings."""
-    boot_id = host.file("/proc/sys/kernel/random/boot_id")
-    assert boot_id.exists, "cannot read /proc/sys/kernel/random/boot_id"
+    assert host.file("/proc/sys/kernel/random/boot_id").exists, "cannot read /proc/sys/kernel/random/boot_id"
 
 
 def test_provision_applied(host):
-    """`provision apply` has converged this host at least once."""
-    state = host.file(PROVISION_STATE)
-    assert state.exists, f"{PROVISION_STATE} is missing: run provision apply first"
+    """`provision apply` has converged this node at least once."""
+    assert host.file(f"{STATE_DIR}/applied.json").exists, f"{STATE_DIR}/applied.json is missing: run provision apply"
+
+
+def _cmdline(host) -> list[str]:
+    import shlex
+
+    return shlex.split(host.file("/proc/cmdline").content_string, posix=False)
+
+
+def test_kernel_arguments_in_running_kernel(host):
+    """/proc/cmdline carries every wanted argument and none of those to remove."""
+    wanted = read_json(host, f"{STATE_DIR}/kernel-cmdline/wanted.json")
+    assert wanted is not None, "no record of the wanted kernel arguments: the kernel phase has not run here"
+    args = _cmdline(host)
+    absent = [a for a in wanted["add"] if a not in args]
+    present = [a for a in args for r in wanted["remove"] if a == r or ("=" not in r and a.split("=", 1)[0] == r)]
+    assert not absent and not present, (
+        f"/proc/cmdline lacks {' '.join(absent) or '-'} and still has {' '.join(present) or '-'} "
+        f"(reboot pending, or a bootloader change that did not take)"
+    )
+
+
+def test_iommu_and_snp_findings(host):
+    """The IOMMU and SEV-SNP findings of this boot are recorded and do not contradict the profile."""
+    findings = read_json(host, f"{STATE_DIR}/kernel-findings.json")
+    assert findings is not None, f"{STATE_DIR}/kernel-findings.json is missing: the kernel phase has not run here"
+    assert findings.get("proc_cmdline", "").split() == host.file("/proc/cmdline").content_string.split(), (
+        "the findings are from an earlier boot: run provision apply --tags kernel"
+    )
+    wanted = read_json(host, f"{STATE_DIR}/kernel-cmdline/wanted.json") or {"add": []}
+    if "iommu=nopt" in wanted["add"] or "iommu.passthrough=0" in wanted["add"]:
+        assert findings.get("iommu_default_domain") != "Passthrough", (
+            "the IOMMU default domain is Passthrough although the profile asks for translation (SEV-SNP needs it)"
+        )
+    print(json.dumps({k: findings.get(k) for k in ("iommu_default_domain", "sev_snp", "io_page_faults")}))
+
+
+def test_gpu_device_nodes(host):
+    """The GPU nodes, nvidiactl and nvidia-uvm (its own, dynamic major) exist as character devices."""
+    gpus = [f for f in host.run("ls /dev").stdout.split() if f.startswith("nvidia") and f[6:].isdigit()]
+    assert gpus, "no /dev/nvidiaN node: is the NVIDIA driver loaded?"
+    for name in ["nvidiactl", "nvidia-uvm", *gpus]:
+        node = host.file(f"/dev/{name}")
+        assert node.exists and node.is_character_device, f"/dev/{name} is missing or not a character device"
+    uvm_major = int(host.run("stat -c %t /dev/nvidia-uvm").stdout.strip(), 16)
+    assert uvm_major != 195, "/dev/nvidia-uvm has the GPU major 195: it should have its own major"

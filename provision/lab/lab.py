@@ -310,7 +310,9 @@ class Lab:
             "sglang_flag_check_wheel_dirs": [str(self.dir / "wheelhouse")],
             "sglang_served_model_name": "lab-standin",
             # the lab's stand-in for NVIDIA's .run installer (it installs an nvidia-smi that reports the version)
-            "gpu_passthrough_userspace_installer": f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ _gpu_passthrough_driver }}}}.run",
+            "gpu_passthrough_userspace_installer": (
+                f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ _gpu_passthrough_driver }}}}.run"
+            ),
         }
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
         return inv

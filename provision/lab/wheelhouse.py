@@ -76,7 +76,8 @@ def build_fake_nvidia_installer(out_dir: Path, version: str) -> Path:
     script = f"""#!/bin/sh
 # provision lab: stands in for NVIDIA's installer; no kernel module, no libraries, only nvidia-smi.
 set -eu
-case " $* " in *" --no-kernel-module "*) ;; *) echo "ERROR: the lab installer needs --no-kernel-module" >&2; exit 1;; esac
+case " $* " in *" --no-kernel-module "*) ;;
+  *) echo "ERROR: the lab installer needs --no-kernel-module" >&2; exit 1;; esac
 mkdir -p /etc/lab /usr/bin
 echo {version} > /etc/lab/driver_version
 cat > /usr/bin/nvidia-smi <<'SHIM'

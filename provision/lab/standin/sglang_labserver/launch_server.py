@@ -324,7 +324,8 @@ def config_args(argv: list[str]) -> list[str]:
     if "--config" not in argv:
         return []
     path = argv[argv.index("--config") + 1]
-    text = open(path).read()
+    with open(path) as f:
+        text = f.read()
     try:
         data = json.loads(text)
     except ValueError:
