@@ -1,0 +1,153 @@
+"""The whole site against the lab, then `provision verify`: every check passes on a converged lab,
+each fails with its own message when its condition is broken, and --after-reboot proves it again."""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.conftest import run_provision
+from tests.lab.helpers import apply, set_host_vars
+
+KEY = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}", "sglang_p2p": "off"}
+ENV = {"SGLANG_API_KEY": "verify-key-" + "9d2e"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("verify-runs")
+
+
+@pytest.fixture(scope="module")
+def converged(lab, lab_inventory, runs):
+    set_host_vars(lab_inventory, "sglang-01", KEY)
+    first = apply(lab_inventory, runs, env=ENV)
+    yield {"first": first, "inventory": lab_inventory}
+    set_host_vars(lab_inventory, "sglang-01", None)
+
+
+def verify(inv, runs, *extra, env=None):
+    proc = run_provision("verify", "--inventory", str(inv), "--json", "--runs-dir", str(runs), *extra,
+                         env={**ENV, **(env or {})}, timeout=1800)  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def failed(report) -> dict[tuple[str, str], str]:
+    return {(c["host"], c["name"]): c["reason"] for c in report["checks"] if not c["passed"]}
+
+
+def test_site_converges_and_a_second_run_changes_nothing(converged, runs):
+    rc, _, err = converged["first"]
+    assert rc == 0, err[-3000:]
+    rc, second, err = apply(converged["inventory"], runs, env=ENV)
+    assert rc == 0, err[-2000:]
+    assert {h: s["changed"] for h, s in second["hosts"].items()} == {"pve-grub": 0, "pve-sdboot": 0, "sglang-01": 0}
+
+
+def test_every_check_passes_and_junit_lists_them(converged, runs, tmp_path):
+    junit = tmp_path / "verify.xml"
+    rc, report = verify(converged["inventory"], runs, "--junit", str(junit))
+    assert rc == 0, failed(report)
+    names = {c["name"] for c in report["checks"]}
+    for check in ("test_kernel_arguments_in_running_kernel", "test_iommu_and_snp_findings", "test_gpu_device_nodes",
+                  "test_userspace_matches_host_driver", "test_service_enabled", "test_service_active",
+                  "test_service_listening", "test_health_answers", "test_server_info_answers",
+                  "test_process_matches_p2p_policy", "test_smoke_answer", "test_capacity_report"):  # fmt: skip
+        assert check in names
+    cases = ET.parse(junit).getroot().iter("testcase")
+    assert sorted((c.get("classname").split(".")[0], c.get("name")) for c in cases) == sorted(
+        (c["host"], c["name"]) for c in report["checks"]
+    )
+    assert report["capacity"]["sglang-01"]["summary"] == (
+        "780,820 tokens ≈ 2.98 × 262,144-token sessions ≈ 23.8 × 32K sessions"
+    )
+
+
+def test_capacity_command(converged, runs):
+    proc = run_provision("capacity", "--inventory", str(converged["inventory"]), "--session-tokens", "32768,8192",
+                         "--runs-dir", str(runs))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "780,820 tokens ≈ 2.98 × 262,144-token sessions ≈ 23.8 × 32K sessions ≈ 95.3 × 8K sessions" in proc.stdout
+
+
+def test_stopped_service_fails_its_check(lab, converged, runs):
+    ct = lab.container()
+    ct.ssh("systemctl stop sglang")
+    try:
+        rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01")
+    finally:
+        ct.ssh("systemctl start sglang")
+    assert rc == 1
+    assert "the sglang unit is not running" in failed(report)[("sglang-01", "test_service_active")]
+
+
+def test_removed_kernel_argument_fails_its_check(lab, converged, runs):
+    vm = lab.vm("pve-sdboot")
+    path = "/var/lib/provision/kernel-cmdline/wanted.json"
+    wanted = json.loads(vm.ssh(f"cat {path}").stdout)
+    vm.ssh(f"cp {path} {path}.keep && echo '{json.dumps({**wanted, 'add': [*wanted['add'], 'lab_gone=1']})}' > {path}")
+    try:
+        rc, report = verify(converged["inventory"], runs, "--limit", "pve-sdboot")
+    finally:
+        vm.ssh(f"mv {path}.keep {path}")
+    assert rc == 1
+    assert "/proc/cmdline lacks lab_gone=1" in failed(report)[("pve-sdboot", "test_kernel_arguments_in_running_kernel")]
+
+
+def test_missing_env_var_fails_the_p2p_check(lab, converged, runs):
+    ct = lab.container()
+    ct.ssh("sed -i '/NCCL_P2P_DISABLE/d' /etc/systemd/system/sglang.service && systemctl daemon-reload"
+           " && systemctl restart sglang")  # fmt: skip
+    try:
+        rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "p2p_policy")
+    finally:
+        rc_fix, _, err = apply(converged["inventory"], runs, "--tags", "sglang", env=ENV)
+        assert rc_fix == 0, err[-2000:]
+    assert rc == 1
+    assert (
+        "NCCL_P2P_DISABLE=1 is not in its environment"
+        in failed(report)[("sglang-01", "test_process_matches_p2p_policy")]
+    )
+
+
+def test_missing_gpu_node_fails_its_check(lab, converged, runs):
+    ct = lab.container()
+    ct.ssh("umount /dev/nvidia-uvm")
+    try:
+        rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "gpu_nodes")
+    finally:
+        old = ct.boot_id()
+        ct.ssh("systemctl reboot", timeout=20)
+        ct.wait_for_ssh(120, not_boot_id=old)
+    assert rc == 1
+    assert "/dev/nvidia-uvm is missing in the container" in failed(report)[("sglang-01", "test_gpu_nodes_visible")]
+
+
+def test_wrong_answer_fails_the_smoke_check(lab, converged, runs):
+    set_host_vars(converged["inventory"], "sglang-01", {**KEY, "verify_smoke_expect": "92"})
+    try:
+        deadline = time.monotonic() + 90  # the container just rebooted: let the service come back
+        while time.monotonic() < deadline and lab.container().ssh("curl -sf localhost:30000/health").returncode:
+            time.sleep(2)
+        rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "smoke")
+    finally:
+        set_host_vars(converged["inventory"], "sglang-01", KEY)
+    assert rc == 1
+    reason = failed(report)[("sglang-01", "test_smoke_answer")]
+    assert "expected '92' in the answer" in reason and "91" in reason
+
+
+def test_after_reboot_reboots_each_host_and_everything_passes(lab, converged, runs):
+    before = {n: lab.vm(n).boot_id() for n in ("pve-grub", "pve-sdboot")}
+    ct_before = lab.container().boot_id()
+    rc, report = verify(converged["inventory"], runs, "--after-reboot", "--yes")
+    assert rc == 0, (failed(report), report.get("reboot_failures"))
+    for name, old in before.items():
+        new = lab.vm(name).boot_id()
+        assert new != old
+        assert any(old in m and new in m for m in report["reboots"][name]), report["reboots"][name]
+    assert lab.container().boot_id() != ct_before
+    assert any(m.startswith("rebooted: PID 1 start") for m in report["reboots"]["sglang-01"])
