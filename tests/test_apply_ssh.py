@@ -81,16 +81,16 @@ def test_first_apply_converges_and_counts_match(ssh_lab, inv, runs):
     assert result["succeeded"] is True
     node, ct = result["hosts"]["node1"], result["hosts"]["ct1"]
     # The state dir already exists (the target's private tmpfs is mounted there), so each host
-    # gets verify.json and applied.json written
-    assert (node["changed"], node["failed"], node["unreachable"]) == (2, 0, 0)
-    assert (ct["changed"], ct["failed"], ct["unreachable"]) == (2, 0, 0)
+    # gets verify.json written
+    assert (node["changed"], node["failed"], node["unreachable"]) == (1, 0, 0)
+    assert (ct["changed"], ct["failed"], ct["unreachable"]) == (1, 0, 0)
     assert len(result["changed_tasks"]) == node["changed"] + ct["changed"]
     # what the summary says matches what is on the hosts
-    assert _state(ssh_lab["targets"]["node1"]) == ["applied.json", "verify.json"]
-    assert _state(ssh_lab["targets"]["ct1"]) == ["applied.json", "verify.json"]
+    assert _state(ssh_lab["targets"]["node1"]) == ["verify.json"]
+    assert _state(ssh_lab["targets"]["ct1"]) == ["verify.json"]
     record = Path(result["record_dir"])
     summary = json.loads((record / "summary.json").read_text())
-    assert summary["hosts"]["node1"]["changed"] == 2
+    assert summary["hosts"]["node1"]["changed"] == 1
     events = list((record / "artifacts" / "run" / "job_events").glob("*.json"))
     oks = [json.loads(e.read_text()) for e in events]
     assert sum(1 for e in oks if e["event"] == "runner_on_ok" and e["event_data"]["host"] == "node1") == node["ok"]
@@ -139,16 +139,16 @@ def test_verify_passes_on_converged_hosts(ssh_lab, inv, runs, tmp_path):
 
 def test_verify_fails_with_reason_when_state_is_broken(ssh_lab, inv, runs):
     node = ssh_lab["targets"]["node1"]
-    node.ssh("mv /var/lib/provision/applied.json /var/lib/provision/applied.json.bak")
+    node.ssh("mv /var/lib/provision/verify.json /var/lib/provision/verify.json.bak")
     try:
         proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
     finally:
-        node.ssh("mv /var/lib/provision/applied.json.bak /var/lib/provision/applied.json")
+        node.ssh("mv /var/lib/provision/verify.json.bak /var/lib/provision/verify.json")
     report = json.loads(proc.stdout)
     assert proc.returncode == 1
     failed = [c for c in report["checks"] if not c["passed"]]
     assert [(c["host"], c["name"]) for c in failed] == [("node1", "test_provision_applied")]
-    assert "applied.json is missing" in failed[0]["reason"]
+    assert "verify.json is missing" in failed[0]["reason"]
 
 
 def test_unreachable_host_fails_run_but_others_finish(ssh_lab, tmp_path, runs):

@@ -29,7 +29,7 @@ def test_container_reachable(host):
 
 def test_provision_applied(host):
     """`provision apply` has converged this container at least once."""
-    assert host.file(f"{STATE_DIR}/applied.json").exists, f"{STATE_DIR}/applied.json is missing: run provision apply"
+    assert host.file(f"{STATE_DIR}/verify.json").exists, f"{STATE_DIR}/verify.json is missing: run provision apply"
 
 
 def test_gpu_nodes_visible(host):

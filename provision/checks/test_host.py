@@ -14,13 +14,24 @@ def test_host_reachable(host):
 
 def test_provision_applied(host):
     """`provision apply` has converged this node at least once."""
-    assert host.file(f"{STATE_DIR}/applied.json").exists, f"{STATE_DIR}/applied.json is missing: run provision apply"
+    assert host.file(f"{STATE_DIR}/verify.json").exists, f"{STATE_DIR}/verify.json is missing: run provision apply"
+
+
+def canonical(arg: str) -> str:
+    """As the kernel reads an argument: `"a=b c"` and `a="b c"` are the same (GRUB re-quotes whole words).
+    The kernel_cmdline role's module_utils has the same rule for the nodes themselves."""
+    if len(arg) >= 2 and arg[0] == arg[-1] == '"':
+        arg = arg[1:-1]
+    k, sep, value = arg.partition("=")
+    if sep and len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return k + sep + value
 
 
 def _cmdline(host) -> list[str]:
     import shlex
 
-    return shlex.split(host.file("/proc/cmdline").content_string, posix=False)
+    return [canonical(a) for a in shlex.split(host.file("/proc/cmdline").content_string, posix=False)]
 
 
 def test_kernel_arguments_in_running_kernel(host):
@@ -28,8 +39,10 @@ def test_kernel_arguments_in_running_kernel(host):
     wanted = read_json(host, f"{STATE_DIR}/kernel-cmdline/wanted.json")
     assert wanted is not None, "no record of the wanted kernel arguments: the kernel phase has not run here"
     args = _cmdline(host)
-    absent = [a for a in wanted["add"] if a not in args]
-    present = [a for a in args for r in wanted["remove"] if a == r or ("=" not in r and a.split("=", 1)[0] == r)]
+    absent = [a for a in wanted["add"] if canonical(a) not in args]
+    present = [
+        a for a in args for r in wanted["remove"] if a == canonical(r) or ("=" not in r and a.split("=", 1)[0] == r)
+    ]
     assert not absent and not present, (
         f"/proc/cmdline lacks {' '.join(absent) or '-'} and still has {' '.join(present) or '-'} "
         f"(reboot pending, or a bootloader change that did not take)"

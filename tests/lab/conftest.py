@@ -39,6 +39,15 @@ def lab(lab_env):
         if os.environ.get("CI"):
             raise
         pytest.skip(str(exc))
+    reuse = os.environ.get("PROVISION_TEST_LAB_DIR")
+    if reuse:  # development: run against a lab that is already up, and leave it up
+        os.environ["PROVISION_LAB_DIR"] = reuse
+        os.environ["PROVISION_LAB_INVENTORY"] = str(lab_env / "inventory" / "lab")
+        instance = Lab()
+        assert instance.state().get("up"), f"PROVISION_TEST_LAB_DIR={reuse}: no lab is up there"
+        instance.write_inventory(instance.state())
+        yield instance
+        return
     instance = Lab()
     instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
     try:

@@ -36,6 +36,7 @@ _spec = importlib.util.spec_from_file_location("kernel_cmdline_utils", _KC)
 _kernel_cmdline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_kernel_cmdline)
 split_cmdline = _kernel_cmdline.split
+canonical = _kernel_cmdline.canonical
 
 
 def boots(machine) -> int:

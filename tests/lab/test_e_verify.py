@@ -39,12 +39,15 @@ def failed(report) -> dict[tuple[str, str], str]:
     return {(c["host"], c["name"]): c["reason"] for c in report["checks"] if not c["passed"]}
 
 
-def test_site_converges_and_a_second_run_changes_nothing(converged, runs):
+def test_site_converges_and_a_second_run_changes_nothing(lab, converged, runs):
+    """Also the kernel phase's "second apply reports changed=0 and does not reboot"."""
     rc, _, err = converged["first"]
     assert rc == 0, err[-3000:]
+    boot_ids = {n: lab.vm(n).boot_id() for n in ("pve-grub", "pve-sdboot")}
     rc, second, err = apply(converged["inventory"], runs, env=ENV)
     assert rc == 0, err[-2000:]
     assert {h: s["changed"] for h, s in second["hosts"].items()} == {"pve-grub": 0, "pve-sdboot": 0, "sglang-01": 0}
+    assert {n: lab.vm(n).boot_id() for n in boot_ids} == boot_ids, "a converged node must not reboot"
 
 
 def test_every_check_passes_and_junit_lists_them(converged, runs, tmp_path):

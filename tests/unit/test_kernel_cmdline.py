@@ -98,3 +98,9 @@ def test_missing_reports_what_the_running_kernel_lacks():
     assert gap["absent"] == ["mem_encrypt=on", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
     assert gap["still_present"] == ["iommu=pt"] and not gap["ok"]
     assert kc.missing(" ".join(SNP_ADD), SNP_ADD, SNP_REMOVE)["ok"]
+
+
+def test_running_kernel_comparison_ignores_grubs_requoting():
+    # GRUB writes dyndbg="a b" into grub.cfg; the kernel then shows "dyndbg=a b" in /proc/cmdline
+    assert kc.missing('ro "dyndbg=module iommu +p" quiet', ['dyndbg="module iommu +p"'], [])["ok"]
+    assert kc.canonical('"dyndbg=a b"') == kc.canonical('dyndbg="a b"') == "dyndbg=a b"

@@ -37,6 +37,9 @@ options:
   backup_dir:
     type: path
     default: /var/lib/provision/kernel-cmdline
+  findings_file:
+    type: path
+    description: with action=findings, where to record them (kept up to date, not reported as a change)
 """
 
 EXAMPLES = r"""
@@ -404,7 +407,8 @@ def running(add, remove):
     return dict(changed=False, proc_cmdline=line, reboot_needed=not gap["ok"], **gap)
 
 
-def findings(module):
+def findings(module, add, remove):
+    """This boot's findings plus the running-kernel check, written to <state_dir>/kernel-findings.json."""
     rc, log, _ = module.run_command(["dmesg"])
     out = {}
     if rc != 0:
@@ -423,7 +427,15 @@ def findings(module):
             )
     except OSError:
         out["sev_snp"] = "not supported (kvm_amd not loaded)"
-    return dict(changed=False, findings=out)
+    check = running(add, remove)
+    out["proc_cmdline"] = check["proc_cmdline"]
+    path = module.params["findings_file"]
+    if path and not module.check_mode:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        content = json.dumps(out, indent=2, sort_keys=True) + "\n"
+        if not os.path.exists(path) or open(path).read() != content:
+            atomic_write(path, content)
+    return dict(changed=False, findings=out, **{k: v for k, v in check.items() if k != "changed"})
 
 
 def main():
@@ -438,6 +450,7 @@ def main():
             add=dict(type="list", elements="str", default=[]),
             remove=dict(type="list", elements="str", default=[]),
             backup_dir=dict(type="path", default="/var/lib/provision/kernel-cmdline"),
+            findings_file=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -456,7 +469,7 @@ def main():
     elif action == "running":
         result = running(p["add"], p["remove"])
     else:
-        result = findings(module)
+        result = findings(module, p["add"], p["remove"])
     module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)
 
 

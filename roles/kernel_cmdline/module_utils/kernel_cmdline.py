@@ -93,9 +93,19 @@ def merge(current: str, add: list[str], remove: list[str]) -> dict:
     }
 
 
+def canonical(arg: str) -> str:
+    """An argument as the kernel reads it: `"a=b c"` and `a="b c"` are the same (GRUB re-quotes whole words)."""
+    if len(arg) >= 2 and arg[0] == '"' and arg[-1] == '"':
+        arg = arg[1:-1]
+    k, sep, value = arg.partition("=")
+    if sep and len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        value = value[1:-1]
+    return k + sep + value
+
+
 def missing(running: str, add: list[str], remove: list[str]) -> dict:
     """What a running kernel's /proc/cmdline lacks: wanted args absent, removed args still present."""
-    args = split(running)
-    absent = [a for a in add if a not in args]
-    present = [a for a in args for r in remove if a == r or ("=" not in r and key(a) == r)]
+    args = [canonical(a) for a in split(running)]
+    absent = [a for a in add if canonical(a) not in args]
+    present = [a for a in args for r in remove if a == canonical(r) or ("=" not in r and key(a) == r)]
     return {"absent": absent, "still_present": present, "ok": not absent and not present}
