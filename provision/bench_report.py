@@ -1,0 +1,187 @@
+"""Benchmark results from SGLang's own client (`sglang.bench_serving` JSONL), as tables, charts and a
+baseline comparison.
+
+Each JSONL line is one concurrency level (sglang-nccl.md §2.2): `max_concurrency`, `completed`,
+`output_throughput`, `total_throughput`, `request_throughput`, `{median,p99}_{ttft,itl}_ms`, ...
+There is no `failed` key: failures are the prompts sent minus `completed`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_THRESHOLD = 0.10  # a 10% drop in throughput, or rise in p99 TTFT, is a regression
+
+
+@dataclass
+class Level:
+    concurrency: int
+    sent: int
+    completed: int
+    output_throughput: float
+    total_throughput: float
+    request_throughput: float
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    median_itl_ms: float | None
+    p99_itl_ms: float | None
+
+    @property
+    def failed(self) -> int:
+        return self.sent - self.completed
+
+
+def levels_from_jsonl(text: str, prompts_per_level: dict[int, int]) -> list[Level]:
+    """One Level per JSONL line; `prompts_per_level` says how many prompts each concurrency sent."""
+    levels = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        c = int(row.get("max_concurrency") or row.get("concurrency") or 0)
+        levels.append(
+            Level(
+                concurrency=c,
+                sent=int(prompts_per_level.get(c, row.get("completed", 0))),
+                completed=int(row.get("completed", 0)),
+                output_throughput=float(row.get("output_throughput", 0.0)),
+                total_throughput=float(row.get("total_throughput", 0.0)),
+                request_throughput=float(row.get("request_throughput", 0.0)),
+                median_ttft_ms=row.get("median_ttft_ms"),
+                p99_ttft_ms=row.get("p99_ttft_ms"),
+                median_itl_ms=row.get("median_itl_ms"),
+                p99_itl_ms=row.get("p99_itl_ms"),
+            )
+        )
+    return sorted(levels, key=lambda lv: lv.concurrency)
+
+
+def missing_levels(levels: list[Level], prompts_per_level: dict[int, int]) -> list[int]:
+    """Levels where no request succeeded: SGLang's client writes no line for them."""
+    seen = {lv.concurrency for lv in levels}
+    return sorted(c for c in prompts_per_level if c not in seen)
+
+
+@dataclass
+class Regression:
+    concurrency: int
+    metric: str
+    baseline: float
+    measured: float
+    change: float  # relative, signed
+
+    def describe(self) -> str:
+        return (
+            f"C={self.concurrency}: {self.metric} {self.measured:,.1f} vs baseline {self.baseline:,.1f} "
+            f"({self.change:+.0%})"
+        )
+
+
+def compare(levels: list[Level], baseline: dict[str, Any], threshold: float = DEFAULT_THRESHOLD) -> list[Regression]:
+    """Throughput that fell, or p99 TTFT that rose, by more than `threshold`, level by level."""
+    found = []
+    base_levels = baseline.get("levels", {})
+    for lv in levels:
+        base = base_levels.get(str(lv.concurrency))
+        if not base:
+            continue
+        if base.get("output_throughput"):
+            change = lv.output_throughput / base["output_throughput"] - 1
+            if change < -threshold:
+                found.append(
+                    Regression(lv.concurrency, "output tok/s", base["output_throughput"], lv.output_throughput, change)
+                )
+        if base.get("p99_ttft_ms") and lv.p99_ttft_ms is not None:
+            change = lv.p99_ttft_ms / base["p99_ttft_ms"] - 1
+            if change > threshold:
+                found.append(Regression(lv.concurrency, "p99 TTFT ms", base["p99_ttft_ms"], lv.p99_ttft_ms, change))
+    return found
+
+
+def as_baseline(levels: list[Level], meta: dict[str, Any]) -> dict[str, Any]:
+    """This run, in the baseline format, for `--baseline` next time."""
+    return {
+        **meta,
+        "levels": {
+            str(lv.concurrency): {"output_throughput": lv.output_throughput, "p99_ttft_ms": lv.p99_ttft_ms}
+            for lv in levels
+        },
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def render_markdown(
+    levels: list[Level],
+    meta: dict[str, Any],
+    capacity: str | None,
+    regressions: list[Regression],
+    missing: list[int],
+    charts: dict[str, str],
+    note: str | None = None,
+) -> str:
+    lines = [f"# Throughput sweep: {meta.get('host', '')}", ""]
+    if note:
+        lines += [f"> **{note}**", ""]
+    if capacity:
+        lines += [f"**Capacity:** {capacity}", ""]
+    lines += [
+        f"- SGLang {meta.get('sglang_version', '?')}, P2P policy `{meta.get('p2p_policy', '?')}`, "
+        f"client `{meta.get('client_module', '?')}`",
+        f"- input {meta.get('input_len')} tokens, output {meta.get('output_len')} tokens "
+        f"(fixed: --random-range-ratio 1), dataset `{meta.get('dataset')}`",
+        "",
+        "| concurrency | output tok/s | total tok/s | req/s | TTFT median ms | TTFT p99 ms "
+        "| ITL median ms | ITL p99 ms | completed / sent |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lv in levels:
+        done = f"{lv.completed} / {lv.sent}" + (f" (**{lv.failed} FAILED**)" if lv.failed else "")
+        lines.append(
+            f"| {lv.concurrency} | {lv.output_throughput:,.1f} | {lv.total_throughput:,.1f} "
+            f"| {lv.request_throughput:,.2f} | {_ms(lv.median_ttft_ms)} | {_ms(lv.p99_ttft_ms)} "
+            f"| {_ms(lv.median_itl_ms)} | {_ms(lv.p99_itl_ms)} | {done} |"
+        )
+    for c in missing:
+        lines.append(f"| {c} | - | - | - | - | - | - | - | **0 completed: every request failed** |")
+    lines.append("")
+    if regressions:
+        lines += ["## Regressions against the baseline", ""] + [f"- {r.describe()}" for r in regressions] + [""]
+    elif meta.get("baseline"):
+        lines += [f"No regression against `{meta['baseline']}`.", ""]
+    for title, path in charts.items():
+        lines += [f"![{title}]({path})", ""]
+    return "\n".join(lines)
+
+
+def render_charts(levels: list[Level], out_dir: Path, title: str) -> dict[str, str]:
+    """Two PNGs: throughput against concurrency, and p99 TTFT against concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [lv.concurrency for lv in levels]
+    charts = {}
+    for name, ys, label in (
+        ("throughput.png", [lv.output_throughput for lv in levels], "output tokens/s"),
+        ("ttft_p99.png", [lv.p99_ttft_ms or 0 for lv in levels], "p99 time to first token (ms)"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        ax.plot(xs, ys, marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrency (parallel requests)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{title}: {label}")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / name)
+        plt.close(fig)
+        charts[label] = name
+    return charts

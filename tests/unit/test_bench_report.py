@@ -1,0 +1,70 @@
+"""Benchmark report: regression detection against the scenario's baseline, failed requests, charts."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from provision.bench_report import (
+    as_baseline,
+    compare,
+    levels_from_jsonl,
+    missing_levels,
+    render_charts,
+    render_markdown,
+)
+
+BASELINE = json.loads((Path(__file__).resolve().parents[2] / "docs" / "baselines" / "scenario.json").read_text())
+SCENARIO = {1: 108, 4: 286, 16: 873, 32: 1359, 64: 2327, 128: 2800}
+
+
+def jsonl(throughputs: dict[int, float], completed: dict[int, int] | None = None, ttft_p99: float = 500.0) -> str:
+    rows = []
+    for c, tput in throughputs.items():
+        rows.append(json.dumps({
+            "max_concurrency": c, "completed": (completed or {}).get(c, 3 * c), "output_throughput": tput,
+            "total_throughput": tput * 2, "request_throughput": c / 10, "median_ttft_ms": 100.0,
+            "p99_ttft_ms": ttft_p99, "median_itl_ms": 10.0, "p99_itl_ms": 30.0}))  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
+SENT = {c: 3 * c for c in SCENARIO}
+
+
+def test_scenario_figures_are_not_a_regression_of_themselves():
+    levels = levels_from_jsonl(jsonl(SCENARIO), SENT)
+    assert compare(levels, BASELINE) == []
+
+
+def test_a_degraded_copy_is_flagged_level_by_level():
+    degraded = {**SCENARIO, 32: 1359 * 0.85, 128: 2800 * 0.5, 4: 286 * 0.95}
+    regressions = compare(levels_from_jsonl(jsonl(degraded), SENT), BASELINE)
+    assert [(r.concurrency, r.metric) for r in regressions] == [(32, "output tok/s"), (128, "output tok/s")]
+    assert regressions[1].describe() == "C=128: output tok/s 1,400.0 vs baseline 2,800.0 (-50%)"
+
+
+def test_p99_ttft_rise_is_flagged_when_the_baseline_has_it():
+    levels = levels_from_jsonl(jsonl(SCENARIO, ttft_p99=500.0), SENT)
+    base = as_baseline(levels, {"sglang_version": "0.5.23"})
+    worse = copy.deepcopy(base)
+    worse["levels"]["16"]["p99_ttft_ms"] = 300.0  # the new run's 500 ms is 67% worse
+    assert [(r.concurrency, r.metric) for r in compare(levels, worse)] == [(16, "p99 TTFT ms")]
+
+
+def test_failed_requests_are_reported_not_averaged_away(tmp_path):
+    completed = {c: 3 * c for c in SCENARIO} | {64: 150}
+    levels = levels_from_jsonl(jsonl({c: t for c, t in SCENARIO.items() if c != 128}, completed), SENT)
+    assert [lv.failed for lv in levels if lv.concurrency == 64] == [42]
+    missing = missing_levels(levels, SENT)
+    assert missing == [128]
+    md = render_markdown(levels, {"host": "h"}, None, [], missing, {})
+    assert "150 / 192 (**42 FAILED**)" in md
+    assert "| 128 | - |" in md and "every request failed" in md
+
+
+def test_charts_are_pngs(tmp_path):
+    levels = levels_from_jsonl(jsonl(SCENARIO), SENT)
+    charts = render_charts(levels, tmp_path, "test")
+    for name in charts.values():
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
