@@ -160,6 +160,13 @@ class LabVm:
                 os.kill(pid, signal.SIGKILL)
         self.pidfile.unlink(missing_ok=True)
 
+    def pause(self) -> None:
+        """Freeze the guest (qemu `stop`): to the network it is a host that does not come back."""
+        self._monitor("stop")
+
+    def resume(self) -> None:
+        self._monitor("cont")
+
     def _monitor(self, command: str) -> None:
         try:
             with socket.socket(socket.AF_UNIX) as s:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 
 import pytest
 
@@ -136,31 +137,58 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
 
 
 def test_a_host_that_does_not_come_back_stops_the_rollout(hosts, runs, lab):
+    """Freeze whichever node goes down first (qemu `stop`): the other must not reboot."""
+    import threading
+
     inv = hosts["inventory"]
-    set_host_vars(inv, "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=2"], "kernel_cmdline_reboot_timeout": 5})
-    set_host_vars(inv, "pve-sdboot", {"kernel_cmdline_extra_args": ["lab_new=2"]})
-    grub_id, sdboot_id = hosts["pve-grub"].boot_id(), hosts["pve-sdboot"].boot_id()
+    names = ("pve-grub", "pve-sdboot")
+    for name in names:
+        set_host_vars(inv, name, {"kernel_cmdline_extra_args": ["lab_new=2"], "kernel_cmdline_reboot_timeout": 60})
+    ids = {n: hosts[n].boot_id() for n in names}
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(r=apply(inv, runs, "--tags", "kernel")))
+    runner.start()
+    frozen = None
     try:
-        rc, result, _ = apply(inv, runs, "--tags", "kernel")
+        while runner.is_alive() and frozen is None:
+            for name in names:
+                if hosts[name].ssh("true", timeout=8).returncode != 0 and hosts[name].ssh("true", timeout=8).returncode:
+                    hosts[name].pause()
+                    frozen = name
+                    break
+            time.sleep(1)
+        runner.join(timeout=900)
     finally:
-        set_host_vars(inv, "pve-grub", None)
-        set_host_vars(inv, "pve-sdboot", None)
-        hosts["pve-grub"].wait_for_ssh(600, not_boot_id=grub_id)
+        for name in names:
+            set_host_vars(inv, name, None)
+        if frozen:
+            hosts[frozen].resume()
+            hosts[frozen].wait_for_ssh(600, not_boot_id=ids[frozen])
+    assert frozen, "no node went down for its reboot"
+    other = next(n for n in names if n != frozen)
+    rc, result, _ = outcome["r"]
     assert rc == 1
-    assert result["hosts"]["pve-grub"]["failed"] >= 1
-    assert hosts["pve-sdboot"].boot_id() == sdboot_id, "the second host rebooted although the first failed"
-    assert "lab_new=2" not in args_of(hosts["pve-sdboot"])
-    assert any(f["host"] == "pve-grub" for f in result["failures"])
+    assert result["hosts"][frozen]["failed"] + result["hosts"][frozen]["unreachable"] >= 1
+    assert hosts[other].boot_id() == ids[other], "the second node rebooted although the first did not come back"
+    assert "lab_new=2" not in args_of(hosts[other])
+    assert any(f["host"] == frozen for f in result["failures"])
+    hosts["frozen"] = frozen
 
 
 def test_rollback_restores_the_previous_line_and_reboots_only_where_needed(hosts, runs):
-    grub, sdboot = hosts["pve-grub"], hosts["pve-sdboot"]
-    assert "lab_new=2" in args_of(grub)  # it came back with the argument, just too late
-    sdboot_id = sdboot.boot_id()
+    frozen = hosts.get("frozen", "pve-sdboot")
+    other = "pve-grub" if frozen == "pve-sdboot" else "pve-sdboot"
+    rebooted, untouched = hosts[frozen], hosts[other]
+    assert "lab_new=2" in args_of(rebooted)  # it came back with the argument, just too late
+    untouched_id = untouched.boot_id()
     proc = run_provision("rollback", "--inventory", str(hosts["inventory"]), "--limit", "proxmox_hosts", "--yes",
                          "--json", "--runs-dir", str(runs), timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "lab_new=2" not in args_of(grub), "pve-grub must reboot into the restored line"
-    assert "lab_new=2" not in sdboot.ssh("cat /etc/kernel/cmdline").stdout
-    assert sdboot.boot_id() == sdboot_id, "pve-sdboot never ran lab_new=2: restoring needs no reboot"
-    assert all(a in args_of(grub) for a in SNP_ADD)
+    assert "lab_new=2" not in args_of(rebooted), f"{frozen} must reboot into the restored line"
+    assert untouched.boot_id() == untouched_id, f"{other} never ran lab_new=2: restoring needs no reboot"
+    for vm in (rebooted, untouched):
+        assert (
+            "lab_new=2"
+            not in vm.ssh("cat /etc/kernel/cmdline /etc/default/grub /etc/default/grub.d/* 2>/dev/null").stdout
+        )
+        assert all(a in args_of(vm) for a in SNP_ADD)

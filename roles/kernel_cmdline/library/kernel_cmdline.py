@@ -67,7 +67,7 @@ import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.kernel_cmdline import merge, missing, split
+from ansible.module_utils.kernel_cmdline import canonical, merge, missing, split
 
 GRUB_MAIN = "/etc/default/grub"
 GRUB_SNIPPETS = "/etc/default/grub.d"
@@ -364,13 +364,14 @@ def restore(module, bootloader):
     result = _restore_files(module)
     after = configured_line(module, bootloader) if not module.check_mode else before
     with open("/proc/cmdline") as f:
-        running_args = split(f.read())
-    dropped = [a for a in split(before) if a not in split(after)]
+        running_args = [canonical(a) for a in split(f.read())]
+    after_args = [canonical(a) for a in split(after)]
+    dropped = [a for a in (canonical(b) for b in split(before)) if a not in after_args]
     result.update(
         configured_before=before,
         configured_after=after,
         reboot_needed=bool(result["changed"])
-        and (any(a not in running_args for a in split(after)) or any(a in running_args for a in dropped)),
+        and (any(a not in running_args for a in after_args) or any(a in running_args for a in dropped)),
     )
     return result
 
