@@ -163,6 +163,8 @@ def test_api_that_is_down_gets_a_clear_error(lab, inv, runs):
 
 
 def test_task_error_exitstatus_is_a_failure(lab, inv, runs):
+    rc, _, err = apply(inv, runs, "--tags", "gpu")  # entries in place: the next edit stays pending
+    assert rc == 0, err[-2000:]
     set_host_vars(inv, "sglang-01", {"gpu_passthrough_mode": "0644"})
     lab.pve_control("POST", "/fail", {"method": "POST", "suffix": f"/nodes/pve-grub/lxc/{VMID}/status/reboot",
                                       "error": "did_not_stop", "times": 1})  # fmt: skip
