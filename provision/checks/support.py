@@ -16,7 +16,7 @@ SMOKE_EXPECT = "91"
 
 _API_SCRIPT = r"""
 import json, sys, urllib.error, urllib.request
-state = json.load(open("/var/lib/provision/sglang.json"))
+state = json.load(open("/var/lib/provision/sglang-service.json"))
 host = "127.0.0.1" if state["host"] in ("0.0.0.0", "::") else state["host"]
 method, path, body = sys.argv[1], sys.argv[2], sys.stdin.read() or None
 headers = {"Content-Type": "application/json"}
@@ -42,8 +42,8 @@ def read_json(host, path: str) -> dict | None:
 
 
 def sglang_state(host) -> dict:
-    state = read_json(host, f"{STATE_DIR}/sglang.json")
-    assert state is not None, f"{STATE_DIR}/sglang.json is missing: the sglang phase has not run here"
+    state = read_json(host, f"{STATE_DIR}/sglang-service.json")
+    assert state is not None, f"{STATE_DIR}/sglang-service.json is missing: the sglang phase has not run here"
     return state
 
 

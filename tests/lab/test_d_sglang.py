@@ -98,11 +98,25 @@ def test_policy_on_has_neither_the_variable_nor_the_flags(ct, lab_inventory, run
 
 
 def test_auto_policy_says_what_it_decided_and_why(ct, lab_inventory, runs):
+    # the lab VMs' kernels log "iommu: Default domain type: Translated" and the container has 2 GPUs
     rc, result, err = converge(lab_inventory, runs, {"sglang_p2p": "auto"})
     assert rc == 0, err[-2000:]
     report = next(m for m in result["reports"]["sglang-01"] if m.startswith("sglang_p2p auto"))
-    # the lab's VMs report no IOMMU ("not supported") and the diagnostic says no-gpu (no recommendation)
-    assert report.startswith("sglang_p2p auto -> on: IOMMU default domain")
+    assert report == (
+        "sglang_p2p auto -> off: the node IOMMU translates (default domain Translated) "
+        "and 2 GPUs would talk peer to peer"
+    )
+    # a diagnostic verdict, when there is one, wins over the findings (here: what diag says on healthy GPUs)
+    verdict = {"verdict": "healthy", "reason": "every peer copy was bit-exact", "recommended_sglang_p2p": "on"}
+    ct.ssh(f"echo '{json.dumps(verdict)}' > /var/lib/provision/gpu-diag.json")
+    try:
+        rc, result, err = converge(lab_inventory, runs, {"sglang_p2p": "auto"})
+    finally:
+        ct.ssh("rm -f /var/lib/provision/gpu-diag.json")
+    assert rc == 0, err[-2000:]
+    report = next(m for m in result["reports"]["sglang-01"] if m.startswith("sglang_p2p auto"))
+    assert report == "sglang_p2p auto -> on: GPU diagnostic verdict healthy: every peer copy was bit-exact"
+    assert "NCCL_P2P_DISABLE" not in process(ct)[1]
 
 
 def test_model_path_with_spaces_and_shell_metacharacters(ct, lab_inventory, runs):
