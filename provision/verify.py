@@ -175,6 +175,8 @@ def verify(
     report = VerifyReport(inventory=str(inv.path))
     record = new_record_dir(runs_dir, "verify")
     report.record_dir = str(record)
+    if after_reboot:
+        reboot_all(inv, limit, record, report)
     with (
         tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp,
         ThreadPoolExecutor(max_workers=max(1, min(len(hosts), 16))) as pool,
@@ -182,6 +184,8 @@ def verify(
         env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
         for checks in pool.map(lambda h: _run_host(inv, h, Path(tmp), select, env), hosts):
             report.checks.extend(checks)
+        for path in Path(tmp).glob("*-capacity.json"):
+            report.capacity[path.name.removesuffix("-capacity.json")] = json.loads(path.read_text())
         if junit:
             _write_junit(report, junit)
     (record / "verify.json").write_text(json.dumps(report.to_dict(), indent=2))

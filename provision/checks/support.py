@@ -6,6 +6,7 @@ root-only config file, so the key never travels to the controller nor shows on a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -15,10 +16,11 @@ SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
 
 _API_SCRIPT = r"""
-import json, sys, urllib.error, urllib.request
+import base64, json, sys, urllib.error, urllib.request
 state = json.load(open("/var/lib/provision/sglang-service.json"))
 host = "127.0.0.1" if state["host"] in ("0.0.0.0", "::") else state["host"]
-method, path, body = sys.argv[1], sys.argv[2], sys.stdin.read() or None
+method, path = sys.argv[1], sys.argv[2]
+body = base64.b64decode(sys.argv[3]).decode() if len(sys.argv) > 3 and sys.argv[3] else None
 headers = {"Content-Type": "application/json"}
 if state.get("api_key_file"):
     headers["Authorization"] = "Bearer " + json.load(open(state["api_key_file"]))["api-key"]
@@ -49,14 +51,8 @@ def sglang_state(host) -> dict:
 
 def api(host, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
     """Call the service from inside the target; returns (HTTP status, body). Status 0: no connection."""
-    payload = json.dumps(body) if body is not None else ""
-    cmd = host.run(
-        "python3 -c %s %s %s <<'PROVISION_EOF'\n%s\nPROVISION_EOF",
-        _API_SCRIPT,
-        method,
-        path,
-        payload,
-    )
+    payload = base64.b64encode(json.dumps(body).encode()).decode() if body is not None else ""
+    cmd = host.run("python3 -c %s %s %s %s", _API_SCRIPT, method, path, payload)
     assert cmd.rc == 0, f"could not run the API probe in the target: {cmd.stderr.strip()[-300:]}"
     out = json.loads(cmd.stdout.strip().splitlines()[-1])
     return out["status"], out["body"]
@@ -82,3 +78,7 @@ def node_of(host, request):
 def output_dir() -> Path | None:
     out = os.environ.get("PROVISION_VERIFY_OUT")
     return Path(out) if out else None
+
+
+def is_char_device(host, path: str) -> bool:
+    return host.run("stat -c %%F %s", path).stdout.strip() == "character special file"

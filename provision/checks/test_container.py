@@ -14,6 +14,7 @@ from provision.checks.support import (
     STATE_DIR,
     api,
     host_vars,
+    is_char_device,
     node_of,
     output_dir,
     sglang_state,
@@ -37,7 +38,7 @@ def test_gpu_nodes_visible(host):
     gpus = [f for f in host.run("ls /dev").stdout.split() if re.fullmatch(r"nvidia\d+", f)]
     assert gpus, "no /dev/nvidiaN in the container: the devN entries are missing or the container needs a restart"
     for name in ["nvidiactl", "nvidia-uvm", *gpus]:
-        assert host.file(f"/dev/{name}").is_character_device, f"/dev/{name} is missing in the container"
+        assert is_char_device(host, f"/dev/{name}"), f"/dev/{name} is missing in the container"
 
 
 def _driver(host) -> str:
@@ -140,6 +141,6 @@ def test_capacity_report(host):
                   predict_tp=(1, 2, 4, 8))  # fmt: skip
     out = output_dir()
     if out is not None:
-        name = host.backend.get_hostname()
+        name = os.environ.get("PROVISION_VERIFY_HOST") or host.backend.get_hostname()
         (out / f"{name}-capacity.json").write_text(json.dumps(cap.to_dict(), indent=2))
     print(cap.sentence())

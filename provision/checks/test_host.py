@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from provision.checks.support import STATE_DIR, read_json
+from provision.checks.support import STATE_DIR, is_char_device, read_json
 
 
 def test_host_reachable(host):
@@ -69,7 +69,6 @@ def test_gpu_device_nodes(host):
     gpus = [f for f in host.run("ls /dev").stdout.split() if f.startswith("nvidia") and f[6:].isdigit()]
     assert gpus, "no /dev/nvidiaN node: is the NVIDIA driver loaded?"
     for name in ["nvidiactl", "nvidia-uvm", *gpus]:
-        node = host.file(f"/dev/{name}")
-        assert node.exists and node.is_character_device, f"/dev/{name} is missing or not a character device"
+        assert is_char_device(host, f"/dev/{name}"), f"/dev/{name} is missing or not a character device"
     uvm_major = int(host.run("stat -c %t /dev/nvidia-uvm").stdout.strip(), 16)
     assert uvm_major != 195, "/dev/nvidia-uvm has the GPU major 195: it should have its own major"

@@ -204,7 +204,10 @@ def make_handler(state: State):
                 return
             if not self._serving():
                 return self._json(503, {"error": "server is not ready"})
-            body = self._body()
+            try:
+                body = self._body()
+            except ValueError:
+                return self._json(400, {"error": {"message": "request body is not valid JSON", "code": 400}})
             with state.lock:
                 state.inflight += 1
                 state.requests_total += 1
