@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.errors import ProvisionError
+from provision.lab.machine import LabMachine
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 511  # stands in for the dynamic major the nvidia-uvm module would get
@@ -57,7 +58,11 @@ def _mounted(path: Path) -> bool:
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
 
-class LabContainer:
+class LabContainer(LabMachine):
+    kind = "container"
+    # a container shares the kernel's boot_id; its own boots are told apart by when its PID 1 started
+    boot_id_command = "echo $(cat /proc/sys/kernel/random/boot_id)-$(cut -d' ' -f22 /proc/1/stat)"
+
     def __init__(
         self,
         spec: ContainerSpec,
@@ -67,16 +72,13 @@ class LabContainer:
         known_hosts: Path,
         read_only_binds: dict[str, Path] | None = None,
     ):
+        super().__init__(spec.name, workdir, client_key, known_hosts)
         self.spec = spec
         self.read_only_binds = read_only_binds or {}
-        self.dir = workdir
         self.rootfs = rootfs
-        self.client_key = client_key
-        self.known_hosts = known_hosts
         self.root = workdir / "root"
         self.pidfile = workdir / "supervisor.pid"
         self.log = workdir / "nspawn.log"
-        self.host_key = workdir / "ssh_host_ed25519_key"
 
     def device_nodes(self) -> list[tuple[str, int, int, int]]:
         """(name under /dev, major, minor, mode) of every node passthrough would add."""
@@ -131,18 +133,6 @@ class LabContainer:
             _sh("ip", "netns", "exec", s.netns, "ip", "link", "set", "host0", "up")
             _sh("ip", "netns", "exec", s.netns, "ip", "link", "set", "lo", "up")
             _sh("ip", "netns", "exec", s.netns, "ip", "route", "add", "default", "via", s.host_addr)
-
-    def make_host_key(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if not self.host_key.exists():
-            subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.spec.name, "-f", str(self.host_key)],
-                check=True,
-            )
-
-    def known_hosts_line(self) -> str:
-        kind, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
-        return f"{self.spec.address} {kind} {key}"
 
     # ---------------------------------------------------------------- lifecycle
     def nspawn_command(self) -> list[str]:
@@ -206,31 +196,12 @@ class LabContainer:
         _sh("ip", "link", "del", self.spec.host_if, check=False)
         _sh("ip", "netns", "del", self.spec.netns, check=False)
 
-    def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        cmd = [
-            "ssh", "-i", str(self.client_key), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-            f"root@{self.spec.address}", command,
-        ]  # fmt: skip
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 255, "", f"ssh timed out after {timeout}s")
+    def ssh_destination(self) -> list[str]:
+        return [f"root@{self.spec.address}"]
 
-    def boot_id(self) -> str | None:
-        """A container shares the kernel's boot_id; its own boots are told apart by when its PID 1 started."""
-        proc = self.ssh("echo $(cat /proc/sys/kernel/random/boot_id)-$(cut -d' ' -f22 /proc/1/stat)", timeout=15)
-        return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+    def known_hosts_name(self) -> str:
+        return self.spec.address
 
-    def wait_for_ssh(self, timeout: float = 60, not_boot_id: str | None = None) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.is_running():
-                tail = self.log.read_text(errors="replace").strip().splitlines()[-3:] if self.log.exists() else []
-                raise ProvisionError(f"lab container {self.spec.name}: nspawn exited: {' | '.join(tail)}")
-            boot = self.boot_id()
-            if boot and boot != not_boot_id:
-                return boot
-            time.sleep(0.5)
-        raise ProvisionError(f"lab container {self.spec.name}: no ssh on {self.spec.address} after {timeout:.0f}s")
+    def exit_detail(self) -> str:
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-3:] if self.log.exists() else []
+        return "nspawn: " + " | ".join(tail)

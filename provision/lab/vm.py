@@ -19,6 +19,7 @@ from pathlib import Path
 
 from provision.errors import ProvisionError
 from provision.lab.image import OVMF_CODE, OVMF_VARS
+from provision.lab.machine import LabMachine
 
 SSH_OPTS = [
     "-o",
@@ -54,17 +55,16 @@ class VmSpec:
     driver_version: str = "580.95.05"
 
 
-class LabVm:
+class LabVm(LabMachine):
+    kind = "VM"
+
     def __init__(self, spec: VmSpec, workdir: Path, disk: Path, client_key: Path, known_hosts: Path):
+        super().__init__(spec.name, workdir, client_key, known_hosts)
         self.spec = spec
-        self.dir = workdir
         self.disk = disk
-        self.client_key = client_key
-        self.known_hosts = known_hosts
         self.pidfile = workdir / "qemu.pid"
         self.monitor = workdir / "monitor.sock"
         self.serial = workdir / "serial.log"
-        self.host_key = workdir / "ssh_host_ed25519_key"
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self) -> None:
@@ -77,18 +77,6 @@ class LabVm:
         if self.spec.bootloader == "sdboot" and not (self.dir / "ovmf_vars.fd").exists():
             shutil.copy(OVMF_VARS, self.dir / "ovmf_vars.fd")
         self.make_host_key()
-
-    def make_host_key(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if not self.host_key.exists():
-            subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.spec.name, "-f", str(self.host_key)],
-                check=True,
-            )
-
-    def known_hosts_line(self) -> str:
-        kind, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
-        return f"[127.0.0.1]:{self.spec.port} {kind} {key}"
 
     def command(self, accel: str) -> list[str]:
         s = self.spec
@@ -178,30 +166,11 @@ class LabVm:
             pass
 
     # ---------------------------------------------------------------- ssh
-    def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        """Run a command over ssh with host key checking on; never hangs past `timeout`."""
-        cmd = [
-            "ssh", "-p", str(self.spec.port), "-i", str(self.client_key), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes", *SSH_OPTS,
-            "root@127.0.0.1", command,
-        ]  # fmt: skip
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 255, "", f"ssh timed out after {timeout}s")
+    def ssh_destination(self) -> list[str]:
+        return ["-p", str(self.spec.port), "root@127.0.0.1"]
 
-    def boot_id(self) -> str | None:
-        proc = self.ssh("cat /proc/sys/kernel/random/boot_id", timeout=15)
-        return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+    def known_hosts_name(self) -> str:
+        return f"[127.0.0.1]:{self.spec.port}"
 
-    def wait_for_ssh(self, timeout: float, not_boot_id: str | None = None) -> str:
-        """Wait until ssh answers (with a boot id other than `not_boot_id`); return the boot id."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.is_running():
-                raise ProvisionError(f"lab VM {self.spec.name}: qemu exited; serial log: {self.serial}")
-            boot = self.boot_id()
-            if boot and boot != not_boot_id:
-                return boot
-            time.sleep(2)
-        raise ProvisionError(f"lab VM {self.spec.name}: no ssh on port {self.spec.port} after {timeout:.0f}s")
+    def exit_detail(self) -> str:
+        return f"serial log: {self.serial}"

@@ -1,0 +1,89 @@
+"""What the lab's VMs and containers share: a per-machine ssh host key known before first boot,
+ssh with host key checking on and a hard timeout, and waiting for a (re)boot by its boot id."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from provision.errors import ProvisionError
+
+SSH_OPTS = [
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=5",
+    "-o",
+    "ServerAliveInterval=2",
+    "-o",
+    "ServerAliveCountMax=3",
+]
+
+
+class LabMachine:
+    kind = "machine"
+    # prints something that changes with every boot of this machine
+    boot_id_command = "cat /proc/sys/kernel/random/boot_id"
+
+    def __init__(self, name: str, workdir: Path, client_key: Path, known_hosts: Path):
+        self.name = name
+        self.dir = workdir
+        self.client_key = client_key
+        self.known_hosts = known_hosts
+        self.host_key = workdir / "ssh_host_ed25519_key"
+
+    # subclasses say where ssh goes and how it shows in known_hosts
+    def ssh_destination(self) -> list[str]:
+        raise NotImplementedError
+
+    def known_hosts_name(self) -> str:
+        raise NotImplementedError
+
+    def is_running(self) -> bool:
+        raise NotImplementedError
+
+    def exit_detail(self) -> str:
+        return ""
+
+    def make_host_key(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.host_key.exists():
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(self.host_key)], check=True
+            )
+
+    def known_hosts_line(self) -> str:
+        kind, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
+        return f"{self.known_hosts_name()} {kind} {key}"
+
+    def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run a command over ssh with host key checking on; never hangs past `timeout` (ssh to a
+        rebooting guest can hang for ever otherwise)."""
+        cmd = [
+            "ssh", "-i", str(self.client_key), "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            *SSH_OPTS, *self.ssh_destination(), command,
+        ]  # fmt: skip
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(cmd, 255, "", f"ssh timed out after {timeout}s")
+
+    def boot_id(self) -> str | None:
+        proc = self.ssh(self.boot_id_command, timeout=15)
+        return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+    def wait_for_ssh(self, timeout: float, not_boot_id: str | None = None) -> str:
+        """Wait until ssh answers (with a boot id other than `not_boot_id`); return the boot id."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                raise ProvisionError(f"lab {self.kind} {self.name}: it stopped running. {self.exit_detail()}".strip())
+            boot = self.boot_id()
+            if boot and boot != not_boot_id:
+                return boot
+            time.sleep(1)
+        raise ProvisionError(
+            f"lab {self.kind} {self.name}: no ssh at {' '.join(self.ssh_destination())} after {timeout:.0f}s"
+        )
