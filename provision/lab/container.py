@@ -161,12 +161,6 @@ class LabContainer(LabMachine):
             )  # fmt: skip
         self.pidfile.write_text(str(proc.pid))
 
-    def pid(self) -> int | None:
-        try:
-            return int(self.pidfile.read_text())
-        except (OSError, ValueError):
-            return None
-
     def is_running(self) -> bool:
         pid = self.pid()
         if pid is None:

@@ -32,6 +32,7 @@ class LabMachine:
         self.client_key = client_key
         self.known_hosts = known_hosts
         self.host_key = workdir / "ssh_host_ed25519_key"
+        self.pidfile = workdir / "machine.pid"  # subclasses name their own
 
     # subclasses say where ssh goes and how it shows in known_hosts
     def ssh_destination(self) -> list[str]:
@@ -42,6 +43,13 @@ class LabMachine:
 
     def is_running(self) -> bool:
         raise NotImplementedError
+
+    def pid(self) -> int | None:
+        """The process that runs this machine (qemu, or the nspawn supervisor), from its pid file."""
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def exit_detail(self) -> str:
         return ""

@@ -21,17 +21,6 @@ from provision.errors import ProvisionError
 from provision.lab.image import OVMF_CODE, OVMF_VARS
 from provision.lab.machine import LabMachine
 
-SSH_OPTS = [
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "ConnectTimeout=5",
-    "-o",
-    "ServerAliveInterval=2",
-    "-o",
-    "ServerAliveCountMax=3",
-]
-
 
 def choose_accel() -> str:
     """KVM only where a stock kernel can run under it: /dev/kvm *and* hardware virtualisation
@@ -118,12 +107,6 @@ class LabVm(LabMachine):
         proc = subprocess.run(self.command(accel), capture_output=True, text=True)
         if proc.returncode != 0:
             raise ProvisionError(f"lab VM {self.spec.name}: qemu failed to start: {proc.stderr.strip()}")
-
-    def pid(self) -> int | None:
-        try:
-            return int(self.pidfile.read_text().strip())
-        except (OSError, ValueError):
-            return None
 
     def is_running(self) -> bool:
         pid = self.pid()
