@@ -161,16 +161,6 @@ class LabContainer(LabMachine):
             )  # fmt: skip
         self.pidfile.write_text(str(proc.pid))
 
-    def is_running(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
     def stop(self, timeout: float = 30) -> None:
         pid = self.pid()
         if pid is not None and self.is_running():

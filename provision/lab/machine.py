@@ -3,6 +3,7 @@ ssh with host key checking on and a hard timeout, and waiting for a (re)boot by 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -42,7 +43,15 @@ class LabMachine:
         raise NotImplementedError
 
     def is_running(self) -> bool:
-        raise NotImplementedError
+        """True while the process in the pid file is alive."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     def pid(self) -> int | None:
         """The process that runs this machine (qemu, or the nspawn supervisor), from its pid file."""

@@ -109,14 +109,13 @@ class LabVm(LabMachine):
             raise ProvisionError(f"lab VM {self.spec.name}: qemu failed to start: {proc.stderr.strip()}")
 
     def is_running(self) -> bool:
-        pid = self.pid()
-        if pid is None:
+        # a recycled pid must not pass for the VM: check that it is still qemu
+        if not super().is_running():
             return False
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            return Path(f"/proc/{self.pid()}/cmdline").read_bytes().startswith(b"qemu-system")
+        except OSError:
             return False
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"qemu-system")
 
     def stop(self) -> None:
         """Power off at once (the overlay is thrown away or kept as is): quit, then kill."""
