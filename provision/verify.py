@@ -134,7 +134,10 @@ def _run_host(
         **(extra_env or {}),
     }
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=workdir)
+        # ansible refuses a non-blocking stdin, and the checks never read one
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=workdir
+        )
     except subprocess.TimeoutExpired:
         return [Check(host.name, "verify", "checks finished", False, f"timed out after {HOST_TIMEOUT_S}s")]
     if not junit.is_file():

@@ -31,6 +31,7 @@ def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> 
 def run_provision(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
     return subprocess.run(
         [sys.executable, "-m", "provision", *args],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -65,6 +65,7 @@ class SshTarget:
                 "root@127.0.0.1",
                 command,
             ],
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=60,

@@ -39,6 +39,8 @@ def test_ansible_lint_production_profile():
         cwd=REPO,
         capture_output=True,
         text=True,
+        # ansible refuses a non-blocking stdin (CI hands one down); the linter needs none
+        stdin=subprocess.DEVNULL,
         env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(Path.home()), "ANSIBLE_NOCOLOR": "1"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -48,7 +48,7 @@ class ContainerSpec:
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    proc = subprocess.run(list(cmd), stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise ProvisionError(f"lab: {' '.join(cmd)} failed: {proc.stderr.strip()}")
     return proc

@@ -69,7 +69,7 @@ class Image:
 
 def _run(cmd: list[str], log: Path, what: str) -> None:
     with log.open("a") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         raise ProvisionError(f"lab image: {what} failed (exit {proc.returncode}); see {log}: " + " | ".join(tail))

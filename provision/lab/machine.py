@@ -83,7 +83,8 @@ class LabMachine:
             *SSH_OPTS, *self.ssh_destination(), command,
         ]  # fmt: skip
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            # ssh and qemu set the stdin they inherit non-blocking, which later breaks ansible: give them none
+            return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 255, "", f"ssh timed out after {timeout}s")
 

@@ -104,7 +104,7 @@ class LabVm(LabMachine):
         self.prepare()
         if self.is_running():
             return
-        proc = subprocess.run(self.command(accel), capture_output=True, text=True)
+        proc = subprocess.run(self.command(accel), stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ProvisionError(f"lab VM {self.spec.name}: qemu failed to start: {proc.stderr.strip()}")
 

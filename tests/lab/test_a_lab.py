@@ -25,6 +25,13 @@ def test_lab_status_reports_everything_running(lab):
     assert status["accel"] in ("tcg", "kvm")
 
 
+def test_lab_leaves_the_callers_stdin_blocking(lab):
+    # qemu and ssh make an inherited stdin non-blocking, and ansible then refuses to start
+    # ("Ansible requires blocking IO"): the lab hands its children no stdin of ours
+    lab.vm("pve-grub").ssh("true")
+    assert os.get_blocking(0)
+
+
 def test_hosts_look_like_pve_gpu_hosts(lab):
     for name in ("pve-grub", "pve-sdboot"):
         vm = lab.vm(name)
