@@ -112,7 +112,7 @@ def as_baseline(levels: list[Level], meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _ms(value: float | None) -> str:
+def format_ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
@@ -144,8 +144,8 @@ def render_markdown(
         done = f"{lv.completed} / {lv.sent}" + (f" (**{lv.failed} FAILED**)" if lv.failed else "")
         lines.append(
             f"| {lv.concurrency} | {lv.output_throughput:,.1f} | {lv.total_throughput:,.1f} "
-            f"| {lv.request_throughput:,.2f} | {_ms(lv.median_ttft_ms)} | {_ms(lv.p99_ttft_ms)} "
-            f"| {_ms(lv.median_itl_ms)} | {_ms(lv.p99_itl_ms)} | {done} |"
+            f"| {lv.request_throughput:,.2f} | {format_ms(lv.median_ttft_ms)} | {format_ms(lv.p99_ttft_ms)} "
+            f"| {format_ms(lv.median_itl_ms)} | {format_ms(lv.p99_itl_ms)} | {done} |"
         )
     for c in missing:
         lines.append(f"| {c} | - | - | - | - | - | - | - | **0 completed: every request failed** |")

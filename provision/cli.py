@@ -1,7 +1,7 @@
 """Command line: parses flags, calls the Python API, prints the result. Nothing else.
 
 Exit codes: 0 every host succeeded; 1 a host failed or was unreachable; 2 usage or
-inventory error (nothing was contacted).
+inventory error (nothing was contacted); 3 `bench` found a regression against its baseline.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from pathlib import Path
 from rich.console import Console
 
 from provision import __version__
-from provision.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, InventoryError, ProvisionError, UsageError
+from provision.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    InventoryError,
+    ProvisionError,
+    UsageError,
+)
 
 
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
@@ -92,6 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diag", help="GPU peer-to-peer and NCCL correctness diagnostic on the containers")
     _common(p)
     p.add_argument("--hosts", action="store_true", help="also run it on the Proxmox nodes")
+    _runs_dir(p)
+
+    p = sub.add_parser("bench", help="throughput sweep with SGLang's own benchmark client, with a report")
+    _common(p)
+    p.add_argument(
+        "--concurrency", default="1,4,16,32,64,128", help="levels, comma-separated (default 1,4,16,32,64,128)"
+    )
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request, fixed (default 1024)")
+    p.add_argument("--output-len", type=int, default=1024, help="answer tokens per request, fixed (default 1024)")
+    p.add_argument(
+        "--prompts-per-level", type=int, default=10, metavar="K",
+        help="each level sends K x its concurrency prompts (default 10)",
+    )  # fmt: skip
+    p.add_argument("--baseline", type=Path, help="baseline JSON to compare with (e.g. docs/baselines/scenario.json)")
+    p.add_argument(
+        "--threshold", type=float, default=0.10,
+        help="a throughput drop or p99 TTFT rise beyond this fraction is a regression (default 0.10)",
+    )  # fmt: skip
     _runs_dir(p)
 
     p = sub.add_parser("lab", help="the test lab: VMs, a container and a Proxmox API on this machine")
@@ -260,6 +286,30 @@ def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK if report.healthy else EXIT_FAILED
 
 
+def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from provision import bench
+
+    opts = bench.BenchOptions(
+        inventory=args.inventory,
+        concurrency=bench.parse_concurrency(args.concurrency),
+        input_len=args.input_len,
+        output_len=args.output_len,
+        prompts_per_level=args.prompts_per_level,
+        baseline=args.baseline,
+        threshold=args.threshold,
+        limit=args.limit,
+        runs_dir=args.runs_dir,
+    )
+    result = bench.bench(opts, console=err)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        bench.print_result(out, result)
+    if result.regressed:
+        return EXIT_REGRESSION
+    return EXIT_OK if result.complete else EXIT_FAILED
+
+
 def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> int:
     from provision.lab.lab import Lab
 
@@ -300,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_capacity(args, out, err)
         if args.command == "diag":
             return _cmd_diag(args, out, err)
+        if args.command == "bench":
+            return _cmd_bench(args, out, err)
     except InventoryError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)

@@ -18,10 +18,14 @@ from pathlib import Path
 
 from provision.errors import ProvisionError
 from provision.lab.machine import LabMachine
+from provision.lab.tokenizer import write_tokenizer
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 511  # stands in for the dynamic major the nvidia-uvm module would get
 CAPS_MAJOR = 510
+# where the lab's "model" lives in the container (sglang_model_path); it holds only a tokenizer
+MODEL_DIR = "/srv/models/lab-standin"
+STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario's)
 
 
 @dataclass
@@ -108,6 +112,8 @@ class LabContainer(LabMachine):
         ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (ssh_dir / "authorized_keys").write_bytes(Path(f"{self.client_key}.pub").read_bytes())
         (ssh_dir / "authorized_keys").chmod(0o600)
+        # the site's model directory: the stand-in needs no weights, SGLang's benchmark client a tokenizer
+        write_tokenizer(upper / MODEL_DIR.lstrip("/"), context_length=STANDIN_CONTEXT)
         (upper / "etc" / "hostname").write_text(self.spec.name + "\n")
         (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.spec.name}\n")
         for name, major, minor, mode in self.device_nodes():

@@ -28,7 +28,7 @@ import yaml
 
 from provision.errors import ProvisionError
 from provision.lab import pve, wheelhouse
-from provision.lab.container import ContainerSpec, LabContainer
+from provision.lab.container import MODEL_DIR, ContainerSpec, LabContainer
 from provision.lab.image import Image, cache_root, check_tools, ensure_image
 from provision.lab.vm import LabVm, VmSpec, choose_accel
 
@@ -63,6 +63,13 @@ def host_specs(count: int, ports: list[int]) -> list[VmSpec]:
         name = f"pve-{loader}" + (f"-{i + 1}" if i >= 2 else "")
         specs.append(VmSpec(name=name, bootloader=loader, port=ports[i]))
     return specs
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy(source, target)
 
 
 @dataclass
@@ -230,6 +237,13 @@ class Lab:
             shutil.copy(sglang_wheel, target)
         wheelhouse.build_standin_wheel(sglang_wheel, house)
         wheelhouse.build_fake_nvidia_installer(house, DRIVER_VERSION)
+        # the real benchmark client: the sglang wheel and what its benchmark module imports
+        bench = house / "bench"
+        bench.mkdir(exist_ok=True)
+        cache = cache_root() / "wheels" / f"bench-{wheelhouse.SGLANG_VERSION}"
+        for wheel in [sglang_wheel, *wheelhouse.fetch_bench_client_wheels(sglang_wheel, cache)]:
+            if not (bench / wheel.name).exists():
+                _link_or_copy(wheel, bench / wheel.name)
 
     def _start_pve(self, state: dict[str, Any]) -> None:
         seed = {
@@ -305,10 +319,22 @@ class Lab:
             # the lab has no GPU: its SGLang stand-in serves the API under the real flags
             "sglang_package": "sglang_labserver",
             "sglang_launch_module": "sglang_labserver.launch_server",
-            "sglang_model_path": "/srv/models/lab-standin",
+            "sglang_model_path": MODEL_DIR,
             # the controller reads the pinned release's flags from the sglang wheel in the lab's wheelhouse
             "sglang_flag_check_wheel_dirs": [str(self.dir / "wheelhouse")],
             "sglang_served_model_name": "lab-standin",
+            # the benchmark runs SGLang's real client, from its own venv (the service's holds the stand-in);
+            # the wheelhouse holds the complete, pinned set, so nothing else is resolved
+            "sglang_bench_venv_dir": "/opt/sglang-bench",
+            "sglang_bench_client_packages": sorted(
+                wheelhouse.pinned_name(w) for w in (self.dir / "wheelhouse" / "bench").glob("*.whl")
+            ),
+            "sglang_bench_client_no_deps": True,
+            "sglang_bench_pip_find_links": f"{WHEELHOUSE_IN_CONTAINER}/bench",
+            "sglang_bench_report_note": (
+                "Lab run against SGLang's stand-in (no model, no GPU): the figures measure nothing; "
+                "they show that every step of the pipeline ran."
+            ),
             # the lab's stand-in for NVIDIA's .run installer (it installs an nvidia-smi that reports the version)
             "gpu_passthrough_userspace_installer": (
                 f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ _gpu_passthrough_driver }}}}.run"

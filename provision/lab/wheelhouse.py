@@ -1,4 +1,5 @@
-"""The lab's wheelhouse: the real sglang wheel and the SGLang stand-in, built as a wheel.
+"""The lab's wheelhouse: the real sglang wheel and the SGLang stand-in, built as a wheel, and
+the real SGLang benchmark client with what it imports.
 
 The SGLang role installs from it through the same variables an offline site uses
 (`sglang_pip_find_links`, no index), so the lab exercises the real install path.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -21,6 +23,14 @@ HERE = Path(__file__).resolve().parent
 STANDIN_SRC = HERE / "standin" / "sglang_labserver"
 SGLANG_VERSION = "0.5.23"
 STANDIN_NAME = "sglang_labserver"
+# What `python -m sglang.benchmark.serving` imports in 0.5.23 (found by importing it in an empty venv
+# until it ran): through sglang/__init__ and sglang.srt it needs torch, torchvision and triton too.
+# Versions come from the sglang wheel's own pins where it has them.
+BENCH_CLIENT_IMPORTS = (
+    "aiohttp", "apache-tvm-ffi", "compressed-tensors", "datasets", "gguf", "IPython", "msgspec", "numpy",
+    "orjson", "pillow", "psutil", "pybase64", "pyzmq", "requests", "sentencepiece", "starlette", "tokenizers",
+    "torch", "torchvision", "tqdm", "transformers",
+)  # fmt: skip
 
 
 def fetch_sglang_wheel(cache: Path, version: str = SGLANG_VERSION) -> Path:
@@ -38,6 +48,49 @@ def fetch_sglang_wheel(cache: Path, version: str = SGLANG_VERSION) -> Path:
     if proc.returncode != 0 or not found:
         raise ProvisionError(f"lab: cannot download sglang=={version}: {proc.stderr.strip()[-300:]}")
     return found[0]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def bench_client_requirements(sglang_wheel: Path) -> list[str]:
+    """BENCH_CLIENT_IMPORTS with the sglang wheel's version pins (`torch==2.14.1`, ...)."""
+    with zipfile.ZipFile(sglang_wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(meta_name).decode()
+    pins: dict[str, str] = {}
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:") or "extra ==" in line:
+            continue
+        requirement = line.split(":", 1)[1].split(";")[0].strip()
+        name = re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0)
+        pins[_canonical(name)] = requirement[len(name) :].strip()
+    return [name + pins.get(_canonical(name), "") for name in BENCH_CLIENT_IMPORTS]
+
+
+def fetch_bench_client_wheels(sglang_wheel: Path, cache: Path) -> list[Path]:
+    """The benchmark client's requirements and everything they need, as wheels for this Python,
+    downloaded once into `cache` (about 3 GB: torch is a CUDA build on PyPI)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    requirements = bench_client_requirements(sglang_wheel)
+    stamp = cache / "requirements.txt"
+    wanted = "\n".join(requirements) + "\n"
+    if not (stamp.exists() and stamp.read_text() == wanted):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(cache), *requirements],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise ProvisionError(f"lab: cannot download the benchmark client's packages: {proc.stderr.strip()[-400:]}")
+        stamp.write_text(wanted)
+    return sorted(cache.glob("*.whl"))
+
+
+def pinned_name(wheel: Path) -> str:
+    """`name==version` from a wheel's file name."""
+    name, version = wheel.name.split("-")[:2]
+    return f"{name}=={version}"
 
 
 def _record_line(name: str, data: bytes) -> str:

@@ -1,0 +1,275 @@
+"""`provision bench`: a throughput sweep with SGLang's own benchmark client on every container,
+turned into a report people plan with.
+
+1. Capacity from verify's capacity check (sessions that fit in the KV cache), for the report's top.
+2. `playbooks/bench.yml` (role `sglang_bench`) runs the client once per concurrency level on the
+   container and fetches its JSONL and a per-level summary into this run's record.
+3. Per host: `report.md` with a table per level, two PNG charts, the P2P policy and SGLang
+   version, failed requests counted as such, and the comparison with a baseline if one is given;
+   `baseline.json` holds this run in the baseline format for next time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from provision import bench_report
+from provision import inventory as inventory_mod
+from provision.apply import inventory_secrets
+from provision.bench_report import format_ms
+from provision.errors import UsageError
+from provision.progress import LiveProgress
+from provision.runner import RunResult, new_record_dir, run_playbook, write_summary
+
+BENCH_PLAYBOOK = "bench.yml"
+DEFAULT_CONCURRENCY = (1, 4, 16, 32, 64, 128)
+# server_info keys that carry credentials; the client copies server_info into every JSONL line
+SECRET_SERVER_INFO_KEYS = ("api_key", "admin_api_key")
+
+
+@dataclass
+class BenchOptions:
+    inventory: str
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    input_len: int = 1024
+    output_len: int = 1024
+    prompts_per_level: int = 10  # multiple of the concurrency: num_prompts = this x C
+    baseline: Path | None = None
+    threshold: float = bench_report.DEFAULT_THRESHOLD
+    limit: str | None = None
+    runs_dir: Path = Path(".provision/runs")
+
+
+@dataclass
+class HostBench:
+    host: str
+    levels: list[bench_report.Level] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    regressions: list[bench_report.Regression] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    capacity: str | None = None
+    report: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def failed_requests(self) -> int:
+        return sum(lv.failed for lv in self.levels) + sum(self.sent(c) for c in self.missing)
+
+    def sent(self, concurrency: int) -> int:
+        return int(self.meta.get("prompts_per_level", 0)) * concurrency
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "report": self.report,
+            "capacity": self.capacity,
+            "failed_requests": self.failed_requests,
+            "problems": self.problems,
+            "missing_levels": self.missing,
+            "regressions": [r.describe() for r in self.regressions],
+            "levels": [{**lv.__dict__, "failed": lv.failed} for lv in self.levels],
+        }
+
+
+@dataclass
+class BenchResult:
+    hosts: dict[str, HostBench] = field(default_factory=dict)
+    run: RunResult | None = None
+    record_dir: str = ""
+
+    @property
+    def regressed(self) -> bool:
+        return any(h.regressions for h in self.hosts.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every host measured every level, with no failed request, and the run itself succeeded."""
+        return (
+            bool(self.hosts)
+            and self.run is not None
+            and self.run.succeeded
+            and all(not h.problems and not h.failed_requests and h.levels for h in self.hosts.values())
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "complete": self.complete,
+            "regressed": self.regressed,
+            "record_dir": self.record_dir,
+            "hosts": {name: h.to_dict() for name, h in sorted(self.hosts.items())},
+            "failures": self.run.failures if self.run else [],
+        }
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency {text!r}: expected comma-separated whole numbers, e.g. 1,4,16") from None
+    if not levels or any(c < 1 for c in levels):
+        raise UsageError(f"--concurrency {text!r}: every level must be 1 or more")
+    if len(set(levels)) != len(levels):
+        raise UsageError(f"--concurrency {text!r}: a level is listed twice")
+    return levels
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"--baseline {path}: cannot read it: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--baseline {path}: not valid JSON: {exc}") from None
+    levels = data.get("levels") if isinstance(data, dict) else None
+    if not isinstance(levels, dict) or not levels:
+        raise UsageError(f'--baseline {path}: no "levels" object (concurrency -> output_throughput, p99_ttft_ms)')
+    for key, value in levels.items():
+        if not key.isdigit() or not isinstance(value, dict):
+            raise UsageError(f'--baseline {path}: levels["{key}"] must be a concurrency with an object of figures')
+    return data
+
+
+def _validate(opts: BenchOptions) -> None:
+    for name in ("input_len", "output_len", "prompts_per_level"):
+        if getattr(opts, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be 1 or more (got {getattr(opts, name)})")
+    if not 0 < opts.threshold < 1:
+        raise UsageError(f"--threshold must be between 0 and 1 (got {opts.threshold})")
+
+
+def _extravars(opts: BenchOptions, run_id: str, fetch_dir: Path) -> dict[str, Any]:
+    return {
+        "sglang_bench_concurrency": list(opts.concurrency),
+        "sglang_bench_input_len": opts.input_len,
+        "sglang_bench_output_len": opts.output_len,
+        "sglang_bench_prompts_per_concurrency": opts.prompts_per_level,
+        "sglang_bench_run_id": run_id,
+        "sglang_bench_controller_dir": str(fetch_dir),
+    }
+
+
+def scrub_jsonl(text: str) -> str:
+    """The client copies the server's /server_info into each line; drop its credentials."""
+    lines = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        info = row.get("server_info")
+        if isinstance(info, dict):
+            for key in SECRET_SERVER_INFO_KEYS:
+                if info.get(key):
+                    info[key] = "<redacted>"
+        lines.append(json.dumps(row))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _capacity(inventory: str, limit: str | None, runs_dir: Path) -> dict[str, str]:
+    from provision import verify
+
+    report = verify.verify(inventory, limit=limit, runs_dir=runs_dir, select="test_capacity_report")
+    return {host: cap["summary"] for host, cap in report.capacity.items()}
+
+
+def build_host_report(
+    host_dir: Path, opts: BenchOptions, baseline: dict[str, Any] | None, capacity: str | None
+) -> HostBench:
+    """Read what the role fetched for one host and write report.md, the charts and baseline.json."""
+    hb = HostBench(host=host_dir.name, capacity=capacity)
+    summary_file, results_file = host_dir / "levels.json", host_dir / "results.jsonl"
+    if not summary_file.is_file():
+        hb.problems.append("the benchmark wrote no summary (levels.json): the run stopped before the sweep")
+        return hb
+    summary = json.loads(summary_file.read_text())
+    hb.meta = {**summary, "host": hb.host, "prompts_per_level": opts.prompts_per_level}
+    sent = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
+    text = results_file.read_text() if results_file.is_file() else ""
+    if text:
+        text = scrub_jsonl(text)
+        results_file.write_text(text)
+    hb.levels = bench_report.levels_from_jsonl(text, sent)
+    hb.missing = bench_report.missing_levels(hb.levels, sent)
+    for lv in summary.get("levels", []):
+        if lv.get("rc"):
+            why = "timed out" if lv.get("timed_out") else f"exited {lv['rc']}"
+            tail = " | ".join(lv.get("output_tail") or [])[-300:]
+            hb.problems.append(f"C={lv['concurrency']}: the benchmark client {why}: {tail}")
+    if baseline is not None:
+        hb.meta["baseline"] = str(opts.baseline)
+        hb.regressions = bench_report.compare(hb.levels, baseline, opts.threshold)
+    charts = bench_report.render_charts(hb.levels, host_dir, hb.host) if hb.levels else {}
+    markdown = bench_report.render_markdown(
+        hb.levels, hb.meta, capacity, hb.regressions, hb.missing, charts, note=summary.get("note") or None
+    )
+    if hb.problems:
+        markdown += "\n## Problems\n\n" + "\n".join(f"- {p}" for p in hb.problems) + "\n"
+    report = host_dir / "report.md"
+    report.write_text(markdown)
+    hb.report = str(report)
+    meta = {k: hb.meta.get(k) for k in ("host", "sglang_version", "p2p_policy", "input_len", "output_len", "dataset")}
+    (host_dir / "baseline.json").write_text(json.dumps(bench_report.as_baseline(hb.levels, meta), indent=2) + "\n")
+    return hb
+
+
+def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
+    console = console or Console(stderr=True)
+    _validate(opts)
+    baseline = load_baseline(opts.baseline) if opts.baseline else None
+    inv = inventory_mod.load(opts.inventory)
+    if not inv.gpu_containers:
+        raise UsageError(f"{inv.path}: no hosts in group gpu_containers: nothing to benchmark")
+    record = new_record_dir(opts.runs_dir, "bench")
+    console.print("collecting capacity (provision verify, capacity check)...", highlight=False)
+    capacity = _capacity(opts.inventory, opts.limit, opts.runs_dir)
+    fetch_dir = record / "hosts"
+    run = run_playbook(
+        BENCH_PLAYBOOK,
+        inv.path,
+        record_dir=record,
+        host_count=len(inv.hosts),
+        limit=opts.limit,
+        extravars=_extravars(opts, record.name, fetch_dir.resolve()),
+        secrets=inventory_secrets(inv),
+        progress=LiveProgress(console, f"provision bench --inventory {opts.inventory}"),
+    )
+    result = BenchResult(run=run, record_dir=str(record))
+    for host_dir in sorted(p for p in fetch_dir.glob("*") if p.is_dir()):
+        result.hosts[host_dir.name] = build_host_report(host_dir, opts, baseline, capacity.get(host_dir.name))
+    # redacts the whole record (results, reports, job events) of the inventory's secrets
+    write_summary(record, {"command": "bench", "inventory": str(inv.path), **result.to_dict()}, inventory_secrets(inv))
+    return result
+
+
+def print_result(console: Console, result: BenchResult) -> None:
+    for host, hb in sorted(result.hosts.items()):
+        table = Table(title=f"bench {host}")
+        for col in ("C", "output tok/s", "total tok/s", "req/s", "TTFT p50/p99 ms", "ITL p50/p99 ms", "done/sent"):
+            table.add_column(col, justify="right")
+        for lv in hb.levels:
+            done = f"{lv.completed}/{lv.sent}" + (f" [red]{lv.failed} FAILED[/]" if lv.failed else "")
+            table.add_row(
+                str(lv.concurrency), f"{lv.output_throughput:,.1f}", f"{lv.total_throughput:,.1f}",
+                f"{lv.request_throughput:,.2f}", f"{format_ms(lv.median_ttft_ms)} / {format_ms(lv.p99_ttft_ms)}",
+                f"{format_ms(lv.median_itl_ms)} / {format_ms(lv.p99_itl_ms)}", done,
+            )  # fmt: skip
+        for c in hb.missing:
+            table.add_row(str(c), "-", "-", "-", "-", "-", f"[red]0/{hb.sent(c)}: all failed[/]")
+        console.print(table)
+        if hb.capacity:
+            console.print(f"capacity: {escape(hb.capacity)}", highlight=False)
+        for problem in hb.problems:
+            console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
+        for regression in hb.regressions:
+            console.print(f"[red]REGRESSION[/] {escape(regression.describe())}", highlight=False)
+        if hb.report:
+            console.print(f"report: {escape(hb.report)}", highlight=False)
+    for failure in result.run.failures if result.run else []:
+        console.print(f"[red]FAILED[/] {escape(failure['host'] + ': ' + failure['message'])}")
+    console.print(f"record: {escape(result.record_dir)}", highlight=False)

@@ -1,0 +1,98 @@
+"""`provision bench` against the lab: SGLang's real benchmark client (the sglang wheel and what its
+benchmark module imports, installed offline into the container) against the stand-in server, with
+the tokenizer made locally. The figures mean nothing; every step of the pipeline runs for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_provision
+from tests.lab.helpers import apply, set_host_vars
+
+API_KEY = "bench-key-" + "5be1c0de"
+KEY = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}", "sglang_p2p": "off"}
+ENV = {"SGLANG_API_KEY": API_KEY}
+LEVELS = (1, 4, 8)
+K = 2  # prompts per level, times the concurrency
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench-runs")
+
+
+@pytest.fixture(scope="module")
+def converged(lab, lab_inventory, runs):
+    set_host_vars(lab_inventory, "sglang-01", KEY)
+    rc, _, err = apply(lab_inventory, runs, env=ENV)
+    assert rc == 0, err[-3000:]
+    yield lab_inventory
+    set_host_vars(lab_inventory, "sglang-01", None)
+
+
+def bench(inventory: Path, runs: Path, *extra: str):
+    proc = run_provision(
+        "bench", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), "--input-len", "64",
+        "--output-len", "16", "--prompts-per-level", str(K), *extra, env=ENV, timeout=1800,
+    )  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def sweep(converged, runs):
+    rc, report, err = bench(converged, runs, "--concurrency", ",".join(map(str, LEVELS)))
+    return {"rc": rc, "report": report, "err": err}
+
+
+def test_sweep_runs_every_level_with_the_real_client(sweep):
+    assert sweep["rc"] == 0, sweep["err"][-3000:]
+    host = sweep["report"]["hosts"]["sglang-01"]
+    assert [(lv["concurrency"], lv["completed"], lv["sent"]) for lv in host["levels"]] == [
+        (c, K * c, K * c) for c in LEVELS
+    ]
+    assert host["failed_requests"] == 0 and not host["problems"] and not host["regressions"]
+    assert all(lv["output_throughput"] > 0 and lv["p99_ttft_ms"] is not None for lv in host["levels"])
+
+
+def test_the_jsonl_is_sglangs_own(sweep):
+    host_dir = Path(sweep["report"]["record_dir"]) / "hosts" / "sglang-01"
+    rows = [json.loads(line) for line in (host_dir / "results.jsonl").read_text().splitlines()]
+    assert [r["max_concurrency"] for r in rows] == list(LEVELS)
+    for r in rows:
+        assert (r["backend"], r["dataset_name"], r["random_range_ratio"]) == ("sglang", "random-ids", 1.0)
+        assert (r["random_input_len"], r["random_output_len"]) == (64, 16)
+        assert r["total_output_tokens"] == 16 * r["completed"]
+        assert r["server_info"]["api_key"] == "<redacted>"
+
+
+def test_report_has_capacity_policy_version_and_both_charts(sweep):
+    host_dir = Path(sweep["report"]["record_dir"]) / "hosts" / "sglang-01"
+    md = (host_dir / "report.md").read_text()
+    assert "the figures measure nothing" in md
+    assert md.index("**Capacity:**") < md.index("| concurrency |")
+    assert "SGLang 0.5.23, P2P policy `off`, client `sglang.benchmark.serving`" in md
+    for c in LEVELS:
+        assert f"| {K * c} / {K * c} |" in md
+    for png in ("throughput.png", "ttft_p99.png"):
+        assert (host_dir / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_secret_in_the_run_record(sweep, runs):
+    hits = subprocess.run(["grep", "-rl", API_KEY, str(runs)], capture_output=True, text=True).stdout
+    assert hits == "", f"API key found in: {hits}"
+
+
+def test_a_regression_against_a_baseline_sets_the_exit_code(sweep, converged, runs, tmp_path):
+    saved = json.loads((Path(sweep["report"]["record_dir"]) / "hosts" / "sglang-01" / "baseline.json").read_text())
+    saved["levels"] = {"1": {"output_throughput": saved["levels"]["1"]["output_throughput"] * 100}}
+    baseline = tmp_path / "inflated.json"
+    baseline.write_text(json.dumps(saved))
+    rc, report, err = bench(converged, runs, "--concurrency", "1", "--baseline", str(baseline))
+    assert rc == 3, err[-2000:]
+    assert report["hosts"]["sglang-01"]["regressions"][0].startswith("C=1: output tok/s")
+    md = Path(report["hosts"]["sglang-01"]["report"]).read_text()
+    assert "## Regressions against the baseline" in md

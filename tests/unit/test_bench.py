@@ -1,0 +1,141 @@
+"""`provision bench` on the controller: flags, baselines, the per-host report from what the role fetched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provision import bench, cli
+from provision.errors import EXIT_FAILED, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, UsageError
+
+SCENARIO_BASELINE = Path(__file__).resolve().parents[2] / "docs" / "baselines" / "scenario.json"
+
+
+def row(c: int, completed: int, tput: float, api_key: str = "sk-lab-0123456789") -> dict:
+    return {
+        "max_concurrency": c, "completed": completed, "output_throughput": tput, "total_throughput": tput * 2,
+        "request_throughput": c / 5, "median_ttft_ms": 50.0, "p99_ttft_ms": 90.0, "median_itl_ms": 8.0,
+        "p99_itl_ms": 20.0, "server_info": {"api_key": api_key, "admin_api_key": None, "version": "0.5.23"},
+    }  # fmt: skip
+
+
+def fetched(tmp_path: Path, rows: list[dict], levels: list[dict], host: str = "sglang-01") -> Path:
+    host_dir = tmp_path / host
+    host_dir.mkdir()
+    (host_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (host_dir / "levels.json").write_text(json.dumps({
+        "host": host, "client_module": "sglang.benchmark.serving", "sglang_version": "0.5.23",
+        "p2p_policy": "off", "p2p_reason": "iommu translating", "tp_size": 2, "dataset": "random-ids",
+        "input_len": 1024, "output_len": 1024, "note": "", "levels": levels}))  # fmt: skip
+    return host_dir
+
+
+def level(c: int, rc: int = 0, k: int = 2, tail: list[str] | None = None) -> dict:
+    return {"concurrency": c, "prompts": k * c, "rc": rc, "timed_out": rc == 124, "output_tail": tail or []}
+
+
+@pytest.mark.parametrize("text", ["1,x", "0,4", "", "4,4", "-1"])
+def test_bad_concurrency_lists_are_refused(text):
+    with pytest.raises(UsageError, match="--concurrency"):
+        bench.parse_concurrency(text)
+
+
+def test_concurrency_keeps_the_given_order():
+    assert bench.parse_concurrency("1, 4,16,128") == (1, 4, 16, 128)
+
+
+def test_the_scenario_baseline_loads(tmp_path):
+    data = bench.load_baseline(SCENARIO_BASELINE)
+    assert data["levels"]["128"]["output_throughput"] == 2800
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"levels": {}}', 'no "levels"'),
+        ('{"levels": {"C1": {}}}', 'levels\\["C1"\\]'),
+    ],
+)
+def test_a_bad_baseline_names_the_file(tmp_path, content, message):
+    path = tmp_path / "base.json"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=f"{path}.*{message}"):
+        bench.load_baseline(path)
+
+
+def test_report_from_fetched_results(tmp_path):
+    host_dir = fetched(tmp_path, [row(1, 2, 100.0), row(4, 8, 300.0)], [level(1), level(4)])
+    opts = bench.BenchOptions(inventory="x", concurrency=(1, 4), prompts_per_level=2)
+    hb = bench.build_host_report(host_dir, opts, None, "24 concurrent 32K-token sessions")
+    assert [lv.concurrency for lv in hb.levels] == [1, 4] and hb.failed_requests == 0 and not hb.problems
+    md = (host_dir / "report.md").read_text()
+    assert md.index("**Capacity:** 24 concurrent 32K-token sessions") < md.index("| concurrency |")
+    assert "SGLang 0.5.23, P2P policy `off`" in md and "| 4 | 300.0 | 600.0 |" in md
+    for png in ("throughput.png", "ttft_p99.png"):
+        assert (host_dir / png).read_bytes()[:4] == b"\x89PNG" and f"]({png})" in md
+    saved = json.loads((host_dir / "baseline.json").read_text())
+    assert saved["levels"]["4"] == {"output_throughput": 300.0, "p99_ttft_ms": 90.0}
+    assert saved["p2p_policy"] == "off"
+
+
+def test_the_server_api_key_is_taken_out_of_the_results(tmp_path):
+    host_dir = fetched(tmp_path, [row(1, 2, 100.0, api_key="sk-very-secret-key")], [level(1)])
+    bench.build_host_report(
+        host_dir, bench.BenchOptions(inventory="x", concurrency=(1,), prompts_per_level=2), None, None
+    )
+    text = (host_dir / "results.jsonl").read_text()
+    assert "sk-very-secret-key" not in text and json.loads(text)["server_info"]["api_key"] == "<redacted>"
+
+
+def test_failed_requests_and_dead_levels_are_reported(tmp_path):
+    rows = [row(1, 2, 100.0), row(4, 5, 250.0)]  # C=4 sent 8, 3 failed; C=16: no line at all
+    levels = [level(1), level(4), level(16, rc=1, tail=["ClientConnectorError: Cannot connect"])]
+    host_dir = fetched(tmp_path, rows, levels)
+    opts = bench.BenchOptions(inventory="x", concurrency=(1, 4, 16), prompts_per_level=2)
+    hb = bench.build_host_report(host_dir, opts, None, None)
+    assert hb.missing == [16] and hb.failed_requests == 3 + 32
+    assert hb.problems == ["C=16: the benchmark client exited 1: ClientConnectorError: Cannot connect"]
+    md = (host_dir / "report.md").read_text()
+    assert "5 / 8 (**3 FAILED**)" in md and "| 16 | - |" in md and "Cannot connect" in md
+    result = bench.BenchResult(hosts={"sglang-01": hb})
+    assert not result.complete
+
+
+def test_regression_against_the_scenario_baseline(tmp_path):
+    k = 2
+    rows = [row(c, k * c, t) for c, t in ((1, 108.0), (4, 286.0), (16, 873.0 * 0.6))]
+    host_dir = fetched(tmp_path, rows, [level(c, k=k) for c in (1, 4, 16)])
+    opts = bench.BenchOptions(inventory="x", concurrency=(1, 4, 16), prompts_per_level=k, baseline=SCENARIO_BASELINE)
+    hb = bench.build_host_report(host_dir, opts, bench.load_baseline(SCENARIO_BASELINE), None)
+    assert [r.concurrency for r in hb.regressions] == [16]
+    assert "## Regressions against the baseline" in (host_dir / "report.md").read_text()
+
+
+def test_no_summary_means_the_sweep_never_ran(tmp_path):
+    (tmp_path / "sglang-01").mkdir()
+    hb = bench.build_host_report(tmp_path / "sglang-01", bench.BenchOptions(inventory="x"), None, None)
+    assert hb.problems and not hb.report
+
+
+@pytest.mark.parametrize(
+    ("regressed", "complete", "code"),
+    [(False, True, EXIT_OK), (False, False, EXIT_FAILED), (True, True, EXIT_REGRESSION)],
+)
+def test_exit_code_says_whether_a_regression_was_found(monkeypatch, regressed, complete, code):
+    class Result(bench.BenchResult):
+        pass
+
+    Result.regressed = property(lambda self: regressed)
+    Result.complete = property(lambda self: complete)
+    monkeypatch.setattr(bench, "bench", lambda opts, console=None: Result())
+    assert cli.main(["bench", "--inventory", "prod", "--json"]) == code
+
+
+def test_bad_flags_fail_before_anything_is_contacted(tmp_path, capsys):
+    assert cli.main(["bench", "--inventory", "prod", "--concurrency", "1,zero"]) == EXIT_USAGE
+    missing = tmp_path / "nope.json"
+    assert cli.main(["bench", "--inventory", "prod", "--baseline", str(missing)]) == EXIT_USAGE
+    assert f"--baseline {missing}: cannot read it" in capsys.readouterr().err
