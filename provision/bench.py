@@ -174,6 +174,8 @@ def scrub_jsonl(text: str) -> str:
 def _capacity(inventory: str, limit: str | None, runs_dir: Path) -> dict[str, str]:
     from provision import verify
 
+    # the capacity check lives in the container suite: don't start the node suites for nothing
+    limit = limit or inventory_mod.GPU_CONTAINERS
     report = verify.verify(inventory, limit=limit, runs_dir=runs_dir, select="test_capacity_report")
     return {host: cap["summary"] for host, cap in report.capacity.items()}
 

@@ -321,6 +321,13 @@ def make_handler(state: State):
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    # uvicorn listens with a backlog of 2048; http.server's 5 would make a burst of connections
+    # wait for a SYN retransmit (1 s), which the benchmark would show as p99 TTFT
+    request_queue_size = 2048
+    daemon_threads = True
+
+
 def config_args(argv: list[str]) -> list[str]:
     """`--config FILE` merges options from a YAML file, as SGLang does; the stand-in reads the JSON
     subset of YAML (what provision writes) and simple `key: value` lines."""
@@ -352,8 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(config_args(argv) + argv)
     state = State(args, ["python", "-m", "sglang.launch_server", *argv])
     host, port = args.host or "127.0.0.1", int(args.port or 30000)
-    server = ThreadingHTTPServer((host, port), make_handler(state))
-    server.daemon_threads = True
+    server = Server((host, port), make_handler(state))
     log = lambda msg: print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", file=sys.stderr, flush=True)  # noqa: E731
 
     def startup():
