@@ -57,6 +57,7 @@ class HostBench:
     capacity: str | None = None
     report: str = ""
     problems: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
 
     @property
     def failed_requests(self) -> int:
@@ -72,6 +73,7 @@ class HostBench:
             "capacity": self.capacity,
             "failed_requests": self.failed_requests,
             "problems": self.problems,
+            "baseline_mismatches": self.mismatches,
             "missing_levels": self.missing,
             "regressions": [r.describe() for r in self.regressions],
             "levels": [{**lv.__dict__, "failed": lv.failed} for lv in self.levels],
@@ -171,6 +173,18 @@ def scrub_jsonl(text: str) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+COMPARED_SETTINGS = ("sglang_version", "p2p_policy", "input_len", "output_len", "dataset")
+
+
+def baseline_mismatches(meta: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """Settings the baseline records that differ from this run's: its figures may not compare."""
+    return [
+        f"baseline {key} is {baseline[key]!r}, this run's is {meta.get(key)!r}"
+        for key in COMPARED_SETTINGS
+        if key in baseline and meta.get(key) is not None and str(baseline[key]) != str(meta.get(key))
+    ]
+
+
 def _capacity(inventory: str, limit: str | None, runs_dir: Path) -> dict[str, str]:
     from provision import verify
 
@@ -206,10 +220,13 @@ def build_host_report(
     if baseline is not None:
         hb.meta["baseline"] = str(opts.baseline)
         hb.regressions = bench_report.compare(hb.levels, baseline, opts.threshold)
+        hb.mismatches = baseline_mismatches(hb.meta, baseline)
     charts = bench_report.render_charts(hb.levels, host_dir, hb.host) if hb.levels else {}
     markdown = bench_report.render_markdown(
         hb.levels, hb.meta, capacity, hb.regressions, hb.missing, charts, note=summary.get("note") or None
     )
+    if hb.mismatches:
+        markdown += "\n## Not like with like\n\n" + "\n".join(f"- {m}" for m in hb.mismatches) + "\n"
     if hb.problems:
         markdown += "\n## Problems\n\n" + "\n".join(f"- {p}" for p in hb.problems) + "\n"
     report = host_dir / "report.md"

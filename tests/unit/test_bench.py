@@ -112,6 +112,21 @@ def test_regression_against_the_scenario_baseline(tmp_path):
     hb = bench.build_host_report(host_dir, opts, bench.load_baseline(SCENARIO_BASELINE), None)
     assert [r.concurrency for r in hb.regressions] == [16]
     assert "## Regressions against the baseline" in (host_dir / "report.md").read_text()
+    assert hb.mismatches == []  # the scenario's baseline: 0.5.23, P2P off, like this run
+
+
+def test_a_baseline_from_other_settings_is_called_out(tmp_path):
+    host_dir = fetched(tmp_path, [row(1, 2, 100.0)], [level(1)])
+    base = {
+        "sglang_version": "0.5.22",
+        "p2p_policy": "off",
+        "input_len": 1024,
+        "levels": {"1": {"output_throughput": 100}},
+    }
+    opts = bench.BenchOptions(inventory="x", concurrency=(1,), prompts_per_level=2, baseline=Path("b.json"))
+    hb = bench.build_host_report(host_dir, opts, base, None)
+    assert hb.mismatches == ["baseline sglang_version is '0.5.22', this run's is '0.5.23'"]
+    assert "## Not like with like" in (host_dir / "report.md").read_text()
 
 
 def test_no_summary_means_the_sweep_never_ran(tmp_path):
