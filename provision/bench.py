@@ -221,7 +221,7 @@ def build_host_report(
         hb.meta["baseline"] = str(opts.baseline)
         hb.regressions = bench_report.compare(hb.levels, baseline, opts.threshold)
         hb.mismatches = baseline_mismatches(hb.meta, baseline)
-    charts = bench_report.render_charts(hb.levels, host_dir, hb.host) if hb.levels else {}
+    charts = bench_report.render_charts(hb.levels, host_dir, hb.host, baseline) if hb.levels else {}
     markdown = bench_report.render_markdown(
         hb.levels, hb.meta, capacity, hb.regressions, hb.missing, charts, note=summary.get("note") or None
     )

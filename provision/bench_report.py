@@ -159,21 +159,29 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def render_charts(levels: list[Level], out_dir: Path, title: str) -> dict[str, str]:
-    """Two PNGs: throughput against concurrency, and p99 TTFT against concurrency."""
+def render_charts(
+    levels: list[Level], out_dir: Path, title: str, baseline: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """Two PNGs: throughput against concurrency, and p99 TTFT against concurrency; with a baseline,
+    its figures for the same levels are drawn beside this run's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     xs = [lv.concurrency for lv in levels]
+    base_levels = (baseline or {}).get("levels", {})
     charts = {}
-    for name, ys, label in (
-        ("throughput.png", [lv.output_throughput for lv in levels], "output tokens/s"),
-        ("ttft_p99.png", [lv.p99_ttft_ms or 0 for lv in levels], "p99 time to first token (ms)"),
+    for name, key, label in (
+        ("throughput.png", "output_throughput", "output tokens/s"),
+        ("ttft_p99.png", "p99_ttft_ms", "p99 time to first token (ms)"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-        ax.plot(xs, ys, marker="o")
+        ax.plot(xs, [getattr(lv, key) or 0 for lv in levels], marker="o", label="this run")
+        base = [(c, base_levels[str(c)][key]) for c in xs if base_levels.get(str(c), {}).get(key) is not None]
+        if base:
+            ax.plot(*zip(*base, strict=True), marker="s", linestyle="--", color="grey", label="baseline")
+            ax.legend()
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("concurrency (parallel requests)")

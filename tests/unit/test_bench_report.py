@@ -68,3 +68,15 @@ def test_charts_are_pngs(tmp_path):
     charts = render_charts(levels, tmp_path, "test")
     for name in charts.values():
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_throughput_chart_draws_the_baseline_beside_the_run(tmp_path):
+    levels = levels_from_jsonl(jsonl({c: t * 0.5 for c, t in SCENARIO.items()}), SENT)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "with").mkdir()
+    render_charts(levels, tmp_path / "plain", "test")
+    render_charts(levels, tmp_path / "with", "test", BASELINE)
+    plain, drawn = ((tmp_path / d / "throughput.png").read_bytes() for d in ("plain", "with"))
+    assert drawn != plain
+    # the scenario's baseline has no TTFT: that chart is this run's alone
+    assert (tmp_path / "with" / "ttft_p99.png").read_bytes() == (tmp_path / "plain" / "ttft_p99.png").read_bytes()
