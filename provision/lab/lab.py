@@ -337,7 +337,7 @@ class Lab:
             ),
             # the lab's stand-in for NVIDIA's .run installer (it installs an nvidia-smi that reports the version)
             "gpu_passthrough_userspace_installer": (
-                f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ _gpu_passthrough_driver }}}}.run"
+                f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ gpu_passthrough_node_driver }}}}.run"
             ),
         }
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
