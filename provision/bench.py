@@ -58,13 +58,12 @@ class HostBench:
     report: str = ""
     problems: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    # prompts each level sent, as the role recorded them (levels.json)
+    sent_per_level: dict[int, int] = field(default_factory=dict)
 
     @property
     def failed_requests(self) -> int:
-        return sum(lv.failed for lv in self.levels) + sum(self.sent(c) for c in self.missing)
-
-    def sent(self, concurrency: int) -> int:
-        return int(self.meta.get("prompts_per_level", 0)) * concurrency
+        return sum(lv.failed for lv in self.levels) + sum(self.sent_per_level.get(c, 0) for c in self.missing)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -204,8 +203,8 @@ def build_host_report(
         hb.problems.append("the benchmark wrote no summary (levels.json): the run stopped before the sweep")
         return hb
     summary = json.loads(summary_file.read_text())
-    hb.meta = {**summary, "host": hb.host, "prompts_per_level": opts.prompts_per_level}
-    sent = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
+    hb.meta = {**summary, "host": hb.host}
+    sent = hb.sent_per_level = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
     text = results_file.read_text() if results_file.is_file() else ""
     if text:
         text = scrub_jsonl(text)
@@ -279,7 +278,7 @@ def print_result(console: Console, result: BenchResult) -> None:
                 f"{format_ms(lv.median_itl_ms)} / {format_ms(lv.p99_itl_ms)}", done,
             )  # fmt: skip
         for c in hb.missing:
-            table.add_row(str(c), "-", "-", "-", "-", "-", f"[red]0/{hb.sent(c)}: all failed[/]")
+            table.add_row(str(c), "-", "-", "-", "-", "-", f"[red]0/{hb.sent_per_level.get(c, 0)}: all failed[/]")
         console.print(table)
         if hb.capacity:
             console.print(f"capacity: {escape(hb.capacity)}", highlight=False)
