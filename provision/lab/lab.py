@@ -146,7 +146,7 @@ class Lab:
         return json.loads((self.dir / "secrets.json").read_text())
 
     # ---------------------------------------------------------------- up
-    def up(self, hosts: int = 2, progress=print) -> dict[str, Any]:
+    def up(self, hosts: int = 2, progress=print, cold_boot: bool = False) -> dict[str, Any]:
         if hosts < 1:
             raise ProvisionError("--hosts: at least 1")
         check_tools()
@@ -159,7 +159,7 @@ class Lab:
             image = ensure_image(progress)
             timings["image_s"] = round(time.monotonic() - start, 1)
             timings.update(image.timings_s)
-            state = self._init_state(hosts, image)
+            state = self._init_state(hosts, image, cold_boot)
             start = time.monotonic()
             self._build_wheelhouse()
             timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
@@ -173,13 +173,15 @@ class Lab:
             timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
             accel = choose_accel()
             state["accel"] = accel
-            progress(f"lab: booting {len(vms)} VM(s) under {accel.upper()} (about {70 * len(vms)} s on 2 cores)")
+            progress(
+                f"lab: starting {len(vms)} VM(s) under {accel.upper()} (a first boot takes about {70 * len(vms)} s "
+                "on 2 cores, then each resumes from its booted snapshot in seconds)"
+            )
             start = time.monotonic()
-            for vm in vms:
-                vm.start(accel)
             with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
-                list(pool.map(lambda v: v.wait_for_ssh(BOOT_TIMEOUT_S), vms))
+                resumed = list(pool.map(lambda v: self._start_vm(v, accel, cold_boot, progress), vms))
             timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
+            state["vms_resumed"] = sum(resumed)
             state["up"] = True
             state["timings"] = timings
             self._save(state)
@@ -192,13 +194,37 @@ class Lab:
             self.down(progress=lambda *_: None)
             raise
 
-    def _init_state(self, hosts: int, image: Image) -> dict[str, Any]:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not self.client_key.exists():
+    @staticmethod
+    def _start_vm(vm: LabVm, accel: str, cold_boot: bool, progress) -> bool:
+        """Resume the VM from its booted snapshot; without one, boot it, save one, and resume from that."""
+        if vm.start(accel, resume=not cold_boot):
+            vm.wait_for_ssh(BOOT_TIMEOUT_S)
+            vm.after_resume()
+            return True
+        vm.wait_for_ssh(BOOT_TIMEOUT_S)
+        if cold_boot:
+            return False
+        progress(f"lab: saving {vm.spec.name}'s booted state for the next lab up")
+        vm.save_snapshot(accel)
+        return Lab._start_vm(vm, accel, cold_boot, progress)
+
+    def _client_key(self) -> None:
+        """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""
+        cached = cache_root() / "client" / "id_ed25519"
+        if not cached.exists():
+            cached.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "provision-lab", "-f", str(self.client_key)],
-                check=True,
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "provision-lab", "-f", str(cached)], check=True
             )
+        for suffix in ("", ".pub"):
+            target = Path(f"{self.client_key}{suffix}")
+            if not target.exists():
+                shutil.copy(f"{cached}{suffix}", target)
+        self.client_key.chmod(0o600)
+
+    def _init_state(self, hosts: int, image: Image, cold_boot: bool = False) -> dict[str, Any]:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._client_key()
         secrets_file = self.dir / "secrets.json"
         if not secrets_file.exists():
             secrets_file.touch(mode=0o600)
@@ -222,6 +248,10 @@ class Lab:
         }
         self._save(state)
         machines = [*self.vms(state), *self.containers(state)]
+        accel = choose_accel()
+        for vm in self.vms(state):  # a booted snapshot brings the host key its guest already has
+            snapshot = None if cold_boot else vm.snapshot_dir(accel)
+            vm.prepare(snapshot if snapshot and (snapshot / "complete").exists() else None)
         for machine in machines:
             machine.make_host_key()
         lines = [machine.known_hosts_line() for machine in machines]

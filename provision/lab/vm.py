@@ -7,6 +7,9 @@ qemu's fw_cfg, so host keys are known before the first boot and checking stays o
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.errors import ProvisionError
-from provision.lab.image import OVMF_CODE, OVMF_VARS
+from provision.lab.image import OVMF_CODE, OVMF_VARS, cache_root
 from provision.lab.machine import LabMachine
 
 
@@ -56,15 +59,21 @@ class LabVm(LabMachine):
         self.serial = workdir / "serial.log"
 
     # ---------------------------------------------------------------- lifecycle
-    def prepare(self) -> None:
+    def prepare(self, snapshot: Path | None = None) -> None:
+        """The VM's overlay disk (on the base image, or on a booted snapshot's disk), firmware vars, host key."""
         self.dir.mkdir(parents=True, exist_ok=True)
         overlay = self.dir / "disk.qcow2"
         if not overlay.exists():
-            subprocess.run(
-                ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(self.disk), str(overlay)], check=True
-            )
+            base = ["-F", "raw", "-b", str(self.disk)]
+            if snapshot:
+                base = ["-F", "qcow2", "-b", str(snapshot / "disk.qcow2")]
+            subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", *base, str(overlay)], check=True)
         if self.spec.bootloader == "sdboot" and not (self.dir / "ovmf_vars.fd").exists():
-            shutil.copy(OVMF_VARS, self.dir / "ovmf_vars.fd")
+            shutil.copy(snapshot / "ovmf_vars.fd" if snapshot else OVMF_VARS, self.dir / "ovmf_vars.fd")
+        if snapshot and not self.host_key.exists():
+            for suffix in ("", ".pub"):
+                shutil.copy(snapshot / f"ssh_host_ed25519_key{suffix}", f"{self.host_key}{suffix}")
+            self.host_key.chmod(0o600)
         self.make_host_key()
 
     def command(self, accel: str) -> list[str]:
@@ -100,13 +109,61 @@ class LabVm(LabMachine):
         ]  # fmt: skip
         return cmd
 
-    def start(self, accel: str) -> None:
-        self.prepare()
+    def start(self, accel: str, resume: bool = False) -> bool:
+        """Boot the VM, or with `resume` carry on from its booted snapshot where one is cached.
+        Returns True when it resumed (then its clock is set by `after_resume`)."""
+        snapshot = self.snapshot_dir(accel) if resume else None
+        if snapshot is not None and not (snapshot / "complete").exists():
+            snapshot = None
+        self.prepare(snapshot)
         if self.is_running():
-            return
-        proc = subprocess.run(self.command(accel), stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            return False
+        incoming = ["-incoming", f"exec:cat {snapshot / 'state.bin'}"] if snapshot else []
+        proc = subprocess.run(self.command(accel) + incoming, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ProvisionError(f"lab VM {self.spec.name}: qemu failed to start: {proc.stderr.strip()}")
+        return snapshot is not None
+
+    # ---------------------------------------------------------------- booted snapshots
+    def snapshot_dir(self, accel: str) -> Path:
+        """Where the cache keeps this VM's booted state: keyed by everything the guest saw at boot
+        (disk image, name, bootloader, GPUs, driver, memory, its ssh keys), the accelerator and qemu."""
+        qemu = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        spec = {k: v for k, v in vars(self.spec).items() if k != "port"}
+        client = Path(f"{self.client_key}.pub").read_text()
+        key = json.dumps([str(self.disk), spec, accel, qemu, client], sort_keys=True)
+        return cache_root() / "snapshots" / f"{self.spec.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def save_snapshot(self, accel: str) -> Path:
+        """Save the running, booted VM into the cache (its RAM as a migration stream, its disk and firmware
+        vars as they are at that instant), then stop it: the next start resumes from there."""
+        target = self.snapshot_dir(accel)
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # a live migration into a file: at its end qemu pauses the guest and flushes its disks
+        self.hmp(f"migrate exec:cat>{tmp / 'state.bin'}")
+        deadline = time.monotonic() + 300
+        while "Migration status: completed" not in (status := self.hmp("info migrate")):
+            if "failed" in status or time.monotonic() > deadline:
+                raise ProvisionError(f"lab VM {self.spec.name}: saving its snapshot failed: {status.strip()[-300:]}")
+            time.sleep(0.5)
+        self.stop()  # the migration flushed and released the disks: copy them as they are now
+        shutil.copy(self.dir / "disk.qcow2", tmp / "disk.qcow2")  # an overlay on the cached base image
+        if self.spec.bootloader == "sdboot":
+            shutil.copy(self.dir / "ovmf_vars.fd", tmp / "ovmf_vars.fd")
+        for suffix in ("", ".pub"):
+            shutil.copy(f"{self.host_key}{suffix}", tmp / f"ssh_host_ed25519_key{suffix}")
+        (tmp / "complete").touch()
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        for name in ("disk.qcow2", "ovmf_vars.fd"):
+            (self.dir / name).unlink(missing_ok=True)
+        return target
+
+    def after_resume(self) -> None:
+        """A resumed guest's clock is the snapshot's: set it to now, as a booted one would be."""
+        self.ssh(f"date -u -s @{time.time():.3f} >/dev/null", timeout=30)
 
     def is_running(self) -> bool:
         # a recycled pid must not pass for the VM: check that it is still qemu
@@ -138,14 +195,28 @@ class LabVm(LabMachine):
         self._monitor("cont")
 
     def _monitor(self, command: str) -> None:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(5)
-                s.connect(str(self.monitor))
-                s.sendall(command.encode() + b"\n")
-                time.sleep(0.3)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            self.hmp(command)
+
+    def hmp(self, command: str, timeout: float = 30) -> str:
+        """One command on qemu's human monitor; returns what it printed before the next prompt."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.monitor))
+            out = b""
+            while not out.endswith(b"(qemu) "):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return ""
+                out += chunk
+            s.sendall(command.encode() + b"\n")
+            out = b""
+            while b"(qemu) " not in out:
+                chunk = s.recv(65536)
+                if not chunk:  # quit closes the monitor
+                    break
+                out += chunk
+        return out.decode(errors="replace").replace("\r", "")
 
     # ---------------------------------------------------------------- ssh
     def ssh_destination(self) -> list[str]:

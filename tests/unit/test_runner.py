@@ -1,6 +1,7 @@
 """Pure parts of the runner: event counting, ansible.cfg, secret scrubbing."""
 
 import json
+from pathlib import Path
 
 from provision.runner import REDACTED, EventCollector, ansible_cfg, redact_tree, secret_values
 
@@ -54,3 +55,14 @@ def test_secret_values_from_environment(monkeypatch):
     found = secret_values({"extra-secret"})
     assert {"hunter2-long", "k-123456", "extra-secret"} <= found
     assert "/root" not in found
+
+
+def test_ansible_cfg_uses_mitogen_unless_switched_off(tmp_path, monkeypatch):
+    monkeypatch.delenv("PROVISION_ANSIBLE_STRATEGY", raising=False)
+    cfg = ansible_cfg(3, True, tmp_path)
+    assert "strategy = mitogen_linear" in cfg
+    plugins = next(line for line in cfg.splitlines() if line.startswith("strategy_plugins = "))
+    assert (Path(plugins.split(" = ", 1)[1]) / "mitogen_linear.py").is_file()
+    monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
+    cfg = ansible_cfg(3, True, tmp_path)
+    assert "strategy = linear" in cfg and "mitogen" not in cfg

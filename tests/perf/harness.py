@@ -1,0 +1,207 @@
+"""The performance harness (docs/performance.md): the floor, provision's no-op apply and verify, and
+the same playbooks under stock ansible-playbook settings, measured in one run against one inventory.
+
+    .venv/bin/python -m tests.perf.harness --inventory inventory/lab [--repeat 3] [--cold] [--json FILE]
+
+The floor is one ssh session per host, all hosts at once, that reads everything a no-op decision
+needs (command line, bootloader files, boot id, state directory, dmesg, GPU nodes, unit files) and
+starts python3 once. Hosts and their ssh settings come from Ansible's own inventory
+(`ansible-inventory --list`). With --cold, the first apply is taken as a cold converge (run it right
+after `provision lab up`) and its task time is split into reboots, installs and the rest. Every
+figure is a median over --repeat runs and is reported as a ratio to the floor measured in the same
+run, because these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# what a no-op decision reads on a host, in one shell session that starts python3 once
+FLOOR_SCRIPT = (
+    "cat /proc/cmdline /proc/sys/kernel/random/boot_id /etc/default/grub /etc/default/grub.d/* "
+    "/etc/kernel/cmdline 2>/dev/null | wc -c; ls -l /dev/nvidia* /var/lib/provision 2>/dev/null | wc -l; "
+    "dmesg 2>/dev/null | wc -l; cat /etc/systemd/system/*.service 2>/dev/null | wc -c; "
+    'python3 -c \'import json, os; print(json.dumps(sorted(os.listdir("/var/lib"))) != "")\''
+)
+INSTALL_WORDS = ("Install", "installer", "Download")
+
+
+def inventory_hosts(inventory: Path) -> dict[str, dict]:
+    """Every host with its merged variables, as Ansible resolves them."""
+    out = subprocess.run(
+        [str(BIN / "ansible-inventory"), "-i", str(inventory), "--list"],
+        capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    data = json.loads(out.stdout)
+    return data.get("_meta", {}).get("hostvars", {})
+
+
+def ssh_command(hostvars: dict, command: str) -> list[str]:
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    if hostvars.get("ansible_port"):
+        cmd += ["-p", str(hostvars["ansible_port"])]
+    if hostvars.get("ansible_ssh_private_key_file"):
+        cmd += ["-i", str(hostvars["ansible_ssh_private_key_file"])]
+    cmd += shlex.split(str(hostvars.get("ansible_ssh_common_args", "")))
+    return [*cmd, f"{hostvars.get('ansible_user', 'root')}@{hostvars['ansible_host']}", command]
+
+
+def floor_once(hosts: dict[str, dict]) -> float:
+    def one(name: str) -> None:
+        proc = subprocess.run(ssh_command(hosts[name], FLOOR_SCRIPT), capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
+        if proc.returncode != 0:
+            raise SystemExit(f"floor: ssh to {name} failed: {proc.stderr.strip()}")
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        list(pool.map(one, hosts))
+    return time.monotonic() - start
+
+
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **(env or {})}, cwd=REPO)  # fmt: skip
+    return time.monotonic() - start, proc
+
+
+def provision(*args: str, env: dict | None = None) -> tuple[float, dict]:
+    seconds, proc = timed([str(BIN / "provision"), *args, "--json"], env)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        data = {}
+    if proc.returncode != 0:
+        failures = data.get("failures") or proc.stderr.strip()[-800:]
+        raise SystemExit(f"provision {' '.join(args)} exited {proc.returncode}: {failures}")
+    return seconds, data
+
+
+STOCK_CFG = """[defaults]
+host_key_checking = True
+retry_files_enabled = False
+roles_path = {roles}
+[ssh_connection]
+pipelining = False
+ssh_args =
+"""
+
+
+def stock_apply(inventory: Path, workdir: Path) -> float:
+    """site.yml through plain ansible-playbook: no Mitogen, no pipelining, no ControlPersist, default forks."""
+    from provision.runner import base_extravars
+
+    cfg = workdir / "stock.cfg"
+    cfg.write_text(STOCK_CFG.format(roles=REPO / "roles"))
+    extra = workdir / "extravars.json"
+    extra.write_text(json.dumps(base_extravars()))
+    seconds, proc = timed(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "site.yml"), "-e", f"@{extra}"],
+        env={"ANSIBLE_CONFIG": str(cfg), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+    )
+    if proc.returncode != 0 or "changed=0" not in proc.stdout:
+        raise SystemExit(f"stock ansible-playbook was not a no-op (rc {proc.returncode}): {proc.stdout[-1500:]}")
+    return seconds
+
+
+def cold_breakdown(record_dir: Path) -> dict[str, float]:
+    """Task time of a converge run, split by what the task does (summed over hosts)."""
+    split = {"reboots": 0.0, "installs": 0.0, "rest": 0.0}
+    for path in sorted((record_dir / "artifacts" / "run" / "job_events").glob("*.json")):
+        event = json.loads(path.read_text())
+        if event.get("event") not in ("runner_on_ok", "runner_on_failed"):
+            continue
+        data = event.get("event_data", {})
+        task, seconds = data.get("task", ""), float(data.get("duration") or 0)
+        if "Reboot" in task or "reboot" in task:
+            split["reboots"] += seconds
+        elif any(word in task for word in INSTALL_WORDS):
+            split["installs"] += seconds
+        else:
+            split["rest"] += seconds
+    return {k: round(v, 1) for k, v in split.items()}
+
+
+def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
+    hosts = inventory_hosts(inventory)
+    results: dict = {"hosts": len(hosts), "repeat": repeat}
+    common = ["--inventory", str(inventory), "--runs-dir", str(runs)]
+    seconds, data = provision("apply", *common, "--yes")
+    if cold:
+        results["cold_converge_s"] = round(seconds, 1)
+        results["cold_breakdown_task_s"] = cold_breakdown(Path(data["record_dir"]))
+    samples: dict[str, list[float]] = {"floor": [], "apply_noop": [], "verify": [], "stock_noop": []}
+    for _ in range(repeat):
+        samples["floor"].append(floor_once(hosts))
+        seconds, data = provision("apply", *common, "--yes")
+        changed = sum(h["changed"] for h in data["hosts"].values())
+        if changed:
+            raise SystemExit(f"the no-op apply changed {changed} task(s): converge the inventory first")
+        samples["apply_noop"].append(seconds)
+        samples["verify"].append(provision("verify", *common)[0])
+        samples["stock_noop"].append(stock_apply(inventory, runs))
+    medians = {k: round(statistics.median(v), 2) for k, v in samples.items()}
+    results["seconds"] = medians
+    results["samples"] = {k: [round(x, 2) for x in v] for k, v in samples.items()}
+    floor = medians["floor"]
+    results["ratios"] = {
+        "apply_noop/floor": round(medians["apply_noop"] / floor, 1),
+        "verify/floor": round(medians["verify"] / floor, 1),
+        "stock_noop/apply_noop": round(medians["stock_noop"] / medians["apply_noop"], 1),
+    }
+    return results
+
+
+def as_table(results: dict) -> str:
+    s, r = results["seconds"], results["ratios"]
+    floor = s["floor"]
+    lines = [
+        f"| what ({results['hosts']} hosts, median of {results['repeat']}) | seconds | × floor |",
+        "|---|---|---|",
+        f"| floor: one ssh session per host, all at once | {floor} | 1.0 |",
+        f"| `provision apply`, no-op | {s['apply_noop']} | {r['apply_noop/floor']} |",
+        f"| `provision verify` | {s['verify']} | {r['verify/floor']} |",
+        f"| same playbooks, stock `ansible-playbook` settings, no-op | {s['stock_noop']} | "
+        f"{round(s['stock_noop'] / floor, 1)} |",
+    ]
+    if "cold_converge_s" in results:
+        b = results["cold_breakdown_task_s"]
+        lines.append(
+            f"| cold converge (task time: reboots {b['reboots']}, installs {b['installs']}, rest {b['rest']}) "
+            f"| {results['cold_converge_s']} | {round(results['cold_converge_s'] / floor, 1)} |"
+        )
+    lines.append(f"\nstock / provision no-op: {r['stock_noop/apply_noop']}×")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inventory", type=Path, default=REPO / "inventory" / "lab")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="the first apply is a cold converge: break it down")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="provision-perf-") as runs:
+        results = measure(args.inventory.resolve(), args.repeat, args.cold, Path(runs))
+    print(as_table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
