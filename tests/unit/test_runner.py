@@ -65,4 +65,4 @@ def test_ansible_cfg_uses_mitogen_unless_switched_off(tmp_path, monkeypatch):
     assert (Path(plugins.split(" = ", 1)[1]) / "mitogen_linear.py").is_file()
     monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
     cfg = ansible_cfg(3, True, tmp_path)
-    assert "strategy = linear" in cfg and "mitogen" not in cfg
+    assert "strategy = linear" in cfg and "strategy_plugins" not in cfg
