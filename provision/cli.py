@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = lab_sub.add_parser("up", help="build (or reuse) the image, boot the lab, write inventory/lab/")
     c.add_argument("--hosts", type=int, default=2, help="lab PVE hosts: 1 = GRUB, 2 = + systemd-boot (default 2)")
     c.add_argument(
+        "--containers", type=int, default=1, help="SGLang containers (nspawn), for fleet timings (default 1)"
+    )
+    c.add_argument(
         "--cold-boot", action="store_true",
         help="boot the VMs from their disks instead of resuming their booted snapshots (and save none)",
     )  # fmt: skip
@@ -320,7 +323,7 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> int:
     lab = Lab()
     progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
     if args.lab_command == "up":
-        status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot)
+        status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers)
     elif args.lab_command == "down":
         lab.down(progress=progress)
         return EXIT_OK

@@ -146,9 +146,11 @@ class Lab:
         return json.loads((self.dir / "secrets.json").read_text())
 
     # ---------------------------------------------------------------- up
-    def up(self, hosts: int = 2, progress=print, cold_boot: bool = False) -> dict[str, Any]:
+    def up(self, hosts: int = 2, progress=print, cold_boot: bool = False, containers: int = 1) -> dict[str, Any]:
         if hosts < 1:
             raise ProvisionError("--hosts: at least 1")
+        if not 1 <= containers <= 64:
+            raise ProvisionError("--containers: 1 to 64")
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -159,16 +161,16 @@ class Lab:
             image = ensure_image(progress)
             timings["image_s"] = round(time.monotonic() - start, 1)
             timings.update(image.timings_s)
-            state = self._init_state(hosts, image, cold_boot)
+            state = self._init_state(hosts, image, cold_boot, containers)
             start = time.monotonic()
             self._build_wheelhouse()
             timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
             self._start_pve(state)
-            containers, vms = self.containers(state), self.vms(state)
+            cts, vms = self.containers(state), self.vms(state)
             start = time.monotonic()
-            for ct in containers:
+            for ct in cts:
                 ct.start()
-            for ct in containers:
+            for ct in cts:
                 ct.wait_for_ssh(120)
             timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
             accel = choose_accel()
@@ -222,7 +224,7 @@ class Lab:
                 shutil.copy(f"{cached}{suffix}", target)
         self.client_key.chmod(0o600)
 
-    def _init_state(self, hosts: int, image: Image, cold_boot: bool = False) -> dict[str, Any]:
+    def _init_state(self, hosts: int, image: Image, cold_boot: bool, containers: int) -> dict[str, Any]:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._client_key()
         secrets_file = self.dir / "secrets.json"
@@ -234,7 +236,8 @@ class Lab:
         (self.dir / "pve-password").touch(mode=0o600)
         (self.dir / "pve-password").write_text(self.secrets()["pve_password"])
         vm_specs = host_specs(hosts, [_free_port() for _ in range(hosts)])
-        ct_specs = [ContainerSpec(name=CONTAINER_NAME, index=self.net_index)]
+        # sglang-01 first (CT 101), then sglang-02 ... for a fleet; all on the first node
+        ct_specs = [ContainerSpec(name=f"sglang-{i + 1:02d}", index=self.net_index + i) for i in range(containers)]
         state: dict[str, Any] = {
             "up": False,
             "image": {
@@ -282,11 +285,12 @@ class Lab:
             "nodes": [v["name"] for v in state["vms"]],
             "containers": [
                 {
-                    "vmid": CONTAINER_VMID,
-                    "name": CONTAINER_NAME,
+                    "vmid": CONTAINER_VMID + i,
+                    "name": c["name"],
                     "node": state["vms"][0]["name"],
                     "config": {"cores": 8, "memory": 65536, "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"},
                 }
+                for i, c in enumerate(state["containers"])
             ],
         }
         (self.dir / pve.SEED_FILE).write_text(json.dumps(seed))
@@ -320,9 +324,9 @@ class Lab:
             c["name"]: {
                 "ansible_host": ContainerSpec(**c).address,
                 "proxmox_host": state["vms"][0]["name"],
-                "proxmox_vmid": CONTAINER_VMID,
+                "proxmox_vmid": CONTAINER_VMID + i,
             }
-            for c in state["containers"]
+            for i, c in enumerate(state["containers"])
         }
         hosts = {"all": {"children": {"proxmox_hosts": {"hosts": nodes}, "gpu_containers": {"hosts": cts}}}}
         header = "# Written by `provision lab up` for the running lab; removed by `provision lab down`.\n"

@@ -2,6 +2,7 @@
 the same playbooks under stock ansible-playbook settings, measured in one run against one inventory.
 
     .venv/bin/python -m tests.perf.harness --inventory inventory/lab [--repeat 3] [--cold] [--json FILE]
+    .venv/bin/python -m tests.perf.harness --fleet 1,4,16 [--json FILE] [--chart FILE.png]
 
 The floor is one ssh session per host, all hosts at once, that reads everything a no-op decision
 needs (command line, bootloader files, boot id, state directory, dmesg, GPU nodes, unit files) and
@@ -166,6 +167,83 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
     return results
 
 
+FLEET_TAGS = "gpu,sglang,verify"
+
+
+def fleet_point(count: int, repeat: int, runs: Path) -> dict:
+    """A fresh lab with `count` SGLang containers: the gpu+sglang converge, then no-op apply and verify."""
+    subprocess.run([str(BIN / "provision"), "lab", "down"], capture_output=True, stdin=subprocess.DEVNULL, cwd=REPO)
+    seconds, proc = timed([str(BIN / "provision"), "lab", "up", "--containers", str(count)])
+    if proc.returncode != 0:
+        raise SystemExit(f"lab up --containers {count} failed: {proc.stderr.strip()[-800:]}")
+    inventory = REPO / "inventory" / "lab"
+    hosts = {k: v for k, v in inventory_hosts(inventory).items() if v.get("proxmox_vmid")}
+    common = ["--inventory", str(inventory), "--runs-dir", str(runs), "--limit", "gpu_containers"]
+    point: dict = {"containers": count, "lab_up_s": round(seconds, 1)}
+    point["converge_s"] = round(provision("apply", *common, "--yes", "--tags", FLEET_TAGS)[0], 1)
+    samples: dict[str, list[float]] = {"floor": [], "apply_noop": [], "verify": []}
+    for _ in range(repeat):
+        samples["floor"].append(floor_once(hosts))
+        seconds, data = provision("apply", *common, "--yes", "--tags", FLEET_TAGS)
+        assert not sum(h["changed"] for h in data["hosts"].values()), "the fleet's no-op apply changed something"
+        samples["apply_noop"].append(seconds)
+        samples["verify"].append(provision("verify", *common)[0])
+    point.update({f"{k}_s": round(statistics.median(v), 2) for k, v in samples.items()})
+    return point
+
+
+def fleet(counts: list[int], repeat: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="provision-perf-") as runs:
+        points = [fleet_point(n, repeat, Path(runs)) for n in counts]
+    subprocess.run([str(BIN / "provision"), "lab", "down"], capture_output=True, stdin=subprocess.DEVNULL, cwd=REPO)
+    first, last = points[0], points[-1]
+    growth = {k: round(last[k] / first[k], 2) for k in ("apply_noop_s", "verify_s", "converge_s", "floor_s")}
+    per_host = {
+        k: round((last[k] - first[k]) / (last["containers"] - first["containers"]), 2)
+        for k in ("apply_noop_s", "verify_s", "converge_s")
+    } if len(points) > 1 else {}  # fmt: skip
+    return {"tags": FLEET_TAGS, "points": points, "growth": growth, "seconds_per_added_host": per_host}
+
+
+def fleet_table(result: dict) -> str:
+    lines = [
+        "| containers | floor s | no-op apply s | verify s | gpu+sglang converge s |",
+        "|---|---|---|---|---|",
+    ]
+    for p in result["points"]:
+        lines.append(
+            f"| {p['containers']} | {p['floor_s']} | {p['apply_noop_s']} | {p['verify_s']} | {p['converge_s']} |"
+        )
+    g, h = result["growth"], result["seconds_per_added_host"]
+    lines.append(
+        f"\ngrowth first -> last: no-op apply {g['apply_noop_s']}×, verify {g['verify_s']}×, "
+        f"converge {g['converge_s']}×; per added container: {h}"
+    )
+    return "\n".join(lines)
+
+
+def fleet_chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p["containers"] for p in result["points"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("apply_noop_s", "no-op apply"), ("verify_s", "verify"), ("converge_s", "gpu+sglang converge"),
+                       ("floor_s", "floor (one ssh read per host)")):  # fmt: skip
+        ax.plot(xs, [p[key] for p in result["points"]], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("SGLang containers (plus the 2 VM nodes)")
+    ax.set_ylabel("seconds")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title("provision on the lab: time against host count")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def as_table(results: dict) -> str:
     s, r = results["seconds"], results["ratios"]
     floor = s["floor"]
@@ -194,7 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="the first apply is a cold converge: break it down")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--fleet", help="container counts, e.g. 1,4,16: each on a fresh lab (lab up/down)")
+    parser.add_argument("--chart", type=Path, help="with --fleet: time against host count, as a PNG")
     args = parser.parse_args(argv)
+    if args.fleet:
+        result = fleet([int(n) for n in args.fleet.split(",")], args.repeat)
+        print(fleet_table(result))
+        if args.chart:
+            fleet_chart(result, args.chart)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     with tempfile.TemporaryDirectory(prefix="provision-perf-") as runs:
         results = measure(args.inventory.resolve(), args.repeat, args.cold, Path(runs))
     print(as_table(results))

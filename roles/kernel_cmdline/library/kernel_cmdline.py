@@ -39,7 +39,9 @@ options:
     default: /var/lib/provision/kernel-cmdline
   findings_file:
     type: path
-    description: with action=findings, where to record them (kept up to date, not reported as a change)
+    description:
+      - with action=findings, where to record them (kept up to date, not reported as a change); with
+        action=configure, the same, when the running kernel already has the wanted arguments
 """
 
 EXAMPLES = r"""
@@ -54,6 +56,8 @@ bootloader: {description: grub or systemd-boot, and how it was detected, type: s
 line: {description: the configured (effective) command line after the change, type: str, returned: configure}
 previous: {description: the configured command line before, type: str, returned: configure}
 files: {description: files changed, type: list, returned: configure}
+running: {description: the running kernel against the wanted arguments (as action=running), type: dict, returned: configure}
+findings: {description: this boot's findings (as action=findings), type: dict, returned: configure when no reboot is needed}
 backup: {description: directory holding the originals, type: str, returned: when changed}
 """
 
@@ -296,6 +300,11 @@ def configure(module, bootloader, add, remove):
         out["backup"] = backup.commit()
         for path, new in changes.items():
             atomic_write(path, new)
+    # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
+    # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
+    out["running"] = {k: v for k, v in running(add, remove).items() if k != "changed"}
+    if not out["running"]["reboot_needed"]:
+        out["findings"] = findings(module, add, remove)["findings"]
     return out
 
 
