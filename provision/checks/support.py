@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
+import time
 from pathlib import Path
 
 STATE_DIR = "/var/lib/provision"
@@ -73,6 +75,20 @@ def node_of(host, request):
     assert node, "proxmox_host is not set for this container"
     inventory = request.config.option.ansible_inventory
     return testinfra.get_host(f"ansible://{node}?ansible_inventory={inventory}")
+
+
+def run_on_node(node, command: str, attempts: int = 5):
+    """Run a command on a node that every container's check reaches at once. sshd's default
+    MaxStartups (10:30:100) drops some of a burst of new connections (ssh exits 255,
+    "kex_exchange_identification: Connection closed"), which testinfra raises: retry those, spread out."""
+    for attempt in range(attempts):
+        try:
+            return node.run(command)
+        except RuntimeError as exc:
+            if "exit_status=255" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(1 + random.random() * 2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def output_dir() -> Path | None:

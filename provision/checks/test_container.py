@@ -17,6 +17,7 @@ from provision.checks.support import (
     is_char_device,
     node_of,
     output_dir,
+    run_on_node,
     sglang_state,
 )
 
@@ -50,7 +51,7 @@ def _driver(host) -> str:
 def test_userspace_matches_host_driver(host, request):
     """The container's NVIDIA userspace is the node's driver version (else NVML: version mismatch)."""
     node = node_of(host, request)
-    want = node.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
+    want = run_on_node(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
     have = _driver(host)
     assert want, "cannot read the node's driver version"
     assert have == want[0], f"container userspace {have or 'missing'} != node driver {want[0]}"

@@ -25,6 +25,15 @@ def test_lab_status_reports_everything_running(lab):
     assert status["accel"] in ("tcg", "kvm")
 
 
+def test_vms_resume_from_their_booted_snapshot_with_the_clock_of_now(lab):
+    # a first lab up on a machine boots each VM, saves it, and resumes it: every lab up ends resumed
+    assert lab.state()["vms_resumed"] == len(lab.vms())
+    for vm in lab.vms():
+        assert (vm.snapshot_dir(lab.state()["accel"]) / "complete").exists()
+        off = float(vm.ssh("date +%s.%N").stdout) - time.time()
+        assert abs(off) < 10, f"{vm.spec.name}: the resumed guest's clock is {off:.0f}s off"
+
+
 def test_lab_leaves_the_callers_stdin_blocking(lab):
     # qemu and ssh make an inherited stdin non-blocking, and ansible then refuses to start
     # ("Ansible requires blocking IO"): the lab hands its children no stdin of ours
