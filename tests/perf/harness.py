@@ -145,14 +145,15 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
     if cold:
         results["cold_converge_s"] = round(seconds, 1)
         results["cold_breakdown_task_s"] = cold_breakdown(Path(data["record_dir"]))
-    samples: dict[str, list[float]] = {"floor": [], "apply_noop": [], "verify": [], "stock_noop": []}
+    samples: dict[str, list[float]] = {"floor": [], "apply_noop": [], "linear_noop": [], "verify": [], "stock_noop": []}
     for _ in range(repeat):
         samples["floor"].append(floor_once(hosts))
-        seconds, data = provision("apply", *common, "--yes")
-        changed = sum(h["changed"] for h in data["hosts"].values())
-        if changed:
-            raise SystemExit(f"the no-op apply changed {changed} task(s): converge the inventory first")
-        samples["apply_noop"].append(seconds)
+        for key, env in (("apply_noop", {}), ("linear_noop", {"PROVISION_ANSIBLE_STRATEGY": "linear"})):
+            seconds, data = provision("apply", *common, "--yes", env=env)
+            changed = sum(h["changed"] for h in data["hosts"].values())
+            if changed:
+                raise SystemExit(f"the no-op apply changed {changed} task(s): converge the inventory first")
+            samples[key].append(seconds)
         samples["verify"].append(provision("verify", *common)[0])
         samples["stock_noop"].append(stock_apply(inventory, runs))
     medians = {k: round(statistics.median(v), 2) for k, v in samples.items()}
@@ -252,6 +253,8 @@ def as_table(results: dict) -> str:
         "|---|---|---|",
         f"| floor: one ssh session per host, all at once | {floor} | 1.0 |",
         f"| `provision apply`, no-op | {s['apply_noop']} | {r['apply_noop/floor']} |",
+        f"| `provision apply`, no-op, Ansible's linear strategy (no Mitogen) | {s['linear_noop']} | "
+        f"{round(s['linear_noop'] / floor, 1)} |",
         f"| `provision verify` | {s['verify']} | {r['verify/floor']} |",
         f"| same playbooks, stock `ansible-playbook` settings, no-op | {s['stock_noop']} | "
         f"{round(s['stock_noop'] / floor, 1)} |",
