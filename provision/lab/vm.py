@@ -138,7 +138,7 @@ class LabVm(LabMachine):
         """Save the running, booted VM into the cache (its RAM as a migration stream, its disk and firmware
         vars as they are at that instant), then stop it: the next start resumes from there."""
         target = self.snapshot_dir(accel)
-        tmp = target.with_name(target.name + ".tmp")
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")  # two labs may save the same VM at once
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         # a live migration into a file: at its end qemu pauses the guest and flushes its disks
@@ -155,8 +155,11 @@ class LabVm(LabMachine):
         for suffix in ("", ".pub"):
             shutil.copy(f"{self.host_key}{suffix}", tmp / f"ssh_host_ed25519_key{suffix}")
         (tmp / "complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+        if (target / "complete").exists():  # another lab saved it first, and its VMs may run on that disk now
+            shutil.rmtree(tmp)
+        else:
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover
+            tmp.rename(target)
         for name in ("disk.qcow2", "ovmf_vars.fd"):
             (self.dir / name).unlink(missing_ok=True)
         return target
