@@ -161,14 +161,8 @@ def _strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def mitogen_strategy_dir() -> Path | None:
-    """Mitogen's strategy plugins, where Mitogen is installed and not switched off.
-
-    Mitogen keeps one Python interpreter per host for the whole run instead of starting one per
-    task; a no-op apply on the lab took 18 s with it against 60 s without (docs/performance.md).
-    PROVISION_ANSIBLE_STRATEGY=linear runs Ansible's own strategy instead."""
-    if os.environ.get("PROVISION_ANSIBLE_STRATEGY", "mitogen_linear") != "mitogen_linear":
-        return None
+def _mitogen_strategy_dir() -> Path | None:
+    """Mitogen's strategy plugins, where Mitogen is installed."""
     try:
         import ansible_mitogen
     except ImportError:
@@ -178,11 +172,17 @@ def mitogen_strategy_dir() -> Path | None:
 
 
 def _strategy_lines() -> list[str]:
-    mitogen = mitogen_strategy_dir()
-    if mitogen is not None:
-        return [f"strategy_plugins = {mitogen}", "strategy = mitogen_linear"]
-    wanted = os.environ.get("PROVISION_ANSIBLE_STRATEGY", "linear")
-    return [f"strategy = {'linear' if wanted == 'mitogen_linear' else wanted}"]
+    """Mitogen's strategy unless PROVISION_ANSIBLE_STRATEGY names another (or Mitogen is missing).
+
+    Mitogen keeps one Python interpreter per host for the whole run instead of starting one per
+    task; a no-op apply on the lab took 18 s with it against 60 s without (docs/performance.md)."""
+    wanted = os.environ.get("PROVISION_ANSIBLE_STRATEGY", "mitogen_linear")
+    if wanted == "mitogen_linear":
+        plugins = _mitogen_strategy_dir()
+        if plugins is not None:
+            return [f"strategy_plugins = {plugins}", "strategy = mitogen_linear"]
+        wanted = "linear"
+    return [f"strategy = {wanted}"]
 
 
 def ansible_cfg(forks: int, host_key_checking: bool, control_dir: Path) -> str:

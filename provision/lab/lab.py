@@ -253,8 +253,7 @@ class Lab:
         machines = [*self.vms(state), *self.containers(state)]
         accel = choose_accel()
         for vm in self.vms(state):  # a booted snapshot brings the host key its guest already has
-            snapshot = None if cold_boot else vm.snapshot_dir(accel)
-            vm.prepare(snapshot if snapshot and (snapshot / "complete").exists() else None)
+            vm.prepare(None if cold_boot else vm.cached_snapshot(accel))
         for machine in machines:
             machine.make_host_key()
         lines = [machine.known_hosts_line() for machine in machines]

@@ -8,6 +8,7 @@ qemu's fw_cfg, so host keys are known before the first boot and checking stays o
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -23,6 +24,11 @@ from pathlib import Path
 from provision.errors import ProvisionError
 from provision.lab.image import OVMF_CODE, OVMF_VARS, cache_root
 from provision.lab.machine import LabMachine
+
+
+@functools.cache
+def _qemu_version() -> str:
+    return subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
 
 
 def choose_accel() -> str:
@@ -112,9 +118,7 @@ class LabVm(LabMachine):
     def start(self, accel: str, resume: bool = False) -> bool:
         """Boot the VM, or with `resume` carry on from its booted snapshot where one is cached.
         Returns True when it resumed (then its clock is set by `after_resume`)."""
-        snapshot = self.snapshot_dir(accel) if resume else None
-        if snapshot is not None and not (snapshot / "complete").exists():
-            snapshot = None
+        snapshot = self.cached_snapshot(accel) if resume else None
         self.prepare(snapshot)
         if self.is_running():
             return False
@@ -128,11 +132,15 @@ class LabVm(LabMachine):
     def snapshot_dir(self, accel: str) -> Path:
         """Where the cache keeps this VM's booted state: keyed by everything the guest saw at boot
         (disk image, name, bootloader, GPUs, driver, memory, its ssh keys), the accelerator and qemu."""
-        qemu = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
         spec = {k: v for k, v in vars(self.spec).items() if k != "port"}
         client = Path(f"{self.client_key}.pub").read_text()
-        key = json.dumps([str(self.disk), spec, accel, qemu, client], sort_keys=True)
+        key = json.dumps([str(self.disk), spec, accel, _qemu_version(), client], sort_keys=True)
         return cache_root() / "snapshots" / f"{self.spec.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def cached_snapshot(self, accel: str) -> Path | None:
+        """This VM's booted snapshot, when a complete one is in the cache."""
+        snapshot = self.snapshot_dir(accel)
+        return snapshot if (snapshot / "complete").exists() else None
 
     def save_snapshot(self, accel: str) -> Path:
         """Save the running, booted VM into the cache (its RAM as a migration stream, its disk and firmware

@@ -29,7 +29,12 @@ def test_vms_resume_from_their_booted_snapshot_with_the_clock_of_now(lab):
     # a first lab up on a machine boots each VM, saves it, and resumes it: every lab up ends resumed
     assert lab.state()["vms_resumed"] == len(lab.vms())
     for vm in lab.vms():
-        assert (vm.snapshot_dir(lab.state()["accel"]) / "complete").exists()
+        assert vm.cached_snapshot(lab.state()["accel"]) is not None
+        # the guest has been up longer than its qemu process has run: it did not boot in this process
+        uptime = float(vm.ssh("cut -d' ' -f1 /proc/uptime").stdout)
+        ticks = int(Path(f"/proc/{vm.pid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        qemu_age = float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+        assert uptime > qemu_age + 5, f"{vm.spec.name}: up {uptime:.0f}s, its qemu {qemu_age:.0f}s: it booted"
         off = float(vm.ssh("date +%s.%N").stdout) - time.time()
         assert abs(off) < 10, f"{vm.spec.name}: the resumed guest's clock is {off:.0f}s off"
 
