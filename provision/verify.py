@@ -1,8 +1,9 @@
-"""`provision verify`: run the packaged testinfra suites against every host, in parallel.
+"""`provision verify`: run the packaged check suites against every host.
 
-Each host gets its own pytest process (testinfra's ansible backend, reading the same
-inventory) writing JUnit XML; the results are merged into one table per host. A host
-that cannot be reached shows up as failed checks with the connection error as reason.
+One pytest process for the whole run (`checks/conftest.py`): it reads each host once, all hosts
+at once, with one ssh command through testinfra's connection from the same inventory, and each
+check then decides per host from what was read. The JUnit XML it writes is merged into one table
+per host. A host that cannot be reached shows up as failed checks with the connection error.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +31,7 @@ SUITES = {
     inventory_mod.PROXMOX_HOSTS: ["test_host.py"],
     inventory_mod.GPU_CONTAINERS: ["test_container.py"],
 }
-HOST_TIMEOUT_S = 900
+RUN_TIMEOUT_S = 900
 
 
 @dataclass
@@ -83,67 +83,63 @@ def _reason(problem: ET.Element) -> str:
     return first.strip() or "failed"
 
 
-def _parse_junit(path: Path, host: str) -> list[Check]:
+def _parse_junit(path: Path) -> list[Check]:
+    """One Check per test case; the host is the case's parameter id (`test_x[host]`)."""
     checks = []
     root = ET.parse(path).getroot()
     for case in root.iter("testcase"):
-        name = case.get("name", "").split("[", 1)[0]
+        name, _, param = case.get("name", "").partition("[")
         suite = case.get("classname", "").rsplit(".", 1)[-1]
         problem = next((case.find(tag) for tag in ("failure", "error") if case.find(tag) is not None), None)
-        skipped = case.find("skipped")
-        if skipped is not None:
+        if case.find("skipped") is not None:
             continue
         reason = _reason(problem) if problem is not None else ""
+        host = param.removesuffix("]")
         checks.append(Check(host, suite, name, problem is None, reason[:300], float(case.get("time", 0) or 0)))
     return checks
 
 
-def _run_host(
-    inv: inventory_mod.Inventory, host: inventory_mod.Host, workdir: Path, select: str | None = None, extra_env=None
-) -> list[Check]:
-    suites = [str(CHECKS_DIR / s) for g, files in SUITES.items() if g in host.groups for s in files]
-    if not suites:
-        return []
-    junit = workdir / f"{host.name}.xml"
+def _targets(inv: inventory_mod.Inventory, hosts: list[inventory_mod.Host]) -> dict:
+    """What conftest.py probes: each host with its suites, and each container's node."""
+    return {
+        "inventory": str(inv.path),
+        "hosts": {h.name: [s for g, files in SUITES.items() if g in h.groups for s in files] for h in hosts},
+        "nodes": {
+            h.name: h.value("proxmox_host")
+            for h in hosts
+            if inventory_mod.GPU_CONTAINERS in h.groups and h.value("proxmox_host") in inv.hosts
+        },
+    }
+
+
+def _run_checks(inv, hosts, workdir: Path, select: str | None = None, extra_env=None) -> list[Check]:
+    """One pytest process for all hosts: each host is probed once, then each check decides per host."""
+    junit = workdir / "verify.xml"
     cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        *suites,
-        f"--hosts=ansible://{host.name}",
-        f"--ansible-inventory={inv.path}",
-        f"--junitxml={junit}",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--no-header",
-        "-o",
-        "addopts=",
-        "-o",
-        "junit_family=xunit1",
-        f"--rootdir={CHECKS_DIR}",
-        *(["-k", select] if select else []),
-    ]
+        sys.executable, "-m", "pytest", *(str(CHECKS_DIR / s) for files in SUITES.values() for s in files),
+        f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
+        "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
+    ]  # fmt: skip
     env = {
         **os.environ,
         # testinfra runs ansible-inventory through PATH: use the one beside our interpreter
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "PROVISION_VERIFY_HOST": host.name,
+        "PROVISION_VERIFY_TARGETS": json.dumps(_targets(inv, hosts)),
         "PROVISION_VERIFY_OUT": str(workdir),
         **(extra_env or {}),
     }
     try:
         # ansible refuses a non-blocking stdin, and the checks never read one
         proc = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HOST_TIMEOUT_S, env=env, cwd=workdir
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir
         )
     except subprocess.TimeoutExpired:
-        return [Check(host.name, "verify", "checks finished", False, f"timed out after {HOST_TIMEOUT_S}s")]
+        return [Check(h.name, "verify", "checks finished", False, f"timed out after {RUN_TIMEOUT_S}s") for h in hosts]
     if not junit.is_file():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
-        return [Check(host.name, "verify", "checks ran", False, tail[0][:300])]
-    return _parse_junit(junit, host.name)
+        return [Check(h.name, "verify", "checks ran", False, tail[0][:300]) for h in hosts]
+    return _parse_junit(junit)
 
 
 def reboot_all(inv: inventory_mod.Inventory, limit: str | None, record: Path, report: VerifyReport) -> None:
@@ -180,13 +176,9 @@ def verify(
     report.record_dir = str(record)
     if after_reboot:
         reboot_all(inv, limit, record, report)
-    with (
-        tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp,
-        ThreadPoolExecutor(max_workers=max(1, min(len(hosts), 16))) as pool,
-    ):
+    with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp:
         env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
-        for checks in pool.map(lambda h: _run_host(inv, h, Path(tmp), select, env), hosts):
-            report.checks.extend(checks)
+        report.checks.extend(_run_checks(inv, hosts, Path(tmp), select, env) if hosts else [])
         for path in Path(tmp).glob("*-capacity.json"):
             report.capacity[path.name.removesuffix("-capacity.json")] = json.loads(path.read_text())
         if junit:

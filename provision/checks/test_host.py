@@ -1,20 +1,26 @@
-"""Checks for a Proxmox node (group proxmox_hosts): kernel arguments, findings, GPU nodes."""
+"""Checks for a Proxmox node (group proxmox_hosts): kernel arguments, findings, GPU nodes.
+Each decides from the node's probe (conftest.py), read once per run."""
 
 from __future__ import annotations
 
 import json
+import shlex
 
-from provision.checks.support import STATE_DIR, is_char_device, read_json
+from provision.checks.support import STATE_DIR
+
+WANTED = f"{STATE_DIR}/kernel-cmdline/wanted.json"
+FINDINGS = f"{STATE_DIR}/kernel-findings.json"
 
 
-def test_host_reachable(host):
+def test_host_reachable(target):
     """The node answers over ssh with the inventory's connection settings."""
-    assert host.file("/proc/sys/kernel/random/boot_id").exists, "cannot read /proc/sys/kernel/random/boot_id"
+    assert target.data["boot_id"], "cannot read /proc/sys/kernel/random/boot_id"
 
 
-def test_provision_applied(host):
+def test_provision_applied(target):
     """`provision apply` has converged this node at least once."""
-    assert host.file(f"{STATE_DIR}/verify.json").exists, f"{STATE_DIR}/verify.json is missing: run provision apply"
+    record = f"{STATE_DIR}/verify.json"
+    assert target.file(record) is not None, f"{record} is missing: run provision apply"
 
 
 def canonical(arg: str) -> str:
@@ -28,17 +34,15 @@ def canonical(arg: str) -> str:
     return k + sep + value
 
 
-def _cmdline(host) -> list[str]:
-    import shlex
-
-    return [canonical(a) for a in shlex.split(host.file("/proc/cmdline").content_string, posix=False)]
+def _cmdline(target) -> list[str]:
+    return [canonical(a) for a in shlex.split(target.data["proc_cmdline"] or "", posix=False)]
 
 
-def test_kernel_arguments_in_running_kernel(host):
+def test_kernel_arguments_in_running_kernel(target):
     """/proc/cmdline carries every wanted argument and none of those to remove."""
-    wanted = read_json(host, f"{STATE_DIR}/kernel-cmdline/wanted.json")
+    wanted = target.json(WANTED)
     assert wanted is not None, "no record of the wanted kernel arguments: the kernel phase has not run here"
-    args = _cmdline(host)
+    args = _cmdline(target)
     absent = [a for a in wanted["add"] if canonical(a) not in args]
     present = [
         a for a in args for r in wanted["remove"] if a == canonical(r) or ("=" not in r and a.split("=", 1)[0] == r)
@@ -49,14 +53,14 @@ def test_kernel_arguments_in_running_kernel(host):
     )
 
 
-def test_iommu_and_snp_findings(host):
+def test_iommu_and_snp_findings(target):
     """The IOMMU and SEV-SNP findings of this boot are recorded and do not contradict the profile."""
-    findings = read_json(host, f"{STATE_DIR}/kernel-findings.json")
-    assert findings is not None, f"{STATE_DIR}/kernel-findings.json is missing: the kernel phase has not run here"
-    assert findings.get("proc_cmdline", "").split() == host.file("/proc/cmdline").content_string.split(), (
+    findings = target.json(FINDINGS)
+    assert findings is not None, f"{FINDINGS} is missing: the kernel phase has not run here"
+    assert findings.get("proc_cmdline", "").split() == (target.data["proc_cmdline"] or "").split(), (
         "the findings are from an earlier boot: run provision apply --tags kernel"
     )
-    wanted = read_json(host, f"{STATE_DIR}/kernel-cmdline/wanted.json") or {"add": []}
+    wanted = target.json(WANTED) or {"add": []}
     if "iommu=nopt" in wanted["add"] or "iommu.passthrough=0" in wanted["add"]:
         assert findings.get("iommu_default_domain") != "Passthrough", (
             "the IOMMU default domain is Passthrough although the profile asks for translation (SEV-SNP needs it)"
@@ -64,11 +68,11 @@ def test_iommu_and_snp_findings(host):
     print(json.dumps({k: findings.get(k) for k in ("iommu_default_domain", "sev_snp", "io_page_faults")}))
 
 
-def test_gpu_device_nodes(host):
+def test_gpu_device_nodes(target):
     """The GPU nodes, nvidiactl and nvidia-uvm (its own, dynamic major) exist as character devices."""
-    gpus = [f for f in host.run("ls /dev").stdout.split() if f.startswith("nvidia") and f[6:].isdigit()]
+    nodes = target.data["nvidia_nodes"]
+    gpus = [name for name in nodes if name[6:].isdigit()]
     assert gpus, "no /dev/nvidiaN node: is the NVIDIA driver loaded?"
     for name in ["nvidiactl", "nvidia-uvm", *gpus]:
-        assert is_char_device(host, f"/dev/{name}"), f"/dev/{name} is missing or not a character device"
-    uvm_major = int(host.run("stat -c %t /dev/nvidia-uvm").stdout.strip(), 16)
-    assert uvm_major != 195, "/dev/nvidia-uvm has the GPU major 195: it should have its own major"
+        assert nodes.get(name, {}).get("char"), f"/dev/{name} is missing or not a character device"
+    assert nodes["nvidia-uvm"]["major"] != 195, "/dev/nvidia-uvm has the GPU major 195: it should have its own major"

@@ -1,0 +1,147 @@
+"""What `provision verify` reads on one host, in one ssh command.
+
+This file runs on the target (`python3 -c <this source> <request JSON>`), standard library only,
+and prints one JSON object. The checks in `test_host.py` and `test_container.py` then decide on
+the controller from that object, so a host costs one round trip however many checks it has.
+
+The request names the state files to read and, for a container, the smoke question; the API key
+is read on the target from the service's root-only file and never leaves it, and `/server_info`'s
+`api_key` and `launch_command` (where SGLang echoes `--api-key`) are dropped before printing.
+"""
+
+import base64
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+LISTEN = "0A"
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def run(argv):
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        return {"rc": 127, "stdout": "", "stderr": str(e)}
+    return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
+
+
+def nvidia_nodes():
+    nodes = {}
+    for name in sorted(os.listdir("/dev")):
+        if name.startswith("nvidia"):
+            st = os.lstat("/dev/" + name)
+            nodes[name] = {"char": stat.S_ISCHR(st.st_mode), "major": os.major(st.st_rdev) if st.st_rdev else None}
+    return nodes
+
+
+def _address(hex_addr):
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def listeners():
+    """(address, port) of every listening TCP socket, from /proc/net/tcp and tcp6."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in (read(table) or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == LISTEN:
+                addr, port = fields[1].rsplit(":", 1)
+                found.append([_address(addr), int(port, 16)])
+    return found
+
+
+def api_call(state, method, path, body=None):
+    host = "127.0.0.1" if state["host"] in ("0.0.0.0", "::") else state["host"]
+    if ":" in host:
+        host = "[" + host + "]"
+    headers = {"Content-Type": "application/json"}
+    if state.get("api_key_file"):
+        with open(state["api_key_file"]) as f:
+            headers["Authorization"] = "Bearer " + json.load(f)["api-key"]
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://{host}:{state['port']}{path}", data, headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return {"status": r.status, "body": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "body": e.read().decode()[:2000]}
+    except OSError as e:
+        return {"status": 0, "body": str(e)}
+
+
+def _scrub_server_info(answer):
+    try:
+        info = json.loads(answer["body"])
+    except ValueError:
+        return answer
+    for key in ("api_key", "launch_command"):
+        info.pop(key, None)
+    return {"status": answer["status"], "body": json.dumps(info)}
+
+
+def service(state):
+    name = state["service"]
+    out = {
+        "enabled": run(["systemctl", "is-enabled", name])["rc"] == 0,
+        "active": run(["systemctl", "is-active", name])["rc"] == 0,
+    }
+    pid = run(["systemctl", "show", "-p", "MainPID", "--value", name])["stdout"].strip()
+    out["main_pid"] = pid
+    if pid not in ("", "0"):
+        environ = read(f"/proc/{pid}/environ") or ""
+        env = dict(e.split("=", 1) for e in environ.split("\0") if "=" in e)
+        out["env_names"], out["nccl_p2p_disable"] = sorted(env), env.get("NCCL_P2P_DISABLE")
+        out["argv_flags"] = [a for a in (read(f"/proc/{pid}/cmdline") or "").split("\0") if a.startswith("--")]
+    if not out["active"]:
+        out["journal"] = run(["journalctl", "-u", name, "-n", "5", "--no-pager", "-o", "cat"])["stdout"]
+    return out
+
+
+def sglang(state, question):
+    out = {"service": service(state), "listeners": listeners()}
+    out["health"] = api_call(state, "GET", "/health")
+    out["server_info"] = _scrub_server_info(api_call(state, "GET", "/server_info"))
+    out["models"] = api_call(state, "GET", "/v1/models")
+    try:
+        model = json.loads(out["models"]["body"])["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        model = state.get("served_model_name")
+    chat = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 256, "temperature": 0}
+    out["chat"] = api_call(state, "POST", "/v1/chat/completions", chat)
+    out["model_config"] = read(state["model_path"] + "/config.json") if state.get("model_path") else None
+    return out
+
+
+def main(request):
+    out = {
+        "boot_id": (read("/proc/sys/kernel/random/boot_id") or "").strip(),
+        "proc_cmdline": read("/proc/cmdline"),
+        "files": {path: read(path) for path in request["files"]},
+        "nvidia_nodes": nvidia_nodes(),
+        "commands": {" ".join(argv): run(argv) for argv in request["commands"]},
+    }
+    state_text = out["files"].get(request.get("sglang_state", ""))
+    if state_text:
+        out["sglang"] = sglang(json.loads(state_text), request["question"])
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(base64.b64decode(sys.argv[1])))))
