@@ -8,6 +8,8 @@ copied from the private data dir with secrets redacted; the private data dir is 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import re
@@ -272,11 +274,29 @@ def new_record_dir(runs_dir: Path, kind: str) -> Path:
     raise ProvisionError(f"{runs_dir}: cannot create a run record directory")
 
 
+@functools.cache
+def release() -> str:
+    """This release and a digest of the code the playbooks run (playbooks, roles, the package's own
+    Python): a phase's recorded fingerprint only holds for the same code (roles/provision_state)."""
+    from provision import __version__
+
+    sha = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for root in (playbooks_dir(), roles_dir(), package):
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            sha.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes())
+    return f"{__version__}+{sha.hexdigest()[:16]}"
+
+
 def base_extravars() -> dict[str, Any]:
     """Facts about provision itself that every playbook may use."""
     from provision import __version__
 
-    return {"provision_version": __version__, "provision_scripts_dir": str(Path(__file__).resolve().parent / "scripts")}
+    return {
+        "provision_version": __version__,
+        "provision_release": release(),
+        "provision_scripts_dir": str(Path(__file__).resolve().parent / "scripts"),
+    }
 
 
 def run_playbook(

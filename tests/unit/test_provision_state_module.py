@@ -10,16 +10,28 @@ from pathlib import Path
 
 import pytest
 
-MODULE = Path(__file__).resolve().parents[2] / "roles" / "provision_state" / "library" / "provision_state.py"
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "provision_state"
+MODULE = ROLE / "library" / "provision_state.py"
+FACTS = ROLE / "library" / "provision_facts.py"
+# as AnsiballZ does: the role's module_utils inside the ansible.module_utils package
+RUNNER = (
+    "import sys, runpy, ansible.module_utils as m; m.__path__.append(sys.argv.pop(1)); "
+    "runpy.run_path(sys.argv.pop(1), run_name='__main__')"
+)
 
 
-def run(tmp_path: Path, state_dir: Path, version: str = "1.0", check: bool = False, diff: bool = False) -> dict:
-    args = {"dir": str(state_dir), "phase": "kernel", "version": version, "_ansible_check_mode": check,
-            "_ansible_diff": diff}  # fmt: skip
+def call(tmp_path: Path, module: Path, **args) -> dict:
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    proc = subprocess.run([sys.executable, str(MODULE), str(args_file)], capture_output=True, text=True)
+    argv = [sys.executable, "-c", RUNNER, str(ROLE / "module_utils"), str(module), str(args_file)]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.stdout, proc.stderr
     return json.loads(proc.stdout)
+
+
+def run(tmp_path: Path, state_dir: Path, version: str = "1.0", check: bool = False, diff: bool = False, **more):
+    return call(tmp_path, MODULE, dir=str(state_dir), phase="kernel", version=version, _ansible_check_mode=check,
+                _ansible_diff=diff, **more)  # fmt: skip
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the record is owned by root")
@@ -41,7 +53,7 @@ def test_a_new_release_or_a_wrong_mode_is_a_change_with_a_diff(tmp_path):
     state_dir = tmp_path / "state"
     run(tmp_path, state_dir)
     out = run(tmp_path, state_dir, version="2.0", diff=True)
-    assert out["changed"] is True and '"1.0"' in out["diff"]["before"] and '"2.0"' in out["diff"]["after"]
+    assert out["changed"] is True and '"1.0"' in out["diff"][0]["before"] and '"2.0"' in out["diff"][0]["after"]
     (state_dir / "kernel.json").chmod(0o666)
     assert run(tmp_path, state_dir, version="2.0")["changed"] is True
     assert oct((state_dir / "kernel.json").stat().st_mode & 0o7777) == "0o644"
@@ -49,12 +61,55 @@ def test_a_new_release_or_a_wrong_mode_is_a_change_with_a_diff(tmp_path):
 
 def test_the_record_keeps_the_bytes_that_to_nice_json_wrote():
     # hosts converged before this module existed must not show a change
+    import ansible.module_utils
+
     sys.path.insert(0, str(MODULE.parent))
+    ansible.module_utils.__path__.append(str(ROLE / "module_utils"))
     try:
         import provision_state
     finally:
         sys.path.pop(0)
+        ansible.module_utils.__path__.remove(str(ROLE / "module_utils"))
     from ansible.plugins.filter.core import to_nice_json
 
     data = {"phase": "gpu", "provision_version": "0.1.0"}
     assert provision_state.record_text("gpu", "0.1.0") == to_nice_json(data) + "\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is owned by root")
+def test_a_recorded_fingerprint_holds_until_a_watched_path_changes(tmp_path):
+    state_dir, watched = tmp_path / "state", tmp_path / "etc"
+    watched.mkdir()
+    (watched / "a.cfg").write_text("one")
+    fingerprint = {"name": "kernel", "inputs": "in-1", "watch": [f"{watched}/*.cfg", str(tmp_path / "absent")]}
+    assert run(tmp_path, state_dir, fingerprint=fingerprint)["changed"] is True
+    path = state_dir / "fingerprint" / "kernel.json"
+    assert oct(path.stat().st_mode & 0o7777) == "0o600"
+    assert oct(path.parent.stat().st_mode & 0o7777) == "0o700"
+    assert run(tmp_path, state_dir, fingerprint=fingerprint)["changed"] is False
+
+    def facts():
+        return call(tmp_path, FACTS, dir=str(state_dir))["ansible_facts"]["provision_fingerprints"]
+
+    assert facts() == {"kernel": {"inputs": "in-1", "current": True}}
+    (watched / "a.cfg").write_text("two")
+    assert facts()["kernel"]["current"] is False, "a changed file must break the fingerprint"
+    (watched / "a.cfg").write_text("one")
+    assert facts()["kernel"]["current"] is True
+    (watched / "b.cfg").write_text("new")
+    assert facts()["kernel"]["current"] is False, "a new file under a watched pattern must break it"
+    (watched / "b.cfg").unlink()
+    (tmp_path / "absent").write_text("now here")
+    assert facts()["kernel"]["current"] is False, "a watched path that appeared must break it"
+    (tmp_path / "absent").unlink()
+    (watched / "a.cfg").chmod(0o600)
+    assert facts()["kernel"]["current"] is False, "a mode change must break it"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is owned by root")
+def test_a_fingerprint_alone_writes_no_phase_record(tmp_path):
+    state_dir = tmp_path / "state"
+    fingerprint = {"name": "gpu@sglang-01", "inputs": "x", "watch": ["/proc/cmdline"]}
+    out = call(tmp_path, MODULE, dir=str(state_dir), fingerprint=fingerprint)
+    assert out["changed"] is True and "path" not in out
+    assert sorted(p.name for p in state_dir.rglob("*")) == ["fingerprint", "gpu@sglang-01.json"]
