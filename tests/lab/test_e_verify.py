@@ -50,6 +50,41 @@ def test_site_converges_and_a_second_run_changes_nothing(lab, converged, runs):
     assert {n: lab.vm(n).boot_id() for n in boot_ids} == boot_ids, "a converged node must not reboot"
 
 
+def _skipped(report, host: str) -> set[str]:
+    lines = [m for m in report["reports"].get(host, []) if m.startswith("up to date, skipped: ")]
+    return set(lines[0].removeprefix("up to date, skipped: ").split(" (")[0].split(", ")) if lines else set()
+
+
+def test_a_converged_phase_is_skipped_until_its_state_or_its_inputs_change(lab, converged, runs):
+    """The no-op skips every phase; a watched path that drifted, or a changed input, runs that phase again."""
+    inv, ct = converged["inventory"], lab.container()
+    rc, report, err = apply(inv, runs, env=ENV)
+    assert rc == 0, err[-2000:]
+    assert _skipped(report, "sglang-01") == {"gpu", "sglang", "verify"}
+    assert _skipped(report, "pve-grub") == _skipped(report, "pve-sdboot") == {"kernel", "verify"}
+    assert sum(h["changed"] for h in report["hosts"].values()) == 0
+
+    ct.ssh("systemctl disable --now sglang")  # drift: neither enabled nor running
+    rc, report, err = apply(inv, runs, env=ENV)
+    assert rc == 0, err[-2000:]
+    assert _skipped(report, "sglang-01") == {"gpu", "verify"}, "a stopped, disabled unit must re-run the sglang phase"
+    assert ct.ssh("systemctl is-enabled sglang && systemctl is-active sglang").returncode == 0
+
+    set_host_vars(inv, "sglang-01", {**KEY, "sglang_timeout_stop_sec": 299})  # an input of the sglang phase
+    try:
+        rc, report, err = apply(inv, runs, env=ENV)
+        assert rc == 0, err[-2000:]
+        assert "sglang" not in _skipped(report, "sglang-01"), "a changed input must re-run its phase"
+        assert "TimeoutStopSec=299" in ct.ssh("systemctl cat sglang").stdout
+    finally:
+        set_host_vars(inv, "sglang-01", KEY)
+    rc, report, err = apply(inv, runs, env=ENV)
+    assert rc == 0 and "sglang" not in _skipped(report, "sglang-01"), "the input went back: the phase runs again"
+    rc, report, err = apply(inv, runs, env=ENV)
+    assert rc == 0 and _skipped(report, "sglang-01") == {"gpu", "sglang", "verify"}
+    assert sum(h["changed"] for h in report["hosts"].values()) == 0
+
+
 def test_every_check_passes_and_junit_lists_them(converged, runs, tmp_path):
     junit = tmp_path / "verify.xml"
     rc, report = verify(converged["inventory"], runs, "--junit", str(junit))

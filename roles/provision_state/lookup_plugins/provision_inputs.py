@@ -1,0 +1,41 @@
+"""Lookup plugin: the digest of a phase's inputs for the current host."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: provision_inputs
+short_description: sha256 of provision_release and the values of the variables whose names match a pattern
+description:
+  - Each matching variable is templated for the host, as the phase will see it. A value that cannot be templated
+    before the phase runs (it refers to a variable the phase's role sets, such as C(gpu_passthrough_node_driver))
+    counts by its template text.
+  - Only the digest leaves the plugin, so secret values (vault, environment lookups) never show.
+options:
+  _terms:
+    description: one regular expression over variable names
+    required: true
+"""
+
+import hashlib
+import json
+import re
+
+from ansible.errors import AnsibleError
+from ansible.plugins.lookup import LookupBase
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        variables = variables or {}
+        pattern = re.compile(terms[0])
+        names = sorted(name for name in variables if pattern.search(name))
+        values = [self._value(variables[name]) for name in names]
+        release = variables.get("provision_release", "unknown")
+        material = json.dumps([str(release), names, values], sort_keys=True, default=str)
+        return [hashlib.sha256(material.encode()).hexdigest()]
+
+    def _value(self, raw):
+        try:
+            return self._templar.template(raw)
+        except AnsibleError:
+            return raw
