@@ -291,6 +291,8 @@ class Lab:
                 }
                 for i, c in enumerate(state["containers"])
             ],
+            # each node holds its containers' configuration files, as pmxcfs does (/etc/pve/lxc/<vmid>.conf)
+            "node_ssh": {vm.spec.name: vm.ssh_argv() for vm in self.vms()},
         }
         (self.dir / pve.SEED_FILE).write_text(json.dumps(seed))
         (self.dir / "pve-ready").unlink(missing_ok=True)

@@ -74,14 +74,18 @@ class LabMachine:
         kind, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
         return f"{self.known_hosts_name()} {kind} {key}"
 
+    def ssh_argv(self) -> list[str]:
+        """ssh to this machine as root, with host key checking on, up to the remote command."""
+        return [
+            "ssh", "-i", str(self.client_key), "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            *SSH_OPTS, *self.ssh_destination(),
+        ]  # fmt: skip
+
     def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run a command over ssh with host key checking on; never hangs past `timeout` (ssh to a
         rebooting guest can hang for ever otherwise)."""
-        cmd = [
-            "ssh", "-i", str(self.client_key), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            *SSH_OPTS, *self.ssh_destination(), command,
-        ]  # fmt: skip
+        cmd = [*self.ssh_argv(), command]
         try:
             # ssh and qemu set the stdin they inherit non-blocking, which later breaks ansible: give them none
             return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)

@@ -12,6 +12,11 @@ Control socket (HTTP over the unix socket STATE_DIR/pve-control.sock):
   GET  /ct/VMID   the container's config, pending changes, digest and status
   GET  /requests  every request seen so far as [method, path] (bodies left out)
   POST /settings  {"time_scale": float, "version": "8.4.1"}
+
+Like pmxcfs on a real node, each node holds its containers' configurations as files: every change
+(through the API or the control socket) is written to the node's /etc/pve/lxc/<vmid>.conf within about
+a second, in PVE's format, pending changes under [pve:pending]. What a client reads there is what the
+API says (the lab's copy is one way: an edit of the file on the node does not reach the API).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 from pathlib import Path
 
 SEED_FILE = "pve-seed.json"
+MIRROR_INTERVAL_S = 0.5
 CONTROL_SOCKET = "pve-control.sock"
 
 
@@ -84,6 +90,7 @@ async def serve(state_dir: Path) -> None:
             pve.release_version = ".".join(body["version"].split(".")[:2])
         return web.json_response({"ok": True})
 
+    mirror = asyncio.create_task(mirror_configs(pve, seed))
     app = web.Application()
     app.add_routes([
         web.post("/fail", fail), web.post("/reset", reset), web.post("/ct-config", ct_config),
@@ -100,9 +107,52 @@ async def serve(state_dir: Path) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    mirror.cancel()
     await runner.cleanup()
     await pve.stop()
     sock.unlink(missing_ok=True)
+
+
+def config_text(config: dict, pending: dict) -> str:
+    """A container's configuration as PVE writes /etc/pve/lxc/<vmid>.conf (PVE::LXC::Config
+    write_pct_config): `key: value` lines, then pending changes in a [pve:pending] section, a pending
+    delete as one `delete:` line."""
+    lines = [f"{key}: {value}" for key, value in sorted(config.items())]
+    if pending:
+        deletes = sorted(key for key, value in pending.items() if value is None)
+        lines += ["", "[pve:pending]", *(f"{k}: {v}" for k, v in sorted(pending.items()) if v is not None)]
+        lines += [f"delete: {','.join(deletes)}"] if deletes else []
+    return "\n".join(lines) + "\n"
+
+
+async def mirror_configs(pve, seed: dict) -> None:
+    """Keep each node's /etc/pve/lxc/<vmid>.conf equal to the API's view; retry a node that is down."""
+    written: dict[int, str] = {}
+    while True:
+        await asyncio.sleep(MIRROR_INTERVAL_S)
+        for ct in seed["containers"]:
+            guest = pve.guest(ct["vmid"])
+            argv = seed.get("node_ssh", {}).get(ct["node"])
+            if guest is None or argv is None:
+                continue
+            text = config_text(guest.config, guest.pending)
+            if written.get(ct["vmid"]) != text and await _write_on_node(argv, ct["vmid"], text):
+                written[ct["vmid"]] = text
+
+
+async def _write_on_node(argv: list[str], vmid: int, text: str) -> bool:
+    path = f"/etc/pve/lxc/{vmid}.conf"
+    script = f"mkdir -p /etc/pve/lxc && cat > {path}.tmp && mv {path}.tmp {path}"
+    proc = await asyncio.create_subprocess_exec(
+        *argv, script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await asyncio.wait_for(proc.communicate(text.encode()), timeout=20)
+    except TimeoutError:
+        proc.kill()
+        return False
+    return proc.returncode == 0
 
 
 def control(state_dir: Path, method: str, path: str, body: dict | None = None) -> object:

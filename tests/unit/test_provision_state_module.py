@@ -12,7 +12,7 @@ import pytest
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "provision_state"
 MODULE = ROLE / "library" / "provision_state.py"
-FACTS = ROLE / "library" / "provision_facts.py"
+FINGERPRINT = ROLE / "module_utils" / "provision_fingerprint.py"
 # as AnsiballZ does: the role's module_utils inside the ansible.module_utils package
 RUNNER = (
     "import sys, runpy, ansible.module_utils as m; m.__path__.append(sys.argv.pop(1)); "
@@ -82,14 +82,22 @@ def test_a_recorded_fingerprint_holds_until_a_watched_path_changes(tmp_path):
     watched.mkdir()
     (watched / "a.cfg").write_text("one")
     fingerprint = {"name": "kernel", "inputs": "in-1", "watch": [f"{watched}/*.cfg", str(tmp_path / "absent")]}
-    assert run(tmp_path, state_dir, fingerprint=fingerprint)["changed"] is True
+    first = run(tmp_path, state_dir, fingerprint=fingerprint)
+    assert first["changed"] is True and first["fingerprint_written"] is True  # the kernel.json record changed
     path = state_dir / "fingerprint" / "kernel.json"
     assert oct(path.stat().st_mode & 0o7777) == "0o600"
     assert oct(path.parent.stat().st_mode & 0o7777) == "0o700"
-    assert run(tmp_path, state_dir, fingerprint=fingerprint)["changed"] is False
+    assert run(tmp_path, state_dir, fingerprint=fingerprint)["fingerprint_written"] is False
+    fingerprint["inputs"] = "in-2"
+    again = run(tmp_path, state_dir, fingerprint=fingerprint)
+    assert again["fingerprint_written"] is True and again["changed"] is False, "a fingerprint alone is no change"
+    fingerprint["inputs"] = "in-1"
+    run(tmp_path, state_dir, fingerprint=fingerprint)
 
     def facts():
-        return call(tmp_path, FACTS, dir=str(state_dir))["ansible_facts"]["provision_fingerprints"]
+        # as tasks/facts.yml runs it through ansible.builtin.raw: the file's text as a script, system python3
+        argv = ["python3", "-c", FINGERPRINT.read_text(), "read", str(state_dir)]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)["fingerprints"]
 
     assert facts() == {"kernel": {"inputs": "in-1", "current": True}}
     (watched / "a.cfg").write_text("two")
@@ -111,5 +119,5 @@ def test_a_fingerprint_alone_writes_no_phase_record(tmp_path):
     state_dir = tmp_path / "state"
     fingerprint = {"name": "gpu@sglang-01", "inputs": "x", "watch": ["/proc/cmdline"]}
     out = call(tmp_path, MODULE, dir=str(state_dir), fingerprint=fingerprint)
-    assert out["changed"] is True and "path" not in out
+    assert out["fingerprint_written"] is True and out["changed"] is False and "path" not in out
     assert sorted(p.name for p in state_dir.rglob("*")) == ["fingerprint", "gpu@sglang-01.json"]

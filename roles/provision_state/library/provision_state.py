@@ -14,6 +14,8 @@ description:
     C(<dir>/fingerprint/<name>.json) (0600, root, in a 0700 directory) holds the digest of the phase's inputs
     (computed on the controller), the paths the phase watches, and the digest of those paths as they are now
     (see C(provision_facts)).
+  - Writing the fingerprint alone is not reported as a change (nor shown as a diff): it is provision's memory of
+    its own last run, not configuration of the host. A phase that ran and changed nothing stays C(changed=false).
   - Supports check mode and diff mode.
 options:
   dir:
@@ -50,6 +52,8 @@ EXAMPLES = r"""
 RETURN = r"""
 path: {description: the record file, type: str, returned: when phase is given}
 fingerprint_path: {description: the fingerprint file, type: str, returned: when fingerprint is given}
+fingerprint_written: {description: whether the fingerprint file was (or in check mode would be) written, type: bool,
+                      returned: when fingerprint is given}
 """
 
 import json
@@ -91,11 +95,11 @@ def write(path, text, mode, dir_mode):
     os.replace(tmp, path)
 
 
-def converge(module, path, text, mode, dir_mode, result):
+def converge(module, path, text, mode, dir_mode, result, diff=True):
     """Write `text` to `path` unless it is there already with this mode; True when it changed."""
     before, st = current(path)
     changed = before != text or (st.st_mode & 0o7777, st.st_uid, st.st_gid) != (mode, 0, 0)
-    if module._diff and before != text:
+    if diff and module._diff and before != text:
         result.setdefault("diff", []).append(dict(before=before or "", after=text, before_header=path, after_header=path))
     if changed and not module.check_mode:
         write(path, text, mode, dir_mode)
@@ -132,7 +136,7 @@ def main():
             os.makedirs(p["dir"], mode=0o755)
         result["fingerprint_path"] = fingerprint_path(p["dir"], p["fingerprint"]["name"])
         text = fingerprint_text(p["fingerprint"])
-        result["changed"] |= converge(module, result["fingerprint_path"], text, 0o600, 0o700, result)
+        result["fingerprint_written"] = converge(module, result["fingerprint_path"], text, 0o600, 0o700, result, False)
     module.exit_json(**result)
 
 
