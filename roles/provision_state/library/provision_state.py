@@ -100,7 +100,8 @@ def converge(module, path, text, mode, dir_mode, result, diff=True):
     before, st = current(path)
     changed = before != text or (st.st_mode & 0o7777, st.st_uid, st.st_gid) != (mode, 0, 0)
     if diff and module._diff and before != text:
-        result.setdefault("diff", []).append(dict(before=before or "", after=text, before_header=path, after_header=path))
+        diff_entry = dict(before=before or "", after=text, before_header=path, after_header=path)
+        result.setdefault("diff", []).append(diff_entry)
     if changed and not module.check_mode:
         write(path, text, mode, dir_mode)
     return changed

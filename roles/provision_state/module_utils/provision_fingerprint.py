@@ -45,7 +45,7 @@ def _content_digest(path):
         with open(path, "rb") as f:
             return hashlib.sha256(f.read(READ_LIMIT)).hexdigest()
     except OSError as e:
-        return "unreadable: %s" % e.strerror
+        return "unreadable: " + str(e.strerror)
 
 
 def digest(patterns):
