@@ -30,6 +30,7 @@ class ApplyOptions:
     runs_dir: Path = Path(".provision/runs")
     host_key_checking: bool = True
     vault_password_file: Path | None = None
+    full: bool = False  # run every phase's tasks, even where its recorded fingerprint still holds
 
 
 def parse_tags(text: str | None) -> list[str]:
@@ -48,6 +49,8 @@ def _extravars(opts: ApplyOptions) -> dict[str, Any]:
         if opts.reboot not in ("auto", "never"):
             raise UsageError(f"--reboot: expected auto or never, got {opts.reboot!r}")
         extra["kernel_cmdline_reboot"] = opts.reboot
+    if opts.full:
+        extra["provision_state_skip"] = False
     return extra
 
 

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _full(p)
     _runs_dir(p)
     _ansible_opts(p)
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
     p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    _full(p)
     _runs_dir(p)
     _ansible_opts(p)
 
@@ -201,6 +203,11 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK if result.succeeded else EXIT_FAILED
 
 
+def _full(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--full", action="store_true",
+                   help="run every phase's tasks, even where its inputs and watched state are as last recorded")  # fmt: skip
+
+
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> int:
     from provision import apply as apply_mod
     from provision import inventory
@@ -215,6 +222,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
         runs_dir=args.runs_dir,
         host_key_checking=args.host_key_checking,
         vault_password_file=args.vault_password_file,
+        full=getattr(args, "full", False),
     )
     inventory.load(opts.inventory)  # validate before asking anything
     if not plan:

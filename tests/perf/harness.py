@@ -92,6 +92,7 @@ def provision(*args: str, env: dict | None = None) -> tuple[float, dict]:
     return seconds, data
 
 
+SAMPLES = ("floor", "apply_noop", "full_noop", "full_linear_noop", "verify", "stock_noop", "stock_full_noop")
 STOCK_CFG = """[defaults]
 host_key_checking = True
 retry_files_enabled = False
@@ -102,14 +103,15 @@ ssh_args =
 """
 
 
-def stock_apply(inventory: Path, workdir: Path) -> float:
-    """site.yml through plain ansible-playbook: no Mitogen, no pipelining, no ControlPersist, default forks."""
+def stock_apply(inventory: Path, workdir: Path, full: bool = False) -> float:
+    """site.yml through plain ansible-playbook: no Mitogen, no pipelining, no ControlPersist, default forks.
+    With the same extra vars as provision passes; `full` also turns the fingerprint skip off."""
     from provision.runner import base_extravars
 
     cfg = workdir / "stock.cfg"
     cfg.write_text(STOCK_CFG.format(roles=REPO / "roles"))
     extra = workdir / "extravars.json"
-    extra.write_text(json.dumps(base_extravars()))
+    extra.write_text(json.dumps({**base_extravars(), **({"provision_state_skip": False} if full else {})}))
     seconds, proc = timed(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "site.yml"), "-e", f"@{extra}"],
         env={"ANSIBLE_CONFIG": str(cfg), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
@@ -145,17 +147,19 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
     if cold:
         results["cold_converge_s"] = round(seconds, 1)
         results["cold_breakdown_task_s"] = cold_breakdown(Path(data["record_dir"]))
-    samples: dict[str, list[float]] = {"floor": [], "apply_noop": [], "linear_noop": [], "verify": [], "stock_noop": []}
+    samples: dict[str, list[float]] = {key: [] for key in SAMPLES}
+    linear = {"PROVISION_ANSIBLE_STRATEGY": "linear"}
     for _ in range(repeat):
         samples["floor"].append(floor_once(hosts))
-        for key, env in (("apply_noop", {}), ("linear_noop", {"PROVISION_ANSIBLE_STRATEGY": "linear"})):
-            seconds, data = provision("apply", *common, "--yes", env=env)
+        for key, env, more in (("apply_noop", {}, []), ("full_noop", {}, ["--full"]), ("full_linear_noop", linear, ["--full"])):
+            seconds, data = provision("apply", *common, "--yes", *more, env=env)
             changed = sum(h["changed"] for h in data["hosts"].values())
             if changed:
                 raise SystemExit(f"the no-op apply changed {changed} task(s): converge the inventory first")
             samples[key].append(seconds)
         samples["verify"].append(provision("verify", *common)[0])
         samples["stock_noop"].append(stock_apply(inventory, runs))
+        samples["stock_full_noop"].append(stock_apply(inventory, runs, full=True))
     medians = {k: round(statistics.median(v), 2) for k, v in samples.items()}
     results["seconds"] = medians
     results["samples"] = {k: [round(x, 2) for x in v] for k, v in samples.items()}
@@ -164,6 +168,8 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
         "apply_noop/floor": round(medians["apply_noop"] / floor, 1),
         "verify/floor": round(medians["verify"] / floor, 1),
         "stock_noop/apply_noop": round(medians["stock_noop"] / medians["apply_noop"], 1),
+        "stock_full_noop/full_noop": round(medians["stock_full_noop"] / medians["full_noop"], 1),
+        "stock_full_noop/apply_noop": round(medians["stock_full_noop"] / medians["apply_noop"], 1),
     }
     return results
 
@@ -253,11 +259,15 @@ def as_table(results: dict) -> str:
         "|---|---|---|",
         f"| floor: one ssh session per host, all at once | {floor} | 1.0 |",
         f"| `provision apply`, no-op | {s['apply_noop']} | {r['apply_noop/floor']} |",
-        f"| `provision apply`, no-op, Ansible's linear strategy (no Mitogen) | {s['linear_noop']} | "
-        f"{round(s['linear_noop'] / floor, 1)} |",
         f"| `provision verify` | {s['verify']} | {r['verify/floor']} |",
         f"| same playbooks, stock `ansible-playbook` settings, no-op | {s['stock_noop']} | "
         f"{round(s['stock_noop'] / floor, 1)} |",
+        f"| `provision apply --full` (every phase's tasks run), no-op | {s['full_noop']} | "
+        f"{round(s['full_noop'] / floor, 1)} |",
+        f"| the same, Ansible's linear strategy (no Mitogen) | {s['full_linear_noop']} | "
+        f"{round(s['full_linear_noop'] / floor, 1)} |",
+        f"| stock `ansible-playbook` settings, every phase's tasks run, no-op | {s['stock_full_noop']} | "
+        f"{round(s['stock_full_noop'] / floor, 1)} |",
     ]
     if "cold_converge_s" in results:
         b = results["cold_breakdown_task_s"]
@@ -265,7 +275,11 @@ def as_table(results: dict) -> str:
             f"| cold converge (task time: reboots {b['reboots']}, installs {b['installs']}, rest {b['rest']}) "
             f"| {results['cold_converge_s']} | {round(results['cold_converge_s'] / floor, 1)} |"
         )
-    lines.append(f"\nstock / provision no-op: {r['stock_noop/apply_noop']}×")
+    lines.append(
+        f"\nstock / provision no-op, same skip: {r['stock_noop/apply_noop']}×; every task run: "
+        f"{r['stock_full_noop/full_noop']}×; stock with every task run / provision's no-op: "
+        f"{r['stock_full_noop/apply_noop']}×"
+    )
     return "\n".join(lines)
 
 
