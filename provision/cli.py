@@ -204,8 +204,9 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _full(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--full", action="store_true",
-                   help="run every phase's tasks, even where its inputs and watched state are as last recorded")  # fmt: skip
+    p.add_argument(
+        "--full", action="store_true", help="run every phase's tasks, even where inputs and watched state are unchanged"
+    )
 
 
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> int:

@@ -151,7 +151,8 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
     linear = {"PROVISION_ANSIBLE_STRATEGY": "linear"}
     for _ in range(repeat):
         samples["floor"].append(floor_once(hosts))
-        for key, env, more in (("apply_noop", {}, []), ("full_noop", {}, ["--full"]), ("full_linear_noop", linear, ["--full"])):
+        runs_of = (("apply_noop", {}, []), ("full_noop", {}, ["--full"]), ("full_linear_noop", linear, ["--full"]))
+        for key, env, more in runs_of:
             seconds, data = provision("apply", *common, "--yes", *more, env=env)
             changed = sum(h["changed"] for h in data["hosts"].values())
             if changed:
