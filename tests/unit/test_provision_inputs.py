@@ -1,0 +1,48 @@
+"""roles/provision_state/lookup_plugins/provision_inputs.py run by Ansible itself: the digest of a
+phase's inputs changes with the phase's variables and the release, and only with them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "provision_state"
+BIN = Path(sys.executable).parent
+
+
+def digests(tmp_path: Path, extra: dict, patterns=("^sglang_",)) -> list[str]:
+    """One ansible-playbook run on localhost printing the lookup's digest for each pattern."""
+    playbook = tmp_path / "p.yml"
+    tasks = [{"ansible.builtin.debug": {"msg": "DIGEST={{ lookup('provision_inputs', %r) }}" % p}} for p in patterns]
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    env = {**os.environ, "ANSIBLE_LOOKUP_PLUGINS": str(ROLE / "lookup_plugins"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"}  # fmt: skip
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook), "-e",
+                           f"@{tmp_path / 'extra.json'}"], capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return re.findall(r'"msg": "DIGEST=([0-9a-f]{64})"', proc.stdout)
+
+
+def test_the_digest_follows_the_phase_variables_and_the_release(tmp_path):
+    base = {"provision_release": "1+a", "sglang_port": 30000, "kernel_cmdline_extra_args": ["x=1"]}
+    first, kernel = digests(tmp_path, base, ("^sglang_", "^kernel_cmdline_"))
+    assert len(first) == 64
+    same_sglang, other_kernel = digests(tmp_path, {**base, "kernel_cmdline_extra_args": ["x=2"]},
+                                        ("^sglang_", "^kernel_cmdline_"))  # fmt: skip
+    assert same_sglang == first, "another phase's variable must not change this phase's inputs"
+    assert other_kernel != kernel
+    assert digests(tmp_path, {**base, "sglang_port": 30001}) != [first]
+    assert digests(tmp_path, {**base, "provision_release": "1+b"}) != [first]
+
+
+def test_values_are_templated_and_a_value_that_needs_the_role_counts_by_its_text(tmp_path):
+    base = {"provision_release": "1", "sglang_api_key": "{{ lab_key }}", "lab_key": "one",
+            "sglang_installer": "/srv/NVIDIA-{{ gpu_passthrough_node_driver }}.run"}  # fmt: skip
+    first = digests(tmp_path, base)
+    assert digests(tmp_path, {**base, "lab_key": "two"}) != first, "the templated value is the input"
+    assert digests(tmp_path, base) == first
