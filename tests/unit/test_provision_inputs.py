@@ -17,7 +17,8 @@ BIN = Path(sys.executable).parent
 def digests(tmp_path: Path, extra: dict, patterns=("^sglang_",)) -> list[str]:
     """One ansible-playbook run on localhost printing the lookup's digest for each pattern."""
     playbook = tmp_path / "p.yml"
-    tasks = [{"ansible.builtin.debug": {"msg": "DIGEST={{ lookup('provision_inputs', %r) }}" % p}} for p in patterns]
+    lookup = "DIGEST={{ lookup('provision_inputs', '%s') }}"
+    tasks = [{"ansible.builtin.debug": {"msg": lookup.replace("%s", p)}} for p in patterns]
     playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
     (tmp_path / "extra.json").write_text(json.dumps(extra))
     env = {**os.environ, "ANSIBLE_LOOKUP_PLUGINS": str(ROLE / "lookup_plugins"), "ANSIBLE_NOCOLOR": "1",
