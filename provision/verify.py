@@ -28,8 +28,8 @@ from provision.runner import new_record_dir, redact_tree, run_playbook, secret_v
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 # group -> suites run on its hosts
 SUITES = {
-    inventory_mod.PROXMOX_HOSTS: ["test_host.py"],
-    inventory_mod.GPU_CONTAINERS: ["test_container.py"],
+    inventory_mod.PROXMOX_HOSTS: ["test_common.py", "test_host.py"],
+    inventory_mod.GPU_CONTAINERS: ["test_common.py", "test_container.py"],
 }
 RUN_TIMEOUT_S = 900
 
@@ -116,7 +116,7 @@ def _run_checks(inv, hosts, workdir: Path, select: str | None = None, extra_env=
     """One pytest process for all hosts: each host is probed once, then each check decides per host."""
     junit = workdir / "verify.xml"
     cmd = [
-        sys.executable, "-m", "pytest", *(str(CHECKS_DIR / s) for files in SUITES.values() for s in files),
+        sys.executable, "-m", "pytest", *sorted({str(CHECKS_DIR / s) for files in SUITES.values() for s in files}),
         f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
         "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
     ]  # fmt: skip

@@ -85,9 +85,11 @@ def test_first_apply_converges_and_counts_match(ssh_lab, inv, runs):
     assert (node["changed"], node["failed"], node["unreachable"]) == (1, 0, 0)
     assert (ct["changed"], ct["failed"], ct["unreachable"]) == (1, 0, 0)
     assert len(result["changed_tasks"]) == node["changed"] + ct["changed"]
-    # what the summary says matches what is on the hosts
-    assert _state(ssh_lab["targets"]["node1"]) == ["verify.json"]
-    assert _state(ssh_lab["targets"]["ct1"]) == ["verify.json"]
+    # what the summary says matches what is on the hosts, and the verify phase's fingerprint (not a change)
+    for target in ("node1", "ct1"):
+        assert _state(ssh_lab["targets"][target]) == ["fingerprint", "verify.json"]
+        mode = ssh_lab["targets"][target].ssh("stat -c %a /var/lib/provision/fingerprint/verify.json").stdout
+        assert mode.strip() == "600"
     record = Path(result["record_dir"])
     summary = json.loads((record / "summary.json").read_text())
     assert summary["hosts"]["node1"]["changed"] == 1

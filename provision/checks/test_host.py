@@ -12,17 +12,6 @@ WANTED = f"{STATE_DIR}/kernel-cmdline/wanted.json"
 FINDINGS = f"{STATE_DIR}/kernel-findings.json"
 
 
-def test_host_reachable(target):
-    """The node answers over ssh with the inventory's connection settings."""
-    assert target.data["boot_id"], "cannot read /proc/sys/kernel/random/boot_id"
-
-
-def test_provision_applied(target):
-    """`provision apply` has converged this node at least once."""
-    record = f"{STATE_DIR}/verify.json"
-    assert target.file(record) is not None, f"{record} is missing: run provision apply"
-
-
 def canonical(arg: str) -> str:
     """As the kernel reads an argument: `"a=b c"` and `a="b c"` are the same (GRUB re-quotes whole words).
     The kernel_cmdline role's module_utils has the same rule for the nodes themselves."""
