@@ -1,0 +1,51 @@
+"""provision/checks/probe.py, the one command verify runs on each host, read against this machine."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from provision.checks import probe
+
+PROBE = Path(probe.__file__)
+
+
+def test_listeners_are_read_from_proc_net_for_ipv4_and_ipv6():
+    v4 = socket.socket(socket.AF_INET)
+    v4.bind(("127.0.0.1", 0))
+    v4.listen()
+    v6 = socket.socket(socket.AF_INET6)
+    v6.bind(("::1", 0))
+    v6.listen()
+    ports = v4.getsockname()[1], v6.getsockname()[1]
+    try:
+        found = {tuple(x) for x in probe.listeners()}
+        assert ("127.0.0.1", ports[0]) in found
+        assert ("::1", ports[1]) in found
+    finally:
+        v4.close()
+        v6.close()
+    assert ("127.0.0.1", ports[0]) not in {tuple(x) for x in probe.listeners()}
+
+
+def test_server_info_loses_the_key_and_the_command_line_that_carries_it():
+    launch = "python -m sglang.launch_server --api-key k-123"
+    body = {"api_key": "k-123", "launch_command": launch, "max_total_num_tokens": 7}
+    scrubbed = probe._scrub_server_info({"status": 200, "body": json.dumps(body)})
+    assert "k-123" not in scrubbed["body"] and json.loads(scrubbed["body"])["max_total_num_tokens"] == 7
+
+
+def test_as_verify_runs_it_one_command_prints_one_object(tmp_path):
+    state = tmp_path / "verify.json"
+    state.write_text("{}")
+    request = {"files": [str(state), str(tmp_path / "absent")], "commands": [["true"]]}
+    payload = base64.b64encode(json.dumps(request).encode()).decode()
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), payload], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert data["files"] == {str(state): "{}", str(tmp_path / "absent"): None}
+    assert data["commands"]["true"]["rc"] == 0 and data["boot_id"]
+    assert "sglang" not in data, "no service state was asked for"
