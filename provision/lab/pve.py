@@ -14,8 +14,9 @@ Control socket (HTTP over the unix socket STATE_DIR/pve-control.sock):
   POST /settings  {"time_scale": float, "version": "8.4.1"}
 
 Like pmxcfs on a real node, each node holds its containers' configurations as files: every change
-(through the API or the control socket) is written to the node's /etc/pve/lxc/<vmid>.conf within about
-a second, in PVE's format, pending changes under [pve:pending]. What a client reads there is what the
+through the API or the control socket is written to the node's /etc/pve/lxc/<vmid>.conf before the
+answer goes out (and what a task changes later within about a second), in PVE's format, pending
+changes under [pve:pending]. What a client reads there is what the
 API says (the lab's copy is one way: an edit of the file on the node does not reach the API).
 """
 
@@ -39,7 +40,15 @@ async def serve(state_dir: Path) -> None:
 
     seed = json.loads((state_dir / SEED_FILE).read_text())
     secrets = json.loads((state_dir / "secrets.json").read_text())
-    pve = FakePve(user="root@pam", password=secrets["pve_password"], host="127.0.0.1", port=seed["port"])
+
+    class NodeBackedPve(FakePve):
+        def _build_app(self):
+            app = super()._build_app()
+            app.middlewares.insert(0, configs.middleware())
+            return app
+
+    pve = NodeBackedPve(user="root@pam", password=secrets["pve_password"], host="127.0.0.1", port=seed["port"])
+    configs = NodeConfigs(pve, seed)
     pve.time_scale = seed.get("time_scale", 0.0)
     pve.nodes = {}
     for node in seed["nodes"]:
@@ -68,6 +77,7 @@ async def serve(state_dir: Path) -> None:
         ct.config.update(body.get("set", {}))
         for key in body.get("delete", []):
             ct.config.pop(key, None)
+        await configs.sync()
         return web.json_response({"digest": ct.digest()})
 
     async def ct_show(request):
@@ -90,7 +100,7 @@ async def serve(state_dir: Path) -> None:
             pve.release_version = ".".join(body["version"].split(".")[:2])
         return web.json_response({"ok": True})
 
-    mirror = asyncio.create_task(mirror_configs(pve, seed))
+    mirror = asyncio.create_task(configs.poll())
     app = web.Application()
     app.add_routes([
         web.post("/fail", fail), web.post("/reset", reset), web.post("/ct-config", ct_config),
@@ -125,19 +135,42 @@ def config_text(config: dict, pending: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def mirror_configs(pve, seed: dict) -> None:
-    """Keep each node's /etc/pve/lxc/<vmid>.conf equal to the API's view; retry a node that is down."""
-    written: dict[int, str] = {}
-    while True:
-        await asyncio.sleep(MIRROR_INTERVAL_S)
-        for ct in seed["containers"]:
-            guest = pve.guest(ct["vmid"])
-            argv = seed.get("node_ssh", {}).get(ct["node"])
-            if guest is None or argv is None:
-                continue
-            text = config_text(guest.config, guest.pending)
-            if written.get(ct["vmid"]) != text and await _write_on_node(argv, ct["vmid"], text):
-                written[ct["vmid"]] = text
+class NodeConfigs:
+    """Each node's /etc/pve/lxc/<vmid>.conf, kept equal to the API's view. `sync` runs before every API
+    answer (so a client that reads the file after a PUT returned sees it, as pmxcfs writes it before the
+    API answers) and every MIRROR_INTERVAL_S for what tasks change later; a node that is down is retried."""
+
+    def __init__(self, pve, seed: dict):
+        self.pve, self.seed = pve, seed
+        self.written: dict[int, str] = {}
+        self.lock = asyncio.Lock()
+
+    async def sync(self) -> None:
+        async with self.lock:
+            for ct in self.seed["containers"]:
+                guest = self.pve.guest(ct["vmid"])
+                argv = self.seed.get("node_ssh", {}).get(ct["node"])
+                if guest is None or argv is None:
+                    continue
+                text = config_text(guest.config, guest.pending)
+                if self.written.get(ct["vmid"]) != text and await _write_on_node(argv, ct["vmid"], text):
+                    self.written[ct["vmid"]] = text
+
+    async def poll(self) -> None:
+        while True:
+            await asyncio.sleep(MIRROR_INTERVAL_S)
+            await self.sync()
+
+    def middleware(self):
+        from aiohttp import web
+
+        @web.middleware
+        async def sync_before_answer(request, handler):
+            response = await handler(request)
+            await self.sync()
+            return response
+
+        return sync_before_answer
 
 
 async def _write_on_node(argv: list[str], vmid: int, text: str) -> bool:

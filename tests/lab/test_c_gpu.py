@@ -142,7 +142,8 @@ def test_failing_api_gets_a_bounded_retry_then_a_clear_error(lab, inv, runs, sta
     lab.pve_control("POST", "/fail", {"method": "GET", "suffix": CONFIG_PATH, "status": status,
                                       "message": "Broken pipe" if status == 596 else "boom", "times": 10})  # fmt: skip
     try:
-        rc, result, _ = apply(inv, runs, "--tags", "gpu")
+        # nothing changed since the last run, so only --full makes the phase read the API
+        rc, result, _ = apply(inv, runs, "--tags", "gpu", "--full")
     finally:
         lab.pve_control("POST", "/reset")
     assert rc == 1
