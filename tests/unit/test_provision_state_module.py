@@ -121,3 +121,36 @@ def test_a_fingerprint_alone_writes_no_phase_record(tmp_path):
     out = call(tmp_path, MODULE, dir=str(state_dir), fingerprint=fingerprint)
     assert out["fingerprint_written"] is True and out["changed"] is False and "path" not in out
     assert sorted(p.name for p in state_dir.rglob("*")) == ["fingerprint", "gpu@sglang-01.json"]
+
+
+def _module():
+    import ansible.module_utils
+
+    sys.path.insert(0, str(MODULE.parent))
+    ansible.module_utils.__path__.append(str(ROLE / "module_utils"))
+    try:
+        import provision_state
+    finally:
+        sys.path.pop(0)
+        ansible.module_utils.__path__.remove(str(ROLE / "module_utils"))
+    return provision_state
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the record is owned by root")
+def test_a_directory_made_by_another_writer_in_between_is_no_error(tmp_path, monkeypatch):
+    """Found by the fleet measure: containers recording their parts on one node at once raced to create
+    the fingerprint directory, and the loser's module died with FileExistsError. Here the other writer
+    wins between the check and the creation, every time."""
+    module = _module()
+    directory = tmp_path / "state" / "fingerprint"
+    directory.mkdir(parents=True)
+    real_isdir, asked = os.path.isdir, []
+
+    def isdir_before_the_other_writer(path):  # the first look: not there yet
+        asked.append(path)
+        return real_isdir(path) if len(asked) > 1 else False
+
+    monkeypatch.setattr(module.os.path, "isdir", isdir_before_the_other_writer)
+    module.write(str(directory / "gpu@sglang-04.json"), "{}\n", 0o600, 0o700)
+    assert (directory / "gpu@sglang-04.json").read_text() == "{}\n"
+    assert oct(directory.stat().st_mode & 0o7777) == "0o700"

@@ -83,10 +83,16 @@ def current(path):
         return None, None
 
 
+def make_dir(directory, mode):
+    # several containers record their parts on one node at once: another may create it first
+    os.makedirs(directory, mode=mode, exist_ok=True)
+    os.chmod(directory, mode)
+
+
 def write(path, text, mode, dir_mode):
     directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, mode=dir_mode)
+    if not os.path.isdir(directory) or os.stat(directory).st_mode & 0o7777 != dir_mode:
+        make_dir(directory, dir_mode)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".provision-state-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -134,7 +140,7 @@ def main():
         result["changed"] |= converge(module, result["path"], text, 0o644, 0o755, result)
     if p["fingerprint"]:
         if not os.path.isdir(p["dir"]) and not module.check_mode:
-            os.makedirs(p["dir"], mode=0o755)
+            make_dir(p["dir"], 0o755)
         result["fingerprint_path"] = fingerprint_path(p["dir"], p["fingerprint"]["name"])
         text = fingerprint_text(p["fingerprint"])
         result["fingerprint_written"] = converge(module, result["fingerprint_path"], text, 0o600, 0o700, result, False)
