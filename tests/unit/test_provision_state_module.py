@@ -59,8 +59,7 @@ def test_a_new_release_or_a_wrong_mode_is_a_change_with_a_diff(tmp_path):
     assert oct((state_dir / "kernel.json").stat().st_mode & 0o7777) == "0o644"
 
 
-def test_the_record_keeps_the_bytes_that_to_nice_json_wrote():
-    # hosts converged before this module existed must not show a change
+def _module():
     import ansible.module_utils
 
     sys.path.insert(0, str(MODULE.parent))
@@ -70,6 +69,12 @@ def test_the_record_keeps_the_bytes_that_to_nice_json_wrote():
     finally:
         sys.path.pop(0)
         ansible.module_utils.__path__.remove(str(ROLE / "module_utils"))
+    return provision_state
+
+
+def test_the_record_keeps_the_bytes_that_to_nice_json_wrote():
+    # hosts converged before this module existed must not show a change
+    provision_state = _module()
     from ansible.plugins.filter.core import to_nice_json
 
     data = {"phase": "gpu", "provision_version": "0.1.0"}
@@ -121,19 +126,6 @@ def test_a_fingerprint_alone_writes_no_phase_record(tmp_path):
     out = call(tmp_path, MODULE, dir=str(state_dir), fingerprint=fingerprint)
     assert out["fingerprint_written"] is True and out["changed"] is False and "path" not in out
     assert sorted(p.name for p in state_dir.rglob("*")) == ["fingerprint", "gpu@sglang-01.json"]
-
-
-def _module():
-    import ansible.module_utils
-
-    sys.path.insert(0, str(MODULE.parent))
-    ansible.module_utils.__path__.append(str(ROLE / "module_utils"))
-    try:
-        import provision_state
-    finally:
-        sys.path.pop(0)
-        ansible.module_utils.__path__.remove(str(ROLE / "module_utils"))
-    return provision_state
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the record is owned by root")
