@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.checks.support import SMOKE_QUESTION, STATE_DIR, run_retrying
+from provision.checks.support import STATE_DIR, run_retrying, smoke_question
 
 PROBE_SOURCE = (Path(__file__).parent / "probe.py").read_text()
 NODE_FILES = [
@@ -62,7 +62,7 @@ def _targets() -> dict:
 
 def _request(target: Target, suites: list[str]) -> dict:
     if "test_container.py" in suites:
-        question = target.vars.get("verify_smoke_question") or SMOKE_QUESTION
+        question = smoke_question(target.vars)
         files, commands = CONTAINER_FILES, [USERSPACE_QUERY]
         return {"files": files, "commands": commands, "sglang_state": CONTAINER_FILES[1], "question": question}
     return {"files": NODE_FILES, "commands": [DRIVER_QUERY]}

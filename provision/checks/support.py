@@ -12,6 +12,11 @@ SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
 
 
+def smoke_question(host_vars: dict) -> str:
+    """The question the smoke check asks (verify_smoke_question, else the default)."""
+    return host_vars.get("verify_smoke_question") or SMOKE_QUESTION
+
+
 def run_retrying(host, command: str, *args, attempts: int = 5):
     """Run a command over testinfra's ssh. sshd's default MaxStartups (10:30:100) drops some of a
     burst of new connections (ssh exits 255, "kex_exchange_identification: Connection closed"),

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from provision.checks.conftest import DRIVER_QUERY, USERSPACE_QUERY
-from provision.checks.support import SMOKE_EXPECT, SMOKE_QUESTION, STATE_DIR, output_dir
+from provision.checks.support import SMOKE_EXPECT, STATE_DIR, output_dir, smoke_question
 
 P2P_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
 SERVICE_STATE = f"{STATE_DIR}/sglang-service.json"
@@ -100,7 +100,7 @@ def test_process_matches_p2p_policy(target):
 
 def test_smoke_answer(target):
     """A chat completion answers the smoke question with the expected text (default: 7 * 13 -> 91)."""
-    question = target.vars.get("verify_smoke_question") or SMOKE_QUESTION
+    question = smoke_question(target.vars)
     expect = str(target.vars.get("verify_smoke_expect") or SMOKE_EXPECT)
     status, body = _answer(target, "chat")
     assert status == 200, f"chat completion answered {status}: {body[:200]}"
