@@ -2,10 +2,15 @@
 
 It accepts the command line of `python -m sglang.launch_server` (the flag list is taken from
 the real sglang wheel's source when the lab builds this package, and unknown flags are
-refused as argparse would), answers SGLang 0.5.x's documented endpoints with their shapes,
-takes a while to become ready, drains on SIGTERM, and lets tests read its environment
-(`GET /lab/env`). It has no model: answers come from a tiny rule set ("What is 7 * 13?"
-gets 91) and generated tokens are filler. Numbers measured against it mean nothing.
+refused as argparse would) and behaves as SGLang 0.5.23 does where provision can notice, each
+behaviour naming the wheel's file and line it copies: `--config FILE.yaml` keys become
+`--api-key VALUE` in `launch_command`, and `/server_info` returns it with `api_key`; the resolved
+arguments, key included, are logged at startup; a parent (tokenizer manager + HTTP) and two
+spawned children (scheduler, detokenizer) serve each request together; the port is bound only
+after the "model" loads; only the parent drains on SIGTERM, and a dead child takes the server
+down. `GET /lab/env` lets tests read its environment and children. It has no model: answers
+come from a tiny rule set ("What is 7 * 13?" gets 91) and generated tokens are filler. Numbers
+measured against it mean nothing.
 """
 
 __version__ = "0.5.23"

@@ -1,8 +1,13 @@
-"""`python -m sglang_labserver.launch_server [sglang flags]`: see the package docstring."""
+"""`python -m sglang_labserver.launch_server [sglang flags]`: see the package docstring.
+
+The order of a start follows sglang/srt/entrypoints/http_server.py `launch_server` (l.3125-3160):
+parse, log `server_args` (with the API key: engine.py l.173-174, 1185), start the scheduler and
+detokenizer children and load the "model", and only then bind the HTTP port and warm up; `/health`
+answers 200 after the warm-up (http_server.py l.2572-2600).
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -12,35 +17,21 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import resources
+
+from sglang_labserver import engine, server_args
+from sglang_labserver.engine import log
 
 STARTUP_S = float(os.environ.get("SGLANG_LABSERVER_STARTUP_S", "8"))
-TOKEN_DELAY_S = float(os.environ.get("SGLANG_LABSERVER_TOKEN_DELAY_S", "0.002"))
 DEFAULT_MAX_TOTAL_TOKENS = 780820  # the scenario's figure
 DEFAULT_CONTEXT = 262144
-OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    flags = json.loads(resources.files("sglang_labserver").joinpath("flags.json").read_text())
-    parser = argparse.ArgumentParser(prog="sglang.launch_server")
-    aliases = {"--model": "--model-path", "--tensor-parallel-size": "--tp-size"}
-    groups: dict[str, list[str]] = {}
-    for flag in flags:
-        groups.setdefault(aliases.get(flag, flag), []).append(flag)
-    for canonical, names in groups.items():
-        names = sorted(names, key=lambda n: n != canonical)
-        dest = canonical[2:].replace("-", "_")
-        if flags[canonical if canonical in flags else names[0]]:
-            parser.add_argument(*names, dest=dest, required=canonical == "--model-path")
-        else:
-            parser.add_argument(*names, dest=dest, action="store_true")
-    return parser
+# sglang/srt/utils/auth.py l.99-104: matched by prefix, so /health_generate is open too
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
 class State:
-    def __init__(self, args: argparse.Namespace, argv: list[str]):
-        self.args = args
+    def __init__(self, parsed: server_args.ParsedArgs, argv: list[str]):
+        self.parsed = parsed
+        self.args = parsed.args
         self.argv = argv
         self.started = time.time()
         self.ready = False
@@ -49,27 +40,29 @@ class State:
         self.lock = threading.Lock()
         self.requests_total = 0
         self.generated_total = 0
+        self.tokenizer_manager: engine.TokenizerManager | None = None
+
+    def arg(self, name: str, default=None):
+        return getattr(self.args, name, default)
 
     @property
     def served_name(self) -> str:
-        return self.args.served_model_name or self.args.model_path
+        return self.arg("served_model_name") or self.arg("model_path")
 
     def server_info(self) -> dict:
-        a = vars(self.args).copy()
+        """utils/common.py l.3585-3591 build_server_info: resolved_dict() (api_key included, nothing
+        redacted: server_args.py l.316-340) plus launch_command (server_args.py l.717-719)."""
+        a = dict(self.parsed.resolved)
         max_tokens = int(a.get("max_total_tokens") or DEFAULT_MAX_TOTAL_TOKENS)
-        kv = a.get("kv_cache_dtype") or "auto"
-        # never echo secrets back (real SGLang keeps them out of logs as well)
-        info = {k: (None if "api_key" in k else v) for k, v in a.items()}
+        info = dict(a)
         info.update(
             {
-                "kv_cache_dtype": kv,
+                "kv_cache_dtype": a.get("kv_cache_dtype") or "auto",
                 "tp_size": int(a.get("tp_size") or 1),
                 "max_total_num_tokens": max_tokens,
                 "max_running_requests": int(a.get("max_running_requests") or 2048),
                 "max_req_input_len": int(a.get("context_length") or DEFAULT_CONTEXT) - 1,
-                "launch_command": " ".join(
-                    "***" if i and self.argv[i - 1] == "--api-key" else a for i, a in enumerate(self.argv)
-                ),
+                "launch_command": self.parsed.launch_command,
                 "version": "0.5.23",
                 "frontend": "python",
                 "startup_time": round(self.started, 3),
@@ -97,6 +90,14 @@ def answer(prompt: str) -> str:
     return "This is the provision lab's SGLang stand-in; it has no model."
 
 
+def reasoning(prompt: str) -> str:
+    """What a reasoning model thinks before it answers (the part between <think> and </think>)."""
+    m = re.search(r"(-?\d+)\s*([*x\u00d7+\-/])\s*(-?\d+)", prompt)
+    if m:
+        return f"The user asks for {m.group(0)}. I work it out step by step and state the result."
+    return "There is no model behind this stand-in, so I say so."
+
+
 def make_handler(state: State):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -119,8 +120,8 @@ def make_handler(state: State):
             self.end_headers()
 
         def _authorized(self) -> bool:
-            key = state.args.api_key
-            if not key or self.path.split("?")[0] in OPEN_PATHS:
+            key = state.arg("api_key")
+            if not key or self.path.split("?")[0].startswith(OPEN_PREFIXES):
                 return True
             if self.headers.get("Authorization") == f"Bearer {key}":
                 return True
@@ -132,6 +133,7 @@ def make_handler(state: State):
             return json.loads(self.rfile.read(length) or b"{}")
 
         def _serving(self) -> bool:
+            # tokenizer_manager.py l.730: healthy while not gracefully exiting and the server is Up
             return state.ready and not state.draining
 
         # ------------------------------------------------------------ GET
@@ -140,6 +142,9 @@ def make_handler(state: State):
             if not self._authorized():
                 return
             if path in ("/health", "/health_generate", "/ready"):
+                if path != "/ready" and self._serving():
+                    # http_server.py l.721-747: /health and /health_generate run a one-token generate
+                    "".join(state.tokenizer_manager.generate(["ok"]))
                 return self._empty(200 if self._serving() else 503)
             if path in ("/server_info", "/get_server_info"):
                 return self._json(200, state.server_info())
@@ -147,9 +152,9 @@ def make_handler(state: State):
                 return self._json(
                     200,
                     {
-                        "model_path": state.args.model_path,
+                        "model_path": state.arg("model_path"),
                         "served_model_name": state.served_name,
-                        "tokenizer_path": state.args.tokenizer_path or state.args.model_path,
+                        "tokenizer_path": state.arg("tokenizer_path") or state.arg("model_path"),
                         "is_generation": True,
                         "preferred_sampling_params": None,
                         "weight_version": "default",
@@ -172,12 +177,12 @@ def make_handler(state: State):
                                 "owned_by": "sglang",
                                 "root": state.served_name,
                                 "parent": None,
-                                "max_model_len": int(state.args.context_length or DEFAULT_CONTEXT),
+                                "max_model_len": int(state.arg("context_length") or DEFAULT_CONTEXT),
                             }
                         ],
                     },
                 )
-            if path == "/metrics" and state.args.enable_metrics:
+            if path == "/metrics" and state.arg("enable_metrics"):
                 lines = [
                     f'sglang:num_requests_total{{model_name="{state.served_name}"}} {state.requests_total}',
                     f'sglang:generation_tokens_total{{model_name="{state.served_name}"}} {state.generated_total}',
@@ -194,7 +199,9 @@ def make_handler(state: State):
                 return
             if path == "/lab/env":
                 env = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "SGLANG_", "CUDA_"))}
-                return self._json(200, {"pid": os.getpid(), "env": env, "argv": state.argv})
+                tm = state.tokenizer_manager
+                children = {p.name: p.pid for p in tm.children} if tm else {}
+                return self._json(200, {"pid": os.getpid(), "env": env, "argv": state.argv, "children": children})
             self._json(404, {"detail": "Not Found"})
 
         # ------------------------------------------------------------ POST
@@ -224,23 +231,39 @@ def make_handler(state: State):
                 with state.lock:
                     state.inflight -= 1
 
-        def _tokens(self, prompt: str, max_tokens: int, ignore_eos: bool) -> list[str]:
-            text = answer(prompt)
-            words = [w + " " for w in text.split()]
+        def _tokens(self, prompt: str, max_tokens: int, ignore_eos: bool, think: bool = False) -> tuple[list[str], int]:
+            """The words to generate, and how many of them at the front are reasoning."""
+            thought = [w + " " for w in reasoning(prompt).split()] if think else []
+            words = thought + [w + " " for w in answer(prompt).split()]
             if ignore_eos:
                 words = (words * (max_tokens // max(len(words), 1) + 1))[:max_tokens]
-            return words[:max_tokens] if max_tokens else words
+            words = words[:max_tokens] if max_tokens else words
+            return words, min(len(thought), len(words))
+
+        def _stream(self, words: list[str]):
+            """Each token's text, through the scheduler and detokenizer children."""
+            for piece in state.tokenizer_manager.generate(words):
+                with state.lock:
+                    state.generated_total += 1
+                yield piece
 
         def _openai(self, body: dict, prompt: str, chat: bool) -> None:
             max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 64)
-            tokens = self._tokens(prompt, max_tokens, bool(body.get("ignore_eos")))
+            # entrypoints/openai/serving_chat.py: with --reasoning-parser the text before </think> is
+            # returned apart, as reasoning_content (protocol.py l.762, 1296, 1357)
+            think = chat and bool(state.arg("reasoning_parser")) and body.get("separate_reasoning", True)
+            tokens, n_think = self._tokens(prompt, max_tokens, bool(body.get("ignore_eos")), think)
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
             prompt_tokens = max(1, len(prompt.split()))
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),
+                     "total_tokens": prompt_tokens + len(tokens), "reasoning_tokens": n_think}  # fmt: skip
             if body.get("stream"):
                 self._sse_start()
-                for tok in tokens:
-                    time.sleep(TOKEN_DELAY_S)
-                    delta = {"delta": {"content": tok}} if chat else {"text": tok}
+                for i, tok in enumerate(self._stream(tokens)):
+                    if chat:
+                        delta = {"delta": {"reasoning_content" if i < n_think else "content": tok}}
+                    else:
+                        delta = {"text": tok}
                     self._sse(
                         {
                             "id": rid,
@@ -255,24 +278,21 @@ def make_handler(state: State):
                         "object": "chat.completion.chunk" if chat else "text_completion",
                         "model": state.served_name,
                         "choices": [{"index": 0, "finish_reason": "stop", **({"delta": {}} if chat else {"text": ""})}],
-                        "usage": {
-                            "prompt_tokens": prompt_tokens,
-                            "completion_tokens": len(tokens),
-                            "total_tokens": prompt_tokens + len(tokens),
-                        },
+                        "usage": usage,
                     }
                 )
                 return self._sse_done()
-            time.sleep(TOKEN_DELAY_S * len(tokens))
-            text = "".join(tokens).strip()
+            pieces = list(self._stream(tokens))
+            text = "".join(pieces[n_think:]).strip()
             choice = {"index": 0, "finish_reason": "stop"}
-            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            state.generated_total += len(tokens)
+            if chat:
+                thought = "".join(pieces[:n_think]).strip() or None
+                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": thought}
+            else:
+                choice["text"] = text
             self._json(200, {
                 "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": state.served_name, "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),
-                          "total_tokens": prompt_tokens + len(tokens), "reasoning_tokens": 0},
+                "model": state.served_name, "choices": [choice], "usage": usage,
             })  # fmt: skip
 
         def _generate(self, body: dict) -> None:
@@ -281,23 +301,21 @@ def make_handler(state: State):
             if isinstance(prompt, list):
                 prompt = prompt[0] if prompt else ""
             prompt_tokens = len(body.get("input_ids") or []) or max(1, len(str(prompt).split()))
-            tokens = self._tokens(str(prompt), int(params.get("max_new_tokens") or 128), bool(params.get("ignore_eos")))
+            tokens, _ = self._tokens(str(prompt), int(params.get("max_new_tokens") or 128),
+                                     bool(params.get("ignore_eos")))  # fmt: skip
             rid = uuid.uuid4().hex
             start = time.time()
             if body.get("stream"):
                 self._sse_start()
                 text = ""
-                for i, tok in enumerate(tokens):
-                    time.sleep(TOKEN_DELAY_S)
+                for i, tok in enumerate(self._stream(tokens)):
                     text += tok
                     self._sse({"text": text, "output_ids": list(range(i + 1)), "meta_info": {
                         "id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens,
                         "completion_tokens": i + 1, "cached_tokens": 0}})  # fmt: skip
-                state.generated_total += len(tokens)
                 return self._sse_done()
-            time.sleep(TOKEN_DELAY_S * len(tokens))
-            state.generated_total += len(tokens)
-            self._json(200, {"text": "".join(tokens), "output_ids": list(range(len(tokens))), "meta_info": {
+            text = "".join(self._stream(tokens))
+            self._json(200, {"text": text, "output_ids": list(range(len(tokens))), "meta_info": {
                 "id": rid, "finish_reason": {"type": "length", "length": len(tokens)},
                 "prompt_tokens": prompt_tokens, "completion_tokens": len(tokens), "cached_tokens": 0,
                 "e2e_latency": round(time.time() - start, 4)}})  # fmt: skip
@@ -328,65 +346,52 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-def config_args(argv: list[str]) -> list[str]:
-    """`--config FILE` merges options from a YAML file, as SGLang does; the stand-in reads the JSON
-    subset of YAML (what provision writes) and simple `key: value` lines."""
-    if "--config" not in argv:
-        return []
-    path = argv[argv.index("--config") + 1]
-    with open(path) as f:
-        text = f.read()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = {}
-        for line in text.splitlines():
-            if ":" in line and not line.lstrip().startswith("#"):
-                key, value = line.split(":", 1)
-                data[key.strip()] = value.strip().strip("'\"")
-    out: list[str] = []
-    for key, value in data.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value not in (False, None):
-            out += [flag, str(value)]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(config_args(argv) + argv)
-    state = State(args, ["python", "-m", "sglang.launch_server", *argv])
-    host, port = args.host or "127.0.0.1", int(args.port or 30000)
-    server = Server((host, port), make_handler(state))
-    log = lambda msg: print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    parsed = server_args.parse(argv)
+    state = State(parsed, ["python", "-m", "sglang.launch_server", *argv])
+    # engine.py l.173-174 and l.1185: the resolved arguments, api_key included, at INFO
+    log(f"server_args={parsed.resolved}")
 
-    def startup():
-        log("Load weight begin. avail mem=139.31 GB (lab stand-in: no weights are loaded)")
-        time.sleep(STARTUP_S / 2)
-        info = state.server_info()
-        log(f"KV Cache is allocated. dtype: {info['kv_cache_dtype']}, #tokens: {info['max_total_num_tokens']}")
-        time.sleep(STARTUP_S / 2)
+    # engine.py _launch_subprocesses (http_server.py l.3140-3152): the children first; until the
+    # running phase installs its handler (tokenizer_manager.py l.2455) SIGTERM simply ends the parent
+    state.tokenizer_manager = engine.TokenizerManager()
+    log("Load weight begin. avail mem=139.31 GB (lab stand-in: no weights are loaded)")
+    time.sleep(STARTUP_S / 2)
+    info = state.server_info()
+    log(f"KV Cache is allocated. dtype: {info['kv_cache_dtype']}, #tokens: {info['max_total_num_tokens']}")
+    time.sleep(STARTUP_S / 2)
+
+    # http_server.py l.3154-3160: the port is bound only now, after the model is loaded
+    host, port = state.arg("host") or "127.0.0.1", int(state.arg("port") or 30000)
+    server = Server((host, port), make_handler(state))
+    log(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+
+    def warmup():  # http_server.py l.2572-2600 _wait_and_warmup
+        "".join(state.tokenizer_manager.generate(["warmup"]))
         state.ready = True
         log("The server is fired up and ready to roll!")
 
-    def drain(signum, frame):
-        log("SIGTERM received. Draining requests and shutting down...")
+    def sigterm(signum, frame):  # tokenizer_manager.py l.4066-4070
+        log(f"SIGTERM received. signum={signum} frame={frame}. Draining requests and shutting down...")
         state.draining = True
+        threading.Thread(target=drain, daemon=True).start()
 
-        def wait_and_stop():
-            while state.inflight:
-                time.sleep(0.2)
-            log("Gracefully exiting... Remaining number of requests 0.")
-            server.shutdown()
+    def drain():  # tokenizer_manager.py l.3508-3559 sigterm_watchdog
+        logged = None
+        while True:
+            remaining = state.inflight
+            if remaining != logged:
+                log(f"Gracefully exiting... Remaining number of requests {remaining}.")
+                logged = remaining
+            if not remaining:
+                break
+            time.sleep(engine.DRAIN_POLL_S)
+        state.tokenizer_manager.shutdown()
+        server.shutdown()
 
-        threading.Thread(target=wait_and_stop, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, drain)
-    threading.Thread(target=startup, daemon=True).start()
-    given = {k: v for k, v in vars(args).items() if v not in (None, False) and "api_key" not in k}
-    log(f"server_args={given}")
+    signal.signal(signal.SIGTERM, sigterm)
+    threading.Thread(target=warmup, daemon=True).start()
     server.serve_forever()
     return 0
 
