@@ -58,3 +58,28 @@ def test_exec_args_survive_systemd_and_shell_metacharacters():
 def test_environment_assignment_is_quoted_as_a_whole():
     assert sq.systemd_env_assignment(("NCCL_P2P_DISABLE", "1")) == '"NCCL_P2P_DISABLE=1"'
     assert sq.systemd_env_assignment(("X", 'a "b" 5%')) == '"X=a \\"b\\" 5%%"'
+
+
+def test_env_file_line_escapes_what_systemd_unescapes_in_double_quotes():
+    assert sq.systemd_env_file_line(("HF_TOKEN", 'a"b\\c$D`e %f')) == 'HF_TOKEN="a\\"b\\\\c\\$D\\`e %f"'
+
+
+def test_control_characters_are_refused_by_variable_name_never_by_value():
+    problems = sq.unit_value_problems({
+        "sglang_model_path": "/m\nExecStartPre=/bin/sh -c id",
+        "sglang_extra_args": ["--enable-metrics", "x\ty"],
+        "sglang_environment": {"OK": "fine", "BAD": "s3cret\r", "not a name": "v"},
+        "sglang_host": "127.0.0.1",
+    })  # fmt: skip
+    assert problems == [
+        "sglang_model_path holds a control character (newline, tab, ...)",
+        "sglang_extra_args[1] holds a control character (newline, tab, ...)",
+        "sglang_environment.BAD holds a control character (newline, tab, ...)",
+        "sglang_environment: 'not a name' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)",
+    ]
+    assert not any("s3cret" in p for p in problems)
+
+
+def test_api_key_flags_are_found_in_any_spelling_argparse_accepts():
+    args = ["--enable-metrics", "--api-key", "k", "--admin-api-key=k2", "--api-k", "k3", "--a", "--apis"]
+    assert sq.secret_flags(args) == ["--api-key", "--admin-api-key", "--api-k"]
