@@ -6,7 +6,8 @@ the controller from that object, so a host costs one round trip however many che
 
 The request names the state files to read and, for a container, the smoke question; the API key
 is read on the target from the service's root-only file and never leaves it, and `/server_info`'s
-`api_key` and `launch_command` (where SGLang echoes `--api-key`) are dropped before printing.
+`api_key` and `launch_command` (where SGLang echoes `--api-key`) are dropped before printing. The
+journal tail of a failed unit has the key replaced too: SGLang logs it at startup.
 """
 
 import base64
@@ -17,6 +18,7 @@ import stat
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 LISTEN = "0A"
@@ -67,14 +69,38 @@ def listeners():
     return found
 
 
+def api_key(state):
+    """The key from the service's root-only file (None without one)."""
+    if not state.get("api_key_file"):
+        return None
+    try:
+        with open(state["api_key_file"]) as f:
+            return json.load(f)["api-key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def scrub(text, secret, placeholder="<redacted>"):
+    """text with the secret replaced as logs write it: literal, JSON- and repr-escaped, URL-quoted,
+    base64 (the same spellings as roles/sglang/files/journal_tail.py)."""
+    if not secret:
+        return text
+    encoded = base64.b64encode(secret.encode()).decode()
+    forms = {secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], urllib.parse.quote(secret, safe=""), encoded,
+             encoded.rstrip("=")}  # fmt: skip
+    for form in sorted((f for f in forms if f), key=len, reverse=True):
+        text = text.replace(form, placeholder)
+    return text
+
+
 def api_call(state, method, path, body=None):
     host = "127.0.0.1" if state["host"] in ("0.0.0.0", "::") else state["host"]
     if ":" in host:
         host = "[" + host + "]"
     headers = {"Content-Type": "application/json"}
-    if state.get("api_key_file"):
-        with open(state["api_key_file"]) as f:
-            headers["Authorization"] = "Bearer " + json.load(f)["api-key"]
+    key = api_key(state)
+    if key:
+        headers["Authorization"] = "Bearer " + key
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(f"http://{host}:{state['port']}{path}", data, headers, method=method)
     try:
@@ -110,7 +136,8 @@ def service(state):
         out["env_names"], out["nccl_p2p_disable"] = sorted(env), env.get("NCCL_P2P_DISABLE")
         out["argv_flags"] = [a for a in (read(f"/proc/{pid}/cmdline") or "").split("\0") if a.startswith("--")]
     if not out["active"]:
-        out["journal"] = run(["journalctl", "-u", name, "-n", "5", "--no-pager", "-o", "cat"])["stdout"]
+        tail = run(["journalctl", "-u", name, "-n", "5", "--no-pager", "-o", "cat"])["stdout"]
+        out["journal"] = scrub(tail, api_key(state))
     return out
 
 
