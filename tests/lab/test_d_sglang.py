@@ -11,8 +11,11 @@ import pytest
 from tests.lab.helpers import apply, set_host_vars
 
 API_KEY = "lab-key-" + "5b1e0c77"
-KEY_VARS = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}"}
-ENV = {"SGLANG_API_KEY": API_KEY}
+# A name provision's own scrub does not take for a secret: only the host-side scrub can hide the key
+KEY_VARS = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'LAB_SERVING_CREDENTIAL') }}"}
+ENV = {"LAB_SERVING_CREDENTIAL": API_KEY}
+HF_SECRET = "hf_lab" + "Q7c2d9e"
+VENV_PY = "/opt/sglang/venv/bin/python"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,12 @@ def process(ct) -> tuple[list[str], dict[str, str]]:
     return [a for a in argv if a], env
 
 
+def venv_env(ct, name: str) -> str:
+    """What a Python started from the venv by hand (root's login, no unit) sees in its environment."""
+    code = f'import os; print(os.environ.get("{name}"))'
+    return ct.ssh(f"env -u {name} {VENV_PY} -c '{code}'").stdout.strip()
+
+
 def get(ct, path: str, key: str | None = API_KEY) -> tuple[int, str]:
     auth = f"-H 'Authorization: Bearer {key}'" if key else ""
     out = ct.ssh(f"curl -s -o /tmp/body -w '%{{http_code}}' {auth} http://127.0.0.1:30000{path}; echo; cat /tmp/body")
@@ -59,8 +68,8 @@ def test_policy_off_service_is_enabled_active_listening_and_p2p_safe(ct, lab_inv
     argv, env = process(ct)
     assert env.get("NCCL_P2P_DISABLE") == "1"
     assert "--disable-custom-all-reduce" in argv and "--enforce-disable-flashinfer-allreduce-fusion" in argv
-    site = ct.ssh("cat /opt/sglang/venv/lib/python3*/site-packages/sitecustomize.py").stdout
-    assert 'os.environ.setdefault("NCCL_P2P_DISABLE", "1")' in site
+    # any Python started from the venv, outside the unit, gets it (a venv sitecustomize.py never ran on Debian)
+    assert venv_env(ct, "NCCL_P2P_DISABLE") == "1"
     assert show(ct, "User") == "sglang"
     assert API_KEY not in ct.ssh("ps -eo args").stdout, "the API key must not be on any process's argv"
     assert get(ct, "/v1/models", key=None)[0] == 401
@@ -88,13 +97,71 @@ def test_changing_one_flag_restarts_exactly_once(ct, lab_inventory, runs):
     assert get(ct, "/metrics")[0] == 200
 
 
+def test_stop_drains_the_request_in_flight(ct):
+    """SGLang's scheduler and detokenizer have no SIGTERM handler: under KillMode=control-group they
+    die at once and the request fails; with KillMode=mixed only the main process drains."""
+    body = json.dumps({"text": "go", "sampling_params": {"max_new_tokens": 2500, "ignore_eos": True}})
+    script = (f"curl -sS -H 'Authorization: Bearer {API_KEY}' -d '{body}' http://127.0.0.1:30000/generate"
+              " > /tmp/drain.out 2> /tmp/drain.err\necho $? > /tmp/drain.rc\n")  # fmt: skip
+    ct.ssh(f"rm -f /tmp/drain.*; cat > /tmp/drain.sh <<'EOF'\n{script}EOF\nnohup sh /tmp/drain.sh > /dev/null 2>&1 &")
+    try:
+        time.sleep(1.5)  # 2500 tokens take about 5 s
+        ct.ssh("systemctl stop sglang", timeout=120)
+        for _ in range(20):
+            if ct.ssh("test -s /tmp/drain.rc").returncode == 0:
+                break
+            time.sleep(0.5)
+        rc = ct.ssh("cat /tmp/drain.rc").stdout.strip()
+        out, err = ct.ssh("cat /tmp/drain.out").stdout, ct.ssh("cat /tmp/drain.err").stdout
+        assert rc == "0", f"the request in flight failed during the stop: curl rc {rc}: {err.strip()}"
+        assert json.loads(out)["meta_info"]["completion_tokens"] == 2500
+    finally:
+        ct.ssh("systemctl start sglang")
+
+
+def test_the_key_leaks_from_sglang_but_from_nothing_provision_writes(ct, lab_inventory, runs):
+    """The stand-in echoes the key as 0.5.23 does; the unit, its world-readable properties, the run
+    record and the console must not hold the key nor a secret sglang_environment value."""
+    record_dir = runs / "secrets"
+    record_dir.mkdir()
+    rc, result, err = converge(lab_inventory, record_dir, {"sglang_environment": {"HF_TOKEN": HF_SECRET}})
+    assert rc == 0, err[-2000:]
+    code, body = get(ct, "/server_info")
+    info = json.loads(body)
+    assert code == 200 and info["api_key"] == API_KEY and f"--api-key {API_KEY}" in info["launch_command"]
+    assert process(ct)[1].get("HF_TOKEN") == HF_SECRET, "the environment must still reach the server"
+    unit = "/etc/systemd/system/sglang.service"
+    assert ct.ssh(f"stat -c %a {unit}").stdout.strip() == "644"
+    readable = ct.ssh(f"cat {unit}; systemctl show sglang").stdout
+    assert API_KEY not in readable and HF_SECRET not in readable
+    env_file = ct.ssh("stat -c '%a %U' /etc/sglang/environment").stdout.strip()
+    assert env_file == "600 root"
+    assert ct.ssh("runuser -u sglang -- cat /etc/sglang/environment").returncode != 0
+    console = json.dumps(result) + err
+    records = "".join(p.read_text(errors="replace") for p in record_dir.rglob("*") if p.is_file())
+    for secret in (API_KEY, HF_SECRET):
+        assert secret not in console and secret not in records
+
+
+def test_api_key_in_extra_args_and_newlines_are_refused_by_variable_name(ct, lab_inventory, runs):
+    unit = ct.ssh("sha256sum /etc/systemd/system/sglang.service").stdout
+    rc, result, _ = converge(lab_inventory, runs, {"sglang_extra_args": ["--api-key", "sk-on-argv"]})
+    assert rc == 1
+    assert "sglang_extra_args holds --api-key" in " ".join(f["message"] for f in result["failures"])
+    injected = "/srv/models/m\nExecStartPre=/bin/touch /tmp/injected"
+    rc, result, _ = converge(lab_inventory, runs, {"sglang_model_path": injected})
+    assert rc == 1
+    assert "sglang_model_path holds a control character" in " ".join(f["message"] for f in result["failures"])
+    assert ct.ssh("sha256sum /etc/systemd/system/sglang.service").stdout == unit
+
+
 def test_policy_on_has_neither_the_variable_nor_the_flags(ct, lab_inventory, runs):
     rc, _, err = converge(lab_inventory, runs, {"sglang_p2p": "on", "sglang_tp_size": 2})
     assert rc == 0, err[-2000:]
     argv, env = process(ct)
     assert "NCCL_P2P_DISABLE" not in env
     assert "--disable-custom-all-reduce" not in argv and "--enforce-disable-flashinfer-allreduce-fusion" not in argv
-    assert ct.ssh("ls /opt/sglang/venv/lib/python3*/site-packages/sitecustomize.py").returncode != 0
+    assert venv_env(ct, "NCCL_P2P_DISABLE") == "None"
 
 
 def test_auto_policy_says_what_it_decided_and_why(ct, lab_inventory, runs):
@@ -139,14 +206,20 @@ def test_unknown_flag_fails_on_the_controller_before_anything_changes(ct, lab_in
 
 
 def test_a_server_that_never_becomes_ready_fails_within_the_timeout(ct, lab_inventory, runs):
+    record_dir = runs / "never-ready"
+    record_dir.mkdir()
     start = time.monotonic()
-    rc, result, _ = converge(lab_inventory, runs, {"sglang_environment": {"SGLANG_LABSERVER_STARTUP_S": "100000"},
-                                                   "sglang_ready_timeout": 15})  # fmt: skip
+    never = {"sglang_environment": {"SGLANG_LABSERVER_STARTUP_S": "100000"}, "sglang_ready_timeout": 15}
+    rc, result, err = converge(lab_inventory, record_dir, never)
     elapsed = time.monotonic() - start
     assert rc == 1
     message = " ".join(f["message"] for f in result["failures"])
     assert "did not become ready on /health_generate within 15s" in message
     assert "Load weight begin" in message, "the journal tail must be shown"
+    # SGLang logs server_args, api_key included, before loading: the tail shows it, without the key
+    assert "server_args=" in message and "<redacted>" in message
+    records = "".join(p.read_text(errors="replace") for p in record_dir.rglob("*") if p.is_file())
+    assert API_KEY not in message and API_KEY not in json.dumps(result) + err and API_KEY not in records
     assert elapsed < 150
 
 
