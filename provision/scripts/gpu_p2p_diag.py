@@ -184,8 +184,8 @@ def run_nccl_allreduce(world: int, p2p_disabled: bool, timeout_s: float) -> dict
     env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,P2P,SHM,NET"})
     if p2p_disabled:
         env["NCCL_P2P_DISABLE"] = "1"
-    else:
-        env.pop("NCCL_P2P_DISABLE", None)
+    else:  # "0", not absent: the venv's P2P-off .pth sets it to 1 when it is absent (roles/sglang)
+        env["NCCL_P2P_DISABLE"] = "0"
     port = _free_port()
     procs = [
         subprocess.Popen(
