@@ -2,14 +2,17 @@
 
 Each boots the lab's bookworm rootfs (read-only lower layer; its own writable upper layer)
 with systemd as PID 1, in a network namespace of its own joined to the host by a veth pair,
-with the GPU device nodes already present as PVE's devN passthrough would leave them. A
+with the device nodes that the lab's PVE made from the CT's devN entries (`ctbody.py`). A
 small supervisor restarts nspawn when the container reboots (exit 133), as
 systemd-nspawn@.service does, so `systemctl reboot` inside works.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -20,12 +23,29 @@ from provision.errors import ProvisionError
 from provision.lab.machine import LabMachine
 from provision.lab.tokenizer import write_tokenizer
 
-NVIDIA_MAJOR = 195
-UVM_MAJOR = 511  # stands in for the dynamic major the nvidia-uvm module would get
-CAPS_MAJOR = 510
 # where the lab's "model" lives in the container (sglang_model_path); it holds only a tokenizer
 MODEL_DIR = "/srv/models/lab-standin"
 STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario's)
+# In an unprivileged LXC without `features: nesting=1`, AppArmor refuses the mounts that systemd's sandboxing
+# (PrivateTmp=, ProtectSystem=, ...) makes in a unit's new mount namespace: the unit fails with 226/NAMESPACE
+# (pve-container LXC/Config.pm: nesting is "also required by systemd to isolate services"). nspawn allows them.
+# The lab gets the same effect by putting a file where systemd builds a unit's root: the mount onto it fails
+# with ENOTDIR, which systemd does not excuse as "containerized" (only EPERM/EACCES from unshare are), so every
+# sandboxed unit fails at step NAMESPACE and every other unit runs. Refusing unshare() instead would not do:
+# systemd then runs the unit unsandboxed and says nothing (src/core/execute.c, insist_on_sandboxing).
+NO_NESTING_TARGET = "/run/systemd/unit-root"
+# A container shares its node's kernel, so /proc/driver/nvidia/version inside is the node's module. The lab's
+# node is another machine: its /proc/driver is copied in at start and mounted over the container's /proc/driver
+# (nspawn binds nothing into /proc itself, so it is staged under /run first).
+PROC_DRIVER_STAGE = "/run/lab-proc-driver"
+
+
+def make_node(node: Path, dev: dict) -> None:
+    node.parent.mkdir(parents=True, exist_ok=True)
+    node.unlink(missing_ok=True)
+    os.mknod(node, dev["mode"] | 0o020000, os.makedev(dev["major"], dev["minor"]))
+    node.chmod(dev["mode"])
+    os.chown(node, dev["uid"], dev["gid"])
 
 
 @dataclass
@@ -84,18 +104,17 @@ class LabContainer(LabMachine):
         self.pidfile = workdir / "supervisor.pid"
         self.log = workdir / "nspawn.log"
 
-    def device_nodes(self) -> list[tuple[str, int, int, int]]:
-        """(name under /dev, major, minor, mode) of every node passthrough would add."""
-        nodes = [(f"nvidia{i}", NVIDIA_MAJOR, i, 0o666) for i in range(self.spec.gpus)]
-        nodes += [
-            ("nvidiactl", NVIDIA_MAJOR, 255, 0o666),
-            ("nvidia-modeset", NVIDIA_MAJOR, 254, 0o666),
-            ("nvidia-uvm", UVM_MAJOR, 0, 0o666),
-            ("nvidia-uvm-tools", UVM_MAJOR, 1, 0o666),
-            ("nvidia-caps/nvidia-cap1", CAPS_MAJOR, 1, 0o400),
-            ("nvidia-caps/nvidia-cap2", CAPS_MAJOR, 2, 0o444),
-        ]
-        return nodes
+    @property
+    def devices_file(self) -> Path:
+        return self.dir / "devices.json"
+
+    def devices(self) -> list[dict]:
+        """The device nodes of the current start, as the lab's PVE made them from the CT's devN entries
+        (`provision/lab/ctbody.py`): [{name (under /dev), major, minor, mode, uid, gid}]."""
+        try:
+            return json.loads(self.devices_file.read_text())
+        except (OSError, ValueError):
+            return []
 
     # ---------------------------------------------------------------- set-up
     def prepare(self) -> None:
@@ -116,12 +135,9 @@ class LabContainer(LabMachine):
         write_tokenizer(upper / MODEL_DIR.lstrip("/"), context_length=STANDIN_CONTEXT)
         (upper / "etc" / "hostname").write_text(self.spec.name + "\n")
         (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.spec.name}\n")
-        for name, major, minor, mode in self.device_nodes():
-            node = self.dir / "dev" / name
-            node.parent.mkdir(parents=True, exist_ok=True)
-            if not node.exists():
-                os.mknod(node, mode | 0o020000, os.makedev(major, minor))
-                node.chmod(mode)
+        shutil.rmtree(self.dir / "dev", ignore_errors=True)
+        for dev in self.devices():
+            make_node(self.dir / "dev" / dev["name"], dev)
         if not _mounted(self.root):
             _sh("mount", "-t", "overlay", "overlay", "-o",
                 f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root))  # fmt: skip
@@ -147,11 +163,54 @@ class LabContainer(LabMachine):
             "--register=no", "--keep-unit", "--console=passive",
             f"--network-namespace-path=/run/netns/{self.spec.netns}",
         ]  # fmt: skip
-        for name, *_ in self.device_nodes():
-            cmd.append(f"--bind={self.dir / 'dev' / name}:/dev/{name}")
+        for dev in self.devices():
+            cmd.append(f"--bind={self.dir / 'dev' / dev['name']}:/dev/{dev['name']}")
+        if (self.dir / "proc-driver").is_dir():  # mounted onto /proc/driver once the container runs
+            cmd.append(f"--bind-ro={self.dir / 'proc-driver'}:{PROC_DRIVER_STAGE}")
+        if not self.nesting():
+            marker = self.dir / "no-nesting"
+            marker.write_text("lab: features: nesting=1 is not set on this CT\n")
+            cmd.append(f"--bind-ro={marker}:{NO_NESTING_TARGET}")
         for inside, outside in self.read_only_binds.items():
             cmd.append(f"--bind-ro={outside}:{inside}")
         return cmd
+
+    def nesting(self) -> bool:
+        return (self.dir / "nesting").exists()
+
+    def configure(self, devices: list[dict], nesting: bool, driver_version: str | None) -> None:
+        """What the next start gets: device nodes, features: nesting, the node's driver version file."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.devices_file.write_text(json.dumps(devices))
+        (self.dir / "nesting").touch() if nesting else (self.dir / "nesting").unlink(missing_ok=True)
+        shutil.rmtree(self.dir / "proc-driver", ignore_errors=True)
+        if driver_version is not None:
+            (self.dir / "proc-driver" / "nvidia").mkdir(parents=True)
+            (self.dir / "proc-driver" / "nvidia" / "version").write_text(driver_version)
+
+    def leader(self) -> int | None:
+        """PID (on this host) of the container's init."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        for nspawn in _sh("pgrep", "-g", str(pid), "-x", "systemd-nspawn", check=False).stdout.split():
+            for child in _sh("pgrep", "-P", nspawn, check=False).stdout.split():
+                with contextlib.suppress(OSError):  # the container's init, once nspawn has exec'd it
+                    if Path(f"/proc/{child}/comm").read_text().strip() == "systemd":
+                        return int(child)
+        return None
+
+    def hotplug(self, dev: dict) -> None:
+        """Create a device node inside the running container, as PVE 9 does for a new devN."""
+        leader = self.leader()
+        if leader is None:
+            raise ProvisionError(f"lab: container {self.spec.name} is not running")
+        path = f"/dev/{dev['name']}"
+        # chmod after mknod: mknod -m fails from outside the container's PID namespace (glibc's lchmod needs /proc/self)
+        script = (f"mkdir -p $(dirname {path}) && rm -f {path} && mknod {path} c {dev['major']} {dev['minor']} && "
+                  f"chmod {dev['mode']:o} {path} && chown {dev['uid']}:{dev['gid']} {path}")  # fmt: skip
+        _sh("nsenter", "-t", str(leader), "-m", "sh", "-c", script)
+        self.devices_file.write_text(json.dumps([*(d for d in self.devices() if d["name"] != dev["name"]), dev]))
 
     def start(self) -> None:
         self.prepare()
@@ -166,6 +225,20 @@ class LabContainer(LabMachine):
                 env={**os.environ, "SYSTEMD_NSPAWN_LOCK": "0"},
             )  # fmt: skip
         self.pidfile.write_text(str(proc.pid))
+        if (self.dir / "proc-driver").is_dir():
+            self._mount_proc_driver()
+
+    def _mount_proc_driver(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader is not None:
+                mount = f"test -d {PROC_DRIVER_STAGE} && mount --bind {PROC_DRIVER_STAGE} /proc/driver"
+                done = _sh("nsenter", "-t", str(leader), "-m", "sh", "-c", mount, check=False)
+                if done.returncode == 0:
+                    return
+            time.sleep(0.2)
+        raise ProvisionError(f"lab: could not mount the node's /proc/driver into {self.spec.name}")
 
     def stop(self, timeout: float = 30) -> None:
         pid = self.pid()

@@ -37,6 +37,14 @@ CONTAINER_NAME = "sglang-01"
 CONTAINER_VMID = 101
 TOKEN_NAME = "provision"
 DRIVER_VERSION = "580.95.05"
+# what fakepve reports for `provision lab up --pve-version N`: PVE 8 leaves every devN change pending until the CT
+# restarts, PVE 9 hot-plugs a new one (pve-container 6.0.4)
+PVE_VERSIONS = {8: "8.4.1", 9: "9.0.11"}
+# the CT as a site makes it in PVE's GUI: unprivileged, nesting on (the wizard's default), started with its node
+CONTAINER_CONFIG = {
+    "cores": 8, "memory": 65536, "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth", "unprivileged": 1,
+    "features": "nesting=1", "onboot": 1, "ostype": "debian", "hostname": "",
+}  # fmt: skip
 # An offline site's package share: the real sglang wheel and the lab's SGLang stand-in.
 WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
 
@@ -146,11 +154,15 @@ class Lab:
         return json.loads((self.dir / "secrets.json").read_text())
 
     # ---------------------------------------------------------------- up
-    def up(self, hosts: int = 2, progress=print, cold_boot: bool = False, containers: int = 1) -> dict[str, Any]:
+    def up(
+        self, hosts: int = 2, progress=print, cold_boot: bool = False, containers: int = 1, pve_version: int = 9
+    ) -> dict[str, Any]:
         if hosts < 1:
             raise ProvisionError("--hosts: at least 1")
         if not 1 <= containers <= 64:
             raise ProvisionError("--containers: 1 to 64")
+        if pve_version not in PVE_VERSIONS:
+            raise ProvisionError(f"--pve-version: one of {sorted(PVE_VERSIONS)}")
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -162,17 +174,11 @@ class Lab:
             timings["image_s"] = round(time.monotonic() - start, 1)
             timings.update(image.timings_s)
             state = self._init_state(hosts, image, cold_boot, containers)
+            state["pve_version"] = PVE_VERSIONS[pve_version]
             start = time.monotonic()
             self._build_wheelhouse()
             timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
-            self._start_pve(state)
             cts, vms = self.containers(state), self.vms(state)
-            start = time.monotonic()
-            for ct in cts:
-                ct.start()
-            for ct in cts:
-                ct.wait_for_ssh(120)
-            timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
             accel = choose_accel()
             state["accel"] = accel
             progress(
@@ -183,6 +189,14 @@ class Lab:
             with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
                 resumed = list(pool.map(lambda v: self._start_vm(v, accel, cold_boot, progress), vms))
             timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
+            for vm in vms:  # what the node's pve-guests.service needs to call startall/stopall (lab stand-in)
+                self._node_api_file(vm, state)
+            # the API starts the containers as PVE does (prestart checks against their node), so nodes come first
+            start = time.monotonic()
+            self._start_pve(state)
+            for ct in cts:
+                ct.wait_for_ssh(120)
+            timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
             state["vms_resumed"] = sum(resumed)
             state["up"] = True
             state["timings"] = timings
@@ -209,6 +223,16 @@ class Lab:
         progress(f"lab: saving {vm.spec.name}'s booted state for the next lab up")
         vm.save_snapshot(accel)
         return Lab._start_vm(vm, accel, cold_boot, progress)
+
+    def _node_api_file(self, vm: LabVm, state: dict[str, Any]) -> None:
+        """/etc/lab/pve-api on a node: the lab's API as the guest reaches it (slirp's 10.0.2.2 is this host's
+        loopback), the node's name and the token that its pve-guests.service stand-in calls startall with."""
+        token = f"root@pam!{TOKEN_NAME}={self.secrets()['pve_token_secret']}"
+        text = f"url=https://10.0.2.2:{state['pve_port']}/api2/json\nnode={vm.spec.name}\ntoken={token}\n"
+        proc = subprocess.run([*vm.ssh_argv(), "umask 077 && mkdir -p /etc/lab && cat > /etc/lab/pve-api"],
+                              input=text, capture_output=True, text=True, timeout=60)  # fmt: skip
+        if proc.returncode != 0:
+            raise ProvisionError(f"lab: could not write /etc/lab/pve-api on {vm.spec.name}: {proc.stderr.strip()}")
 
     def _client_key(self) -> None:
         """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""
@@ -287,10 +311,23 @@ class Lab:
                     "vmid": CONTAINER_VMID + i,
                     "name": c["name"],
                     "node": state["vms"][0]["name"],
-                    "config": {"cores": 8, "memory": 65536, "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth"},
+                    "config": {**CONTAINER_CONFIG, "hostname": c["name"]},
                 }
                 for i, c in enumerate(state["containers"])
             ],
+            "pve_version": state.get("pve_version", PVE_VERSIONS[9]),
+            # the nspawn container behind each CT (provision/lab/ctbody.py)
+            "bodies": {
+                str(CONTAINER_VMID + i): {
+                    "spec": vars(ct.spec),
+                    "workdir": str(ct.dir),
+                    "rootfs": str(ct.rootfs),
+                    "client_key": str(ct.client_key),
+                    "known_hosts": str(ct.known_hosts),
+                    "binds": {k: str(v) for k, v in ct.read_only_binds.items()},
+                }
+                for i, ct in enumerate(self.containers(state))
+            },
             # each node holds its containers' configuration files, as pmxcfs does (/etc/pve/lxc/<vmid>.conf)
             "node_ssh": {vm.spec.name: vm.ssh_argv() for vm in self.vms()},
         }
@@ -306,7 +343,7 @@ class Lab:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         (self.dir / "pve.pid").write_text(str(proc.pid))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60 + 10 * len(state["containers"])  # it starts every CT first
         while not (self.dir / "pve-ready").exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = (self.dir / "pve.log").read_text(errors="replace").strip().splitlines()[-3:]

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 from pathlib import Path
+
+from provision.lab.ctbody import DEV_KEY, Bodies, StartRefused, pve_major
 
 SEED_FILE = "pve-seed.json"
 MIRROR_INTERVAL_S = 0.5
@@ -37,29 +40,65 @@ async def serve(state_dir: Path) -> None:
     from aiohttp import web
     from fakepve import FakePve
     from fakepve.certs import make_cert
+    from fakepve.model import PveError, TaskError
 
     seed = json.loads((state_dir / SEED_FILE).read_text())
     secrets = json.loads((state_dir / "secrets.json").read_text())
+    token = f"root@pam!{seed['token_name']}"
+    bodies = Bodies(seed)
 
     class NodeBackedPve(FakePve):
+        """fakepve whose containers are the lab's nspawn containers (`ctbody.py`)."""
+
         def _build_app(self):
             app = super()._build_app()
             app.middlewares.insert(0, configs.middleware())
+            app.middlewares.insert(0, guests_middleware(self, token, secrets["pve_token_secret"]))
             return app
+
+        async def _ct_task(self, ct, ttype, user, body, **kwargs):
+            async def and_the_body():
+                note = await body()
+                try:
+                    await bodies.settle(ct)
+                except StartRefused as exc:  # the prestart hook died: the CT stays stopped
+                    ct.status, ct.pid = "stopped", None
+                    raise TaskError(f"{exc}\nstartup for container '{ct.vmid}' failed") from exc
+                return note
+
+            return await super()._ct_task(ct, ttype, user, and_the_body, **kwargs)
+
+        async def _update_config(self, ct, user, values, deletes, reverts):
+            missing = await bodies.check_device(ct.node, values)
+            if missing:
+                raise PveError(500, f"Device {missing} does not exist")
+            before = set(ct.config)
+            await super()._update_config(ct, user, values, deletes, reverts)
+            added = sorted(k for k in set(ct.config) - before if DEV_KEY.fullmatch(k))
+            await bodies.hotplug(ct, added)
+
+        def _apply(self, ct, selection=None, running=False):
+            if running and pve_major(self.version) < 9:  # PVE 8 hot-plugs no devN
+                selection = [k for k in (ct.pending if selection is None else selection) if not DEV_KEY.fullmatch(k)]
+            return super()._apply(ct, selection, running)
 
     pve = NodeBackedPve(user="root@pam", password=secrets["pve_password"], host="127.0.0.1", port=seed["port"])
     configs = NodeConfigs(pve, seed)
     pve.time_scale = seed.get("time_scale", 0.0)
+    pve.version = seed.get("pve_version", pve.version)
+    pve.release_version = ".".join(pve.version.split(".")[:2])
     pve.nodes = {}
     for node in seed["nodes"]:
         pve.add_node(node)
     for ct in seed["containers"]:
         pve.add_ct(ct["vmid"], ct["name"], node=ct["node"], status="running", config=ct.get("config", {}))
-    pve.apitokens[f"root@pam!{seed['token_name']}"] = secrets["pve_token_secret"]
+    pve.apitokens[token] = secrets["pve_token_secret"]
     # With any grant, fakepve checks permissions as PVE does (tokens may not set devN).
     pve.grant("audit@pve", "/", "VM.Audit")
     certfile, keyfile, _ = make_cert(str(state_dir), name="pve", hosts=("127.0.0.1",))
     await pve.start(certfile, keyfile)
+    # the seeded CTs run: start their bodies the way a start does (prestart checks against their node)
+    await asyncio.gather(*(bodies.settle(pve.guest(ct["vmid"])) for ct in seed["containers"]))
 
     async def fail(request):
         body = await request.json()
@@ -171,6 +210,58 @@ class NodeConfigs:
             return response
 
         return sync_before_answer
+
+
+def guests_middleware(pve, token: str, secret: str):
+    """`POST /api2/json/nodes/{node}/startall|stopall`, which a node's pve-guests.service calls at boot and at
+    shutdown (`pvesh create /nodes/localhost/startall`): start the node's `onboot` CTs in `startup` order, each
+    through the start task (so the prestart checks run against the node's /dev), or stop its running ones.
+    Answers when all are done, as pvesh does; the lab's node stub authenticates with the lab's API token."""
+    from aiohttp import web
+
+    route = re.compile(r"/api2/json/nodes/([^/]+)/(startall|stopall)")
+
+    @web.middleware
+    async def node_guests(request, handler):
+        match = route.fullmatch(request.path)
+        if match is None or request.method != "POST":
+            return await handler(request)
+        if request.headers.get("Authorization") != f"PVEAPIToken={token}={secret}":
+            return web.json_response({"data": None}, status=401)
+        node, action = match.groups()
+        results = await (start_all(pve, node) if action == "startall" else stop_all(pve, node))
+        return web.json_response({"data": results})
+
+    return node_guests
+
+
+def _startup_order(ct) -> int:
+    order = re.search(r"order=(\d+)", str(ct.config.get("startup", "")))
+    return int(order.group(1)) if order else 1 << 30
+
+
+async def _wait_task(pve, upid: str) -> str:
+    while pve.tasks[upid]["status"] != "stopped":
+        await asyncio.sleep(0.2)
+    return pve.tasks[upid]["exitstatus"]
+
+
+async def start_all(pve, node: str) -> dict:
+    results = {}
+    for ct in sorted((c for c in pve.cts if c.node == node), key=lambda c: (_startup_order(c), c.vmid)):
+        if str(ct.config.get("onboot", "0")) == "1" and ct.status != "running":
+            upid = await pve._lxc_start("root@pam", {"node": node, "vmid": ct.vmid})
+            results[ct.vmid] = await _wait_task(pve, upid)
+    return results
+
+
+async def stop_all(pve, node: str) -> dict:
+    results = {}
+    for ct in sorted((c for c in pve.cts if c.node == node), key=lambda c: -_startup_order(c)):
+        if ct.status == "running":
+            upid = await pve._lxc_stop("root@pam", {"node": node, "vmid": ct.vmid})
+            results[ct.vmid] = await _wait_task(pve, upid)
+    return results
 
 
 async def _write_on_node(argv: list[str], vmid: int, text: str) -> bool:

@@ -126,7 +126,21 @@ class LabVm(LabMachine):
         proc = subprocess.run(self.command(accel) + incoming, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ProvisionError(f"lab VM {self.spec.name}: qemu failed to start: {proc.stderr.strip()}")
+        if snapshot is not None:
+            self._continue_after_incoming()
         return snapshot is not None
+
+    def _continue_after_incoming(self, timeout: float = 120) -> None:
+        """The snapshot was saved paused, so qemu keeps the loaded guest paused: let it run."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.hmp("info status")
+            if "running" in status:
+                return
+            if "paused" in status and "inmigrate" not in status:
+                self.hmp("cont")
+            time.sleep(0.2)
+        raise ProvisionError(f"lab VM {self.spec.name}: the snapshot did not load: {status.strip()[-200:]}")
 
     # ---------------------------------------------------------------- booted snapshots
     def snapshot_dir(self, accel: str) -> Path:
@@ -149,7 +163,9 @@ class LabVm(LabMachine):
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")  # two labs may save the same VM at once
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # a live migration into a file: at its end qemu pauses the guest and flushes its disks
+        # a paused guest's migration into a file. Migrating it live (multi-threaded TCG) saved, at times, RAM that
+        # did not match the vCPUs' state: the resumed kernel died in its timer queue (hrtimer rb_erase oops).
+        self.hmp("stop")
         self.hmp(f"migrate exec:cat>{tmp / 'state.bin'}")
         deadline = time.monotonic() + 300
         while "Migration status: completed" not in (status := self.hmp("info migrate")):

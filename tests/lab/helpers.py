@@ -43,3 +43,31 @@ def boots(machine) -> int:
     """How many boots the host's wtmp records."""
     out = machine.ssh("last -x reboot 2>/dev/null | grep -c '^reboot' || true").stdout.strip()
     return int(out or 0)
+
+
+def pve_api(lab):
+    """The lab's Proxmox API as root@pam (a ticket login: only root@pam may change devN entries)."""
+    from proxmoxer import ProxmoxAPI
+
+    password = lab.secrets()["pve_password"]
+    return ProxmoxAPI("127.0.0.1", port=lab.state()["pve_port"], user="root@pam", password=password,
+                      verify_ssl=str(lab.dir / "pve.crt"), service="PVE", timeout=120)  # fmt: skip
+
+
+def wait_task(api, node: str, upid: str, timeout: float = 180) -> dict:
+    """A PVE task's final status (exitstatus "OK" or PVE's error text)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = api.nodes(node).tasks(upid).status.get()
+        if status.get("status") == "stopped":
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"task {upid} still running after {timeout}s")
+
+
+def inside(ct, paths: str) -> dict[str, str]:
+    """`stat` of device nodes inside the container: path -> 'mode uid gid major minor', missing ones left out."""
+    out = ct.ssh(f"stat -c '%n %a %u %g %t %T' {paths} 2>/dev/null").stdout
+    return {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines() if line.strip()}

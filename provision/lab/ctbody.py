@@ -1,0 +1,165 @@
+"""The lab's PVE drives each container's body: what pve-container does on the node around a CT.
+
+Runs inside the fakepve process (`provision/lab/pve.py`), which calls it from every CT task and from the
+devN part of a config change. What it copies, with the source in pve-container 6.x:
+
+- **start** (vzstart, vzreboot, and `startall` when a node boots): the prestart hook `stat`s every devN
+  path on the node and dies "Could not get mode or device ID of <path>" when one is missing; otherwise it
+  makes each node inside the CT with the node's major and minor and the entry's mode (0660 when absent), uid
+  and gid (src/lxc-pve-prestart-hook l.154-220, LXC.pm create_passthrough_device_node). The body is the
+  nspawn container (`container.py`), started fresh with those nodes and, without `features: nesting=1`,
+  with systemd's per-unit namespaces refused.
+- **stop, shutdown**: the body stops. A reboot is a stop and a start.
+- **a devN PUT**: the path must exist on the node: HTTP 500 "Device <path> does not exist"
+  (LXC/Tools.pm get_device_mode_and_rdev).
+- **hot-plug**: PVE 9 makes a new devN's node inside a running CT at once; edits and deletes, and on PVE 8
+  every devN change, wait for the next start (LXC/Config.pm vmconfig_hotplug_pending; changelog 6.0.4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+from pathlib import Path
+
+from provision.lab.container import ContainerSpec, LabContainer
+
+DEV_KEY = re.compile(r"dev\d+")
+DEFAULT_DEV_MODE = 0o660  # LXC.pm: a devN entry without mode= gets 0660
+
+
+def parse_dev(value: str) -> dict:
+    """'/dev/nvidia0,mode=0666,uid=0' or 'path=/dev/...' -> {path, mode, uid, gid} (PVE's devN format)."""
+    out: dict = {"mode": DEFAULT_DEV_MODE, "uid": 0, "gid": 0}
+    for i, part in enumerate(str(value).split(",")):
+        key, sep, val = part.partition("=")
+        if not sep and i == 0:
+            out["path"] = part.strip()
+        elif key.strip() == "path":
+            out["path"] = val.strip()
+        elif key.strip() == "mode":
+            out["mode"] = int(val, 8)
+        elif key.strip() in ("uid", "gid"):
+            out[key.strip()] = int(val)
+    return out
+
+
+def has_nesting(config: dict) -> bool:
+    features = dict(part.partition("=")[::2] for part in str(config.get("features", "")).split(",") if part)
+    return features.get("nesting") == "1"
+
+
+def pve_major(version: str) -> int:
+    return int(str(version).split(".")[0])
+
+
+def parse_node_read(text: str) -> tuple[dict[str, tuple[int, int] | None], str | None]:
+    """`ok|<major hex>|<minor hex>|<stat %F>|<path>` or `missing|-|-|-|<path>` lines, then the version file."""
+    lines, _, version = text.partition("--- version\n")
+    found: dict[str, tuple[int, int] | None] = {}
+    for line in lines.splitlines():
+        state, major, minor, kind, path = line.split("|", 4)
+        found[path] = (int(major, 16), int(minor, 16)) if state == "ok" and kind.endswith("special file") else None
+    return found, (version or None)
+
+
+def generation(ct) -> tuple:
+    """Which API start the CT is in: fakepve gives each start a new pid and start time."""
+    return (ct.pid, getattr(ct, "started_at", None))
+
+
+class StartRefused(Exception):
+    """The prestart hook refused the start (PVE's task error text)."""
+
+
+class Bodies:
+    """vmid -> the nspawn container behind it, and the node reads that its lifecycle needs."""
+
+    def __init__(self, seed: dict):
+        self.node_ssh: dict[str, list[str]] = seed.get("node_ssh", {})
+        self.bodies: dict[int, LabContainer] = {}
+        for vmid, body in seed.get("bodies", {}).items():
+            self.bodies[int(vmid)] = LabContainer(
+                ContainerSpec(**body["spec"]), Path(body["workdir"]), Path(body["rootfs"]),
+                Path(body["client_key"]), Path(body["known_hosts"]),
+                read_only_binds={k: Path(v) for k, v in body["binds"].items()},
+            )  # fmt: skip
+        self.running_generation: dict[int, object] = {}
+        self.locks: dict[int, asyncio.Lock] = {}
+
+    async def node_read(self, node: str, paths: list[str]) -> tuple[dict[str, tuple[int, int] | None], str | None]:
+        """Each path's (major, minor) on the node, None when missing, and the node's /proc/driver/nvidia/version."""
+        script = (
+            'for p in "$@"; do if s=$(stat -L -c "%t|%T|%F" -- "$p" 2>/dev/null); then echo "ok|$s|$p"; '
+            'else echo "missing|-|-|-|$p"; fi; done; echo "--- version"; '
+            "cat /proc/driver/nvidia/version 2>/dev/null; true"
+        )
+        argv = [*self.node_ssh[node], " ".join(shlex.quote(a) for a in ["sh", "-c", script, "sh", *paths])]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        if proc.returncode != 0:
+            raise StartRefused(f"node {node} did not answer: {err.decode(errors='replace').strip()[-200:]}")
+        return parse_node_read(out.decode())
+
+    async def prestart(self, ct) -> tuple[list[dict], str | None]:
+        """The devices the CT starts with, as the prestart hook makes them; StartRefused when a path is missing."""
+        entries = [parse_dev(v) for k, v in sorted(ct.config.items()) if DEV_KEY.fullmatch(k)]
+        found, version = await self.node_read(ct.node, [e["path"] for e in entries])
+        devices = []
+        for entry in entries:
+            rdev = found.get(entry["path"])
+            if rdev is None:
+                raise StartRefused(f"Could not get mode or device ID of {entry['path']}")
+            name = entry["path"].removeprefix("/dev/")
+            devices.append(dict(name=name, major=rdev[0], minor=rdev[1], mode=entry["mode"], uid=entry["uid"],
+                                gid=entry["gid"]))  # fmt: skip
+        return devices, version
+
+    async def check_device(self, node: str, values: dict) -> str | None:
+        """For a devN PUT: the first path that does not exist on the node, else None."""
+        paths = [parse_dev(v)["path"] for k, v in values.items() if DEV_KEY.fullmatch(k) and v is not None]
+        if not paths:
+            return None
+        found, _ = await self.node_read(node, paths)
+        return next((p for p in paths if found.get(p) is None), None)
+
+    async def settle(self, ct) -> None:
+        """Make the body what the API says: running (a fresh start for each API start) or stopped."""
+        body = self.bodies.get(ct.vmid)
+        if body is None:
+            return
+        async with self.locks.setdefault(ct.vmid, asyncio.Lock()):
+            if ct.status != "running":
+                self.running_generation.pop(ct.vmid, None)
+                await asyncio.to_thread(body.stop)
+                return
+            if self.running_generation.get(ct.vmid) == generation(ct) and body.is_running():
+                return
+            try:
+                devices, version = await self.prestart(ct)
+            except StartRefused:
+                await asyncio.to_thread(body.stop)
+                self.running_generation.pop(ct.vmid, None)
+                raise
+            await asyncio.to_thread(body.stop)
+            body.configure(devices, has_nesting(ct.config), version)
+            await asyncio.to_thread(body.start)
+            self.running_generation[ct.vmid] = generation(ct)
+
+    async def hotplug(self, ct, keys: list[str]) -> None:
+        """PVE 9: the nodes of devN entries just added to a running CT's config appear inside it."""
+        body = self.bodies.get(ct.vmid)
+        if body is None or ct.status != "running" or not keys:
+            return
+        entries = [parse_dev(ct.config[k]) for k in keys]
+        found, _ = await self.node_read(ct.node, [e["path"] for e in entries])
+        async with self.locks.setdefault(ct.vmid, asyncio.Lock()):
+            for entry in entries:
+                rdev = found.get(entry["path"])
+                if rdev is not None:
+                    dev = dict(name=entry["path"].removeprefix("/dev/"), major=rdev[0], minor=rdev[1],
+                               mode=entry["mode"], uid=entry["uid"], gid=entry["gid"])  # fmt: skip
+                    await asyncio.to_thread(body.hotplug, dev)
