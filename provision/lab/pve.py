@@ -226,6 +226,7 @@ def guests_middleware(pve, token: str, secret: str):
         match = route.fullmatch(request.path)
         if match is None or request.method != "POST":
             return await handler(request)
+        pve.requests.append((request.method, request.path, None))
         if request.headers.get("Authorization") != f"PVEAPIToken={token}={secret}":
             return web.json_response({"data": None}, status=401)
         node, action = match.groups()
