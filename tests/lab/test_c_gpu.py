@@ -1,7 +1,8 @@
 """The GPU passthrough phase against the lab's Proxmox API (fakepve, PVE 9 schema) and container.
 
-fakepve models PVE 9: a new devN on a running container hot-plugs (no restart); an edited one stays
-pending until the container reboots, which the role then does once.
+The lab's PVE runs the container: a new devN on a running container hot-plugs (PVE 9; none on PVE 8); an
+edited one stays pending until the container reboots, which the role then does once. Every start makes
+the nodes inside from the devN entries and refuses a path missing on the node.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import apply, set_host_vars
+from tests.lab.helpers import apply, inside, pve_api, set_host_vars, wait_task
 
 VMID = 101
 CONFIG_PATH = f"/nodes/pve-grub/lxc/{VMID}/config"
@@ -36,10 +37,24 @@ def puts(lab) -> int:
     )
 
 
-def drop_our_entries(lab) -> None:
+def reboots(lab) -> int:
+    return sum(1 for m, p in lab.pve_control("GET", "/requests") if m == "POST" and p.endswith("/status/reboot"))
+
+
+def drop_our_entries(lab, restart: bool = False) -> None:
+    """Delete our devN entries underneath (the running CT keeps its nodes), or with `restart` through the API
+    and a reboot, so the container loses them too."""
     config = ct_config(lab)["config"]
     ours = [k for k, v in dev_entries(config).items() if v.split(",")[0].replace("path=", "") in OUR_PATHS]
-    lab.pve_control("POST", "/ct-config", {"vmid": VMID, "delete": ours})
+    if not restart:
+        lab.pve_control("POST", "/ct-config", {"vmid": VMID, "delete": ours})
+        return
+    api, ct = pve_api(lab), lab.container()
+    lxc = api.nodes("pve-grub").lxc(VMID)
+    lxc.config.put(delete=",".join(ours))
+    old = ct.boot_id()
+    assert wait_task(api, "pve-grub", lxc.status.reboot.post())["exitstatus"] == "OK"
+    ct.wait_for_ssh(120, not_boot_id=old)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +78,11 @@ def test_fresh_container_gets_its_entries_and_the_userspace(lab, inv, runs):
     ct = lab.container()
     assert ct.ssh("nvidia-smi --version").stdout.count("DRIVER version      : 580.95.05") == 1
     node = lab.vm("pve-grub")
-    assert node.ssh("systemctl is-enabled provision-nvidia-uvm.service").stdout.strip() == "enabled"
+    assert node.ssh("systemctl is-enabled provision-nvidia-nodes.service").stdout.strip() == "enabled"
+    # hot-plugged (PVE 9) from the entries: the node's majors, the entries' modes
+    nodes = inside(ct, "/dev/nvidia0 /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-caps/nvidia-cap1")
+    assert nodes["/dev/nvidia0"] == "666 0 0 c3 0" and nodes["/dev/nvidiactl"] == "666 0 0 c3 ff"
+    assert nodes["/dev/nvidia-caps/nvidia-cap1"].startswith("400 "), "a cap keeps the node's mode"
 
 
 def test_second_run_changes_nothing_and_writes_nothing(lab, inv, runs):
@@ -176,6 +195,89 @@ def test_task_error_exitstatus_is_a_failure(lab, inv, runs):
     assert rc == 1
     message = " ".join(f["message"] for f in result["failures"])
     assert "exitstatus" in message and "container did not stop" in message, message
+
+
+def test_device_nodes_inside_follow_the_entries_and_apply_puts_them_back(lab, inv, runs):
+    rc, _, err = apply(inv, runs, "--tags", "gpu")  # from whatever the fault tests above left
+    assert rc == 0, err[-2000:]
+    api, ct = pve_api(lab), lab.container()
+    lxc = api.nodes("pve-grub").lxc(VMID)
+    entries = dev_entries(ct_config(lab)["config"])
+    key = {v.split(",")[0]: k for k, v in entries.items()}
+    lxc.config.put(**{key["/dev/nvidia1"]: "/dev/nvidia1,mode=0600"}, delete=key["/dev/nvidia-uvm-tools"])
+    old = ct.boot_id()
+    assert wait_task(api, "pve-grub", lxc.status.reboot.post())["exitstatus"] == "OK"
+    ct.wait_for_ssh(120, not_boot_id=old)
+    nodes = inside(ct, "/dev/nvidia1 /dev/nvidia-uvm-tools /dev/nvidia0")
+    assert nodes["/dev/nvidia1"].startswith("600 ") and "/dev/nvidia-uvm-tools" not in nodes
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    nodes = inside(ct, "/dev/nvidia1 /dev/nvidia-uvm-tools")
+    assert nodes["/dev/nvidia1"].startswith("666 ") and nodes["/dev/nvidia-uvm-tools"].startswith("666 ")
+
+
+def test_a_change_left_pending_by_an_earlier_run_is_applied(lab, inv, runs):
+    set_host_vars(inv, "sglang-01", {"gpu_passthrough_mode": "0660", "gpu_passthrough_restart": "never"})
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    assert ct_config(lab)["pending"], "restart: never leaves the edit pending"
+    assert inside(lab.container(), "/dev/nvidia0")["/dev/nvidia0"].startswith("666 ")
+    set_host_vars(inv, "sglang-01", {"gpu_passthrough_mode": "0660"})
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    assert ct_config(lab)["pending"] == {}, "the next run must apply what the last one left pending"
+    assert inside(lab.container(), "/dev/nvidia0")["/dev/nvidia0"].startswith("660 ")
+    set_host_vars(inv, "sglang-01", None)
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+
+
+def test_nesting_is_set_so_systemd_can_sandbox_the_units(lab, inv, runs):
+    api, ct = pve_api(lab), lab.container()
+    lab.pve_control("POST", "/ct-config", {"vmid": VMID, "delete": ["features"]})
+    old = ct.boot_id()
+    assert wait_task(api, "pve-grub", api.nodes("pve-grub").lxc(VMID).status.reboot.post())["exitstatus"] == "OK"
+    ct.wait_for_ssh(120, not_boot_id=old)
+    sandboxed = "systemd-run --wait -p PrivateTmp=yes -p ProtectSystem=full true"
+    assert ct.ssh(sandboxed).returncode != 0, "an unprivileged CT without nesting cannot sandbox a unit"
+    set_host_vars(inv, "sglang-01", {"gpu_passthrough_restart": "never"})
+    rc, result, _ = apply(inv, runs, "--tags", "gpu")
+    message = " ".join(f["message"] for f in result.get("failures", []))
+    assert rc == 1 and "features: nesting=1" in message and "pct reboot 101" in message, message
+    set_host_vars(inv, "sglang-01", None)
+    rc, result, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    assert "nesting=1" in ct_config(lab)["config"]["features"]
+    assert ct.ssh(sandboxed).returncode == 0
+
+
+def test_pve8_leaves_new_entries_pending_and_one_restart_applies_them(lab, inv, runs):
+    lab.pve_control("POST", "/settings", {"version": "8.4.1"})
+    try:
+        drop_our_entries(lab, restart=True)
+        assert "/dev/nvidia0" not in inside(lab.container(), "/dev/nvidia0")
+        before = reboots(lab)
+        rc, _, err = apply(inv, runs, "--tags", "gpu")
+        assert rc == 0, err[-2000:]
+        assert reboots(lab) == before + 1, "PVE 8 hot-plugs nothing: one restart applies the new entries"
+        assert "/dev/nvidia0" in inside(lab.container(), "/dev/nvidia0")
+        assert ct_config(lab)["pending"] == {}
+    finally:
+        lab.pve_control("POST", "/settings", {"version": "9.0.11"})
+
+
+def test_a_devn_path_missing_on_the_node_is_named(lab, inv, runs):
+    drop_our_entries(lab)
+    lab.pve_control("POST", "/fail", {"method": "PUT", "suffix": CONFIG_PATH, "status": 500,
+                                      "message": "Device /dev/nvidia1 does not exist", "times": 5})  # fmt: skip
+    try:
+        before = puts(lab)
+        rc, result, _ = apply(inv, runs, "--tags", "gpu")
+    finally:
+        lab.pve_control("POST", "/reset")
+    message = " ".join(f["message"] for f in result["failures"])
+    assert rc == 1 and "/dev/nvidia1" in message and "does not exist on node pve-grub" in message, message
+    assert "keeps failing" not in message and puts(lab) == before + 1, "no retry of what no retry can fix"
 
 
 def test_no_password_or_token_in_run_records(lab, runs):
