@@ -49,6 +49,27 @@ def nvidia_nodes():
     return nodes
 
 
+def pve_devices(conf_dir="/etc/pve/lxc"):
+    """{vmid: {path: is a device node here}} for every devN of this node's CTs (the running section of
+    <vmid>.conf): PVE's prestart hook refuses to start a CT whose devN path is missing on its node."""
+    out = {}
+    for name in sorted(os.listdir(conf_dir)) if os.path.isdir(conf_dir) else []:
+        if not name.endswith(".conf"):
+            continue
+        for line in (read(os.path.join(conf_dir, name)) or "").splitlines():
+            if line.startswith("["):  # [pve:pending] or a snapshot: not what the next start uses
+                break
+            key, _, value = line.partition(":")
+            if key.startswith("dev") and key[3:].isdigit():
+                path = value.strip().split(",")[0].replace("path=", "", 1)
+                try:
+                    mode = os.stat(path).st_mode
+                    out.setdefault(name[:-5], {})[path] = stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                except OSError:
+                    out.setdefault(name[:-5], {})[path] = False
+    return out
+
+
 def _address(hex_addr):
     raw = bytes.fromhex(hex_addr)
     if len(raw) == 4:
@@ -162,6 +183,8 @@ def main(request):
         "proc_cmdline": read("/proc/cmdline"),
         "files": {path: read(path) for path in request["files"]},
         "nvidia_nodes": nvidia_nodes(),
+        "nvidia_module": read("/proc/driver/nvidia/version"),
+        "pve_devices": pve_devices(),
         "commands": {" ".join(argv): run(argv) for argv in request["commands"]},
     }
     state_text = out["files"].get(request.get("sglang_state", ""))

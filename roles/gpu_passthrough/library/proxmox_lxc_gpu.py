@@ -35,6 +35,7 @@ options:
   uid: {type: int}
   gid: {type: int}
   restart: {type: str, choices: [auto, never], default: auto}
+  nesting: {type: bool, default: true, description: "set features: nesting=1, which systemd needs to sandbox units in an unprivileged CT"}
   retries: {type: int, default: 3}
   task_timeout: {type: int, default: 300}
 """
@@ -55,9 +56,12 @@ entries: {description: devN -> value of the NVIDIA entries after the run, type: 
 set: {description: entries written, type: dict, returned: always}
 deleted: {description: entries deleted, type: list, returned: always}
 restarted: {description: whether the container was rebooted to apply pending changes, type: bool, returned: always}
+pending: {description: device paths whose devN entry the running CT does not have yet, type: list, returned: always}
+nesting_pending: {description: whether the running CT lacks features nesting=1, type: bool, returned: always}
 """
 
 import os
+import re
 import time
 import traceback
 
@@ -71,6 +75,7 @@ TOKEN_DEVN_HELP = (
     "pvesh on the node as root over ssh with its host key checked"
 )
 MODIFIED = "detected modified configuration"
+DEVICE_MISSING = re.compile(r"Device (\S+) does not exist")
 RETRYABLE_STATUS = (500, 502, 503, 595, 596, 597, 598, 599)
 
 
@@ -174,7 +179,7 @@ def with_retries(p, what, call):
         try:
             return call()
         except ResourceException as exc:
-            if exc.status_code not in RETRYABLE_STATUS or MODIFIED in str(exc):
+            if exc.status_code not in RETRYABLE_STATUS or MODIFIED in str(exc) or DEVICE_MISSING.search(str(exc)):
                 raise
             last = exc
         except ApiFailure:
@@ -209,6 +214,43 @@ def wait_task(p, api, node, upid):
         time.sleep(1)
 
 
+def wanted_features(features, nesting):
+    """The CT's `features` string with nesting=1 added (other flags kept), or None when nothing is to change."""
+    parts = [f for f in str(features or "").split(",") if f]
+    flags = dict(f.split("=", 1) if "=" in f else (f, "") for f in parts)
+    if not nesting or flags.get("nesting") == "1":
+        return None
+    flags["nesting"] = "1"
+    return ",".join("%s=%s" % kv for kv in sorted(flags.items()))
+
+
+def diff_lines(entries):
+    return "".join("%s: %s\n" % (k, v) for k, v in sorted(entries.items(), key=lambda kv: int(kv[0][3:])))
+
+
+def write_config(p, api, ct, config, body):
+    """PUT the change with the config's digest; PVE's refusals become one-line errors."""
+    _, ResourceException = _proxmoxer()
+    try:
+        with_retries(p, "writing the container config", lambda: ct.config.put(**dict(body, digest=config["digest"])))
+    except ResourceException as exc:
+        text = str(exc)
+        missing = DEVICE_MISSING.search(text)
+        if missing:  # LXC/Tools.pm get_device_mode_and_rdev: the path is not on the node; no retry helps
+            raise ApiFailure(
+                "PVE refused devN for %s: it does not exist on node %s. Make it there first (the gpu phase's "
+                "provision-nvidia-nodes.service does at boot) or leave that GPU out (gpu_passthrough_gpus)"
+                % (missing.group(1), p["node"])
+            )
+        if exc.status_code == 403 and p["api_token_id"] and p["backend"] == "https":
+            raise ApiFailure(TOKEN_DEVN_HELP.format(token="%s!%s" % (p["api_user"], p["api_token_id"])))
+        if exc.status_code == 403:
+            raise ApiFailure("PVE refused the devN change (403): %s. Only root@pam may change devN entries." % exc)
+        if exc.status_code == 400:
+            raise ApiFailure("PVE rejected the devN entries: %s %s" % (exc, exc.errors or ""))
+        raise
+
+
 def run(module):
     p = module.params
     gpus = p["gpus"]
@@ -221,53 +263,68 @@ def run(module):
     ct = api.nodes(p["node"]).lxc(p["vmid"])
     result = dict(changed=False, restarted=False, set={}, deleted=[], attempts=0)
     for attempt in range(1, p["retries"] + 2):
+        # GET config merges pending changes in; what the CT runs with is current=1 (pve-guest-common
+        # load_current_config). Write towards the merged view; restart while the running one differs.
         config = with_retries(p, "reading the container config", lambda: ct.config.get())
         change = plan(config, wanted)
+        features = wanted_features(config.get("features"), p["nesting"])
         result["entries"] = {k: v for k, v in change["after"].items() if is_ours(parse_entry(v).get("path", ""))}
-        if not change["set"] and not change["delete"]:
+        if not change["set"] and not change["delete"] and features is None:
             break
         result.update(changed=True, set=change["set"], deleted=change["delete"], attempts=attempt)
+        if features is not None:
+            result["features"] = features
         if module._diff:
-            lines = lambda entries: "".join(
-                "%s: %s\n" % (k, v) for k, v in sorted(entries.items(), key=lambda kv: int(kv[0][3:]))
-            )  # noqa: E731
-            result["diff"] = dict(
-                before=lines(change["before"]),
-                after=lines(change["after"]),
-                before_header="CT %s devN (%s)" % (p["vmid"], p["node"]),
-                after_header="CT %s devN (%s)" % (p["vmid"], p["node"]),
-            )
+            header = "CT %s devN (%s)" % (p["vmid"], p["node"])
+            result["diff"] = dict(before=diff_lines(change["before"]), after=diff_lines(change["after"]),
+                                  before_header=header, after_header=header)  # fmt: skip
         if module.check_mode:
-            return result
-        body = dict(change["set"], digest=config["digest"])
+            break
+        body = dict(change["set"])
+        if features is not None:
+            body["features"] = features
         if change["delete"]:
             body["delete"] = ",".join(change["delete"])
         try:
-            with_retries(p, "writing the container config", lambda: ct.config.put(**body))
+            write_config(p, api, ct, config, body)
             break
         except ResourceException as exc:
-            if exc.status_code == 403 and p["api_token_id"] and p["backend"] == "https":
-                raise ApiFailure(TOKEN_DEVN_HELP.format(token="%s!%s" % (p["api_user"], p["api_token_id"])))
-            if exc.status_code == 403:
-                raise ApiFailure("PVE refused the devN change (403): %s. Only root@pam may change devN entries." % exc)
             if MODIFIED in str(exc) and attempt <= p["retries"]:
                 continue  # someone changed the config between our read and write: read again
-            if exc.status_code == 400:
-                raise ApiFailure("PVE rejected the devN entries: %s %s" % (exc, exc.errors or ""))
             raise
     else:
         raise ApiFailure("the container config kept changing underneath (%d attempts)" % (p["retries"] + 1))
-    if not result["changed"]:
+    return restart_for_pending(module, api, ct, wanted, result)
+
+
+def restart_for_pending(module, api, ct, wanted, result):
+    """Reboot a running CT whose running config lacks our entries or nesting (PVE 8 applies no devN change
+    hot; PVE 9 only adds new ones; features always wait). Left as is when asked not to, and said."""
+    p = module.params
+    running = with_retries(p, "reading the running config", lambda: ct.config.get(current=1))
+    in_effect = plan(running, wanted)
+    result["pending"] = sorted(
+        {parse_entry(v)["path"] for v in in_effect["set"].values()}
+        | {parse_entry(running[k]).get("path", k) for k in in_effect["delete"]}
+    )
+    result["nesting_pending"] = wanted_features(running.get("features"), p["nesting"]) is not None
+    if not result["pending"] and not result["nesting_pending"]:
         return result
-    pending = with_retries(p, "reading pending changes", lambda: ct.pending.get())
-    touched = set(result["set"]) | set(result["deleted"])
-    ours = sorted(e["key"] for e in pending if e["key"] in touched and ("pending" in e or "delete" in e))
     status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
-    result["pending"] = ours
-    if ours and status.get("status") == "running" and p["restart"] == "auto":
+    if status.get("status") != "running":
+        return result  # the next start applies them
+    if p["restart"] == "auto" and module.check_mode:
+        result.update(changed=True, would_restart=True)
+    elif p["restart"] == "auto":
         upid = with_retries(p, "rebooting the container", lambda: ct.status.reboot.post())
         result["restart_exitstatus"] = wait_task(p, api, p["node"], upid)
-        result["restarted"] = True
+        result.update(restarted=True, changed=True, pending=[], nesting_pending=False)
+    elif result["nesting_pending"] and not module.check_mode:
+        raise ApiFailure(
+            "CT %s on %s runs without features: nesting=1 (now set, pending until it restarts); systemd in the "
+            "container cannot sandbox the SGLang unit without it. Restart it (pct reboot %s on %s) and run "
+            "again, or set gpu_passthrough_restart: auto" % (p["vmid"], p["node"], p["vmid"], p["node"])
+        )
     return result
 
 
@@ -296,6 +353,7 @@ def main():
             uid=dict(type="int"),
             gid=dict(type="int"),
             restart=dict(type="str", choices=["auto", "never"], default="auto"),
+            nesting=dict(type="bool", default=True),
             retries=dict(type="int", default=3),
             task_timeout=dict(type="int", default=300),
         ),
