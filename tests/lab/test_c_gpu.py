@@ -95,12 +95,13 @@ def test_second_run_changes_nothing_and_writes_nothing(lab, inv, runs):
 
 def test_unrelated_dev_and_mp_entries_are_kept(lab, inv, runs):
     drop_our_entries(lab)
+    # a node path that exists on the node: the lab's PVE, like PVE, refuses to start a CT otherwise
     lab.pve_control("POST", "/ct-config", {"vmid": VMID, "set": {
-        "dev0": "/dev/ttyUSB0", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}})  # fmt: skip
+        "dev0": "/dev/ttyS1", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}})  # fmt: skip
     rc, _, err = apply(inv, runs, "--tags", "gpu")
     assert rc == 0, err[-2000:]
     config = ct_config(lab)["config"]
-    assert config["dev0"] == "/dev/ttyUSB0" and config["mp0"].startswith("local-lvm:vm-101-disk-1")
+    assert config["dev0"] == "/dev/ttyS1" and config["mp0"].startswith("local-lvm:vm-101-disk-1")
     assert {v.split(",")[0] for k, v in dev_entries(config).items() if k != "dev0"} == OUR_PATHS
 
 
