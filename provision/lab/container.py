@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,9 +36,21 @@ STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario'
 # systemd then runs the unit unsandboxed and says nothing (src/core/execute.c, insist_on_sandboxing).
 NO_NESTING_TARGET = "/run/systemd/unit-root"
 # A container shares its node's kernel, so /proc/driver/nvidia/version inside is the node's module. The lab's
-# node is another machine: its /proc/driver is copied in at start and mounted over the container's /proc/driver
-# (nspawn binds nothing into /proc itself, so it is staged under /run first).
+# node is another machine: its /proc/driver is copied in at start, staged under /run (nspawn binds nothing
+# into /proc) and mounted over /proc/driver by a unit of the container's own at each of its boots (a reboot
+# from inside restarts nspawn without the lab).
 PROC_DRIVER_STAGE = "/run/lab-proc-driver"
+PROC_DRIVER_UNIT = f"""[Unit]
+Description=Lab: the node's /proc/driver (one kernel, as in an LXC)
+DefaultDependencies=no
+ConditionPathIsDirectory={PROC_DRIVER_STAGE}
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/mount --bind {PROC_DRIVER_STAGE} /proc/driver
+"""
 
 
 def make_node(node: Path, dev: dict) -> None:
@@ -134,6 +147,12 @@ class LabContainer(LabMachine):
         # the site's model directory: the stand-in needs no weights, SGLang's benchmark client a tokenizer
         write_tokenizer(upper / MODEL_DIR.lstrip("/"), context_length=STANDIN_CONTEXT)
         (upper / "etc" / "hostname").write_text(self.spec.name + "\n")
+        units = upper / "etc" / "systemd" / "system"
+        (units / "sysinit.target.wants").mkdir(parents=True, exist_ok=True)
+        (units / "lab-proc-driver.service").write_text(PROC_DRIVER_UNIT)
+        link = units / "sysinit.target.wants" / "lab-proc-driver.service"
+        if not link.is_symlink():
+            link.symlink_to("../lab-proc-driver.service")
         (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.spec.name}\n")
         shutil.rmtree(self.dir / "dev", ignore_errors=True)
         for dev in self.devices():
@@ -211,34 +230,32 @@ class LabContainer(LabMachine):
                   f"chmod {dev['mode']:o} {path} && chown {dev['uid']}:{dev['gid']} {path}")  # fmt: skip
         _sh("nsenter", "-t", str(leader), "-m", "sh", "-c", script)
         self.devices_file.write_text(json.dumps([*(d for d in self.devices() if d["name"] != dev["name"]), dev]))
+        # the entry is in the config now: a reboot from inside (LXC runs the hooks again) brings the node back
+        make_node(self.dir / "dev" / dev["name"], dev)
+        self._write_command()
+
+    @property
+    def command_file(self) -> Path:
+        return self.dir / "nspawn.cmd"
+
+    def _write_command(self) -> None:
+        self.command_file.write_text(shlex.join(self.nspawn_command()) + "\n")
 
     def start(self) -> None:
         self.prepare()
         if self.is_running():
             return
-        # restart on 133 (the container asked for a reboot), stop on anything else
-        loop = 'while :; do "$@"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; done'
+        # restart on 133 (the container asked for a reboot), stop on anything else; each start reads the command
+        # again, which a hot-plug extends
+        self._write_command()
+        loop = 'while :; do eval "$(cat "$1")"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; done'
         with self.log.open("a") as log:
             proc = subprocess.Popen(
-                ["bash", "-c", loop, "supervisor", *self.nspawn_command()],
+                ["bash", "-c", loop, "supervisor", str(self.command_file)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "SYSTEMD_NSPAWN_LOCK": "0"},
             )  # fmt: skip
         self.pidfile.write_text(str(proc.pid))
-        if (self.dir / "proc-driver").is_dir():
-            self._mount_proc_driver()
-
-    def _mount_proc_driver(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            leader = self.leader()
-            if leader is not None:
-                mount = f"test -d {PROC_DRIVER_STAGE} && mount --bind {PROC_DRIVER_STAGE} /proc/driver"
-                done = _sh("nsenter", "-t", str(leader), "-m", "sh", "-c", mount, check=False)
-                if done.returncode == 0:
-                    return
-            time.sleep(0.2)
-        raise ProvisionError(f"lab: could not mount the node's /proc/driver into {self.spec.name}")
 
     def stop(self, timeout: float = 30) -> None:
         pid = self.pid()

@@ -112,6 +112,12 @@ def test_api_lifecycle_drives_the_container_and_prestart_refuses_a_missing_path(
     # PVE 9 hot-plugs a new devN into the running CT: the node's major and minor, the entry's mode
     lxc.config.put(dev8="/dev/ttyS1,mode=0600")
     assert inside(ct, "/dev/ttyS1") == {"/dev/ttyS1": "600 0 0 4 41"}
+    # a reboot from inside keeps it (LXC runs the hooks again with the config) and the node's driver view
+    hot_boot = ct.boot_id()
+    ct.ssh("systemctl reboot", timeout=20)
+    ct.wait_for_ssh(120, not_boot_id=hot_boot)
+    assert inside(ct, "/dev/ttyS1") == {"/dev/ttyS1": "600 0 0 4 41"}
+    assert "580.95.05" in ct.ssh("cat /proc/driver/nvidia/version").stdout
     first_boot = ct.boot_id()
     assert wait_task(api, "pve-grub", lxc.status.stop.post())["exitstatus"] == "OK"
     assert not ct.is_running() and lxc.status.current.get()["status"] == "stopped"
