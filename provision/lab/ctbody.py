@@ -64,6 +64,12 @@ def parse_node_read(text: str) -> tuple[dict[str, tuple[int, int] | None], str |
     return found, (version or None)
 
 
+def device(entry: dict, rdev: tuple[int, int]) -> dict:
+    """The node to make inside the CT: the node's major and minor, the entry's mode, uid and gid."""
+    return dict(name=entry["path"].removeprefix("/dev/"), major=rdev[0], minor=rdev[1], mode=entry["mode"],
+                uid=entry["uid"], gid=entry["gid"])  # fmt: skip
+
+
 def generation(ct) -> tuple:
     """Which API start the CT is in: fakepve gives each start a new pid and start time."""
     return (ct.pid, getattr(ct, "started_at", None))
@@ -113,9 +119,7 @@ class Bodies:
             rdev = found.get(entry["path"])
             if rdev is None:
                 raise StartRefused(f"Could not get mode or device ID of {entry['path']}")
-            name = entry["path"].removeprefix("/dev/")
-            devices.append(dict(name=name, major=rdev[0], minor=rdev[1], mode=entry["mode"], uid=entry["uid"],
-                                gid=entry["gid"]))  # fmt: skip
+            devices.append(device(entry, rdev))
         return devices, version
 
     async def check_device(self, node: str, values: dict) -> str | None:
@@ -160,6 +164,4 @@ class Bodies:
             for entry in entries:
                 rdev = found.get(entry["path"])
                 if rdev is not None:
-                    dev = dict(name=entry["path"].removeprefix("/dev/"), major=rdev[0], minor=rdev[1],
-                               mode=entry["mode"], uid=entry["uid"], gid=entry["gid"])  # fmt: skip
-                    await asyncio.to_thread(body.hotplug, dev)
+                    await asyncio.to_thread(body.hotplug, device(entry, rdev))

@@ -25,6 +25,7 @@ REQUIRED_TOOLS = {
     "sfdisk": "fdisk",
     "systemd-nspawn": "systemd-container",
     "ip": "iproute2",
+    "nsenter": "util-linux",  # the lab's PVE hot-plugs device nodes into a running container
 }
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
