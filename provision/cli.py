@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--pve-version", type=int, choices=(8, 9), default=9,
         help="the Proxmox VE the API behaves as: 8 keeps every devN change pending until the CT restarts (default 9)",
     )  # fmt: skip
+    c.add_argument(
+        "--gpu-link", choices=("pcie", "nvlink"), default="pcie",
+        help="the link nvidia-smi topo -m reports between the fake GPUs: PHB (PCIe) or NV18 (default pcie)",
+    )  # fmt: skip
     c = lab_sub.add_parser("down", help="stop everything the lab started and remove its state")
     c = lab_sub.add_parser("status", help="what is running")
     c.add_argument("--json", action="store_true")
@@ -337,7 +341,7 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> int:
     progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
     if args.lab_command == "up":
         status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers,
-                        pve_version=args.pve_version)  # fmt: skip
+                        pve_version=args.pve_version, gpu_link=args.gpu_link)  # fmt: skip
     elif args.lab_command == "down":
         lab.down(progress=progress)
         return EXIT_OK

@@ -47,6 +47,9 @@ CONTAINER_CONFIG = {
 }  # fmt: skip
 # An offline site's package share: the real sglang wheel and the lab's SGLang stand-in.
 WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
+# `provision lab up --gpu-link`: what the lab's nvidia-smi reports between GPUs (overlay/.../nvidia-smi)
+GPU_LINKS = ("pcie", "nvlink")
+GPU_LINK_FILE = "/etc/lab/gpu_link"
 
 
 def lab_dir() -> Path:
@@ -128,7 +131,8 @@ class Lab:
     def containers(self, state: dict[str, Any] | None = None) -> list[LabContainer]:
         state = state or self.state()
         rootfs = Path(state.get("image", {}).get("rootfs", ""))
-        binds = {WHEELHOUSE_IN_CONTAINER: self.dir / "wheelhouse"}
+        # the node's hardware as the container's nvidia-smi sees it: the link between its GPUs (set_gpu_link)
+        binds = {WHEELHOUSE_IN_CONTAINER: self.dir / "wheelhouse", GPU_LINK_FILE: self.dir / "gpu_link"}
         return [
             LabContainer(
                 ContainerSpec(**spec),
@@ -155,7 +159,13 @@ class Lab:
 
     # ---------------------------------------------------------------- up
     def up(
-        self, hosts: int = 2, progress=print, cold_boot: bool = False, containers: int = 1, pve_version: int = 9
+        self,
+        hosts: int = 2,
+        progress=print,
+        cold_boot: bool = False,
+        containers: int = 1,
+        pve_version: int = 9,
+        gpu_link: str = "pcie",
     ) -> dict[str, Any]:
         if hosts < 1:
             raise ProvisionError("--hosts: at least 1")
@@ -163,6 +173,8 @@ class Lab:
             raise ProvisionError("--containers: 1 to 64")
         if pve_version not in PVE_VERSIONS:
             raise ProvisionError(f"--pve-version: one of {sorted(PVE_VERSIONS)}")
+        if gpu_link not in GPU_LINKS:
+            raise ProvisionError(f"--gpu-link: one of {', '.join(GPU_LINKS)}")
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -175,6 +187,7 @@ class Lab:
             timings.update(image.timings_s)
             state = self._init_state(hosts, image, cold_boot, containers)
             state["pve_version"] = PVE_VERSIONS[pve_version]
+            (self.dir / "gpu_link").write_text(gpu_link + "\n")
             start = time.monotonic()
             self._build_wheelhouse()
             timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
@@ -191,6 +204,7 @@ class Lab:
             timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
             for vm in vms:  # what the node's pve-guests.service needs to call startall/stopall (lab stand-in)
                 self._node_api_file(vm, state)
+            self.set_gpu_link(gpu_link, vms)
             # the API starts the containers as PVE does (prestart checks against their node), so nodes come first
             start = time.monotonic()
             self._start_pve(state)
@@ -233,6 +247,19 @@ class Lab:
                               input=text, capture_output=True, text=True, timeout=60)  # fmt: skip
         if proc.returncode != 0:
             raise ProvisionError(f"lab: could not write /etc/lab/pve-api on {vm.spec.name}: {proc.stderr.strip()}")
+
+    def set_gpu_link(self, link: str, vms: list[LabVm] | None = None) -> None:
+        """The link between each pair of the fake GPUs, as every nvidia-smi in the lab reports it (`topo -m`):
+        NV18 (nvlink) or PHB (pcie). A test may change it on a running lab, as a hardware change would."""
+        if link not in GPU_LINKS:
+            raise ProvisionError(f"gpu link: one of {', '.join(GPU_LINKS)}")
+        with open(self.dir / "gpu_link", "w") as f:  # in place: the containers see it through a bind mount
+            f.write(link + "\n")
+        for vm in self.vms() if vms is None else vms:
+            proc = subprocess.run([*vm.ssh_argv(), f"mkdir -p /etc/lab && echo {link} > {GPU_LINK_FILE}"],
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            if proc.returncode != 0:
+                raise ProvisionError(f"lab: could not write {GPU_LINK_FILE} on {vm.spec.name}: {proc.stderr.strip()}")
 
     def _client_key(self) -> None:
         """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""

@@ -11,8 +11,10 @@ example the SGLang venv's). It prints one JSON document on stdout:
   small and a large size, run twice: P2P allowed, and with NCCL_P2P_DISABLE=1, recording
   the transport NCCL chose (its "via P2P/..." or "via SHM/..." lines);
 - host findings (IOMMU default domain, SEV-SNP state, ACS control bits, IO_PAGE_FAULTs);
-- a verdict: healthy, p2p-corrupt, p2p-hang, nccl-broken or no-gpu, and the
-  recommended `sglang_p2p` policy.
+- a verdict: healthy, p2p-corrupt, p2p-hang, nccl-broken, insufficient-gpu-memory or no-gpu,
+  and the recommended `sglang_p2p` policy (none for the last two: they say nothing about P2P).
+  Beside a running server, which holds about 90% of each GPU's memory, an allocation that fails
+  is reported as insufficient-gpu-memory, never as a hang or a P2P fault.
 
 Every step runs under a timeout, so a hang is reported as a hang. Exit code: 0 healthy,
 1 any other verdict, 2 bad usage.
@@ -44,7 +46,17 @@ NCCL_SMALL_ELEMENTS = 1024
 NCCL_LARGE_ELEMENTS = 256 * MIB // 4  # 256 MiB of float32
 
 HEALTHY, P2P_CORRUPT, P2P_HANG, NCCL_BROKEN, NO_GPU = "healthy", "p2p-corrupt", "p2p-hang", "nccl-broken", "no-gpu"
-RECOMMENDED_POLICY = {HEALTHY: "on", P2P_CORRUPT: "off", P2P_HANG: "off", NCCL_BROKEN: "off", NO_GPU: None}
+NO_MEMORY = "insufficient-gpu-memory"
+RECOMMENDED_POLICY = {
+    HEALTHY: "on", P2P_CORRUPT: "off", P2P_HANG: "off", NCCL_BROKEN: "off", NO_GPU: None, NO_MEMORY: None,
+}  # fmt: skip
+# what CUDA, PyTorch and NCCL print when an allocation fails ("CUDA out of memory. Tried to allocate ...",
+# "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'", cudaErrorMemoryAllocation)
+_OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|cudaErrorMemoryAllocation", re.IGNORECASE)
+
+
+def out_of_memory(text: str) -> bool:
+    return bool(_OUT_OF_MEMORY.search(text))
 
 
 class StepTimeout(Exception):
@@ -124,8 +136,8 @@ def check_peer_copies(
                     )
                     break
                 except Exception as exc:  # a CUDA error is a failed copy, reported as such
-                    pair["status"] = "error"
                     pair["error"] = f"{type(exc).__name__}: {exc}"
+                    pair["status"] = "no-memory" if out_of_memory(pair["error"]) else "error"
                     break
                 pair["copies"] += 1
                 if seconds > 0:
@@ -223,7 +235,8 @@ def run_nccl_allreduce(world: int, p2p_disabled: bool, timeout_s: float) -> dict
     failed = [p.returncode for p in procs if p.returncode != 0]
     if failed or len(ranks) != world:
         tail = [line for line in log.splitlines() if "error" in line.lower() or "warn" in line.lower()][-3:]
-        result.update(status="error", error=f"worker exit codes {failed}; " + " | ".join(tail))
+        status = "no-memory" if out_of_memory(log) else "error"
+        result.update(status=status, error=f"worker exit codes {failed}; " + " | ".join(tail))
         return result
     wrong = sum(r["wrong"] for rank in ranks for r in rank["results"])
     result["sizes_elements"] = [r["elements"] for r in ranks[0]["results"]]
@@ -290,6 +303,13 @@ def decide(
     """The overall verdict and its reason, from the individual tests."""
     if gpu_count == 0:
         return NO_GPU, "no CUDA device is usable"
+    short = [c for c in copies if c["status"] == "no-memory"]
+    short += [run for run in (nccl_p2p, nccl_shm) if run is not None and run.get("status") == "no-memory"]
+    if short and not any(c["status"] == "corrupt" for c in copies):
+        return NO_MEMORY, (
+            "a GPU had too little free memory for the test (a running server holds most of it): "
+            f"{short[0].get('error', '')[:200]}; this says nothing about P2P: run it before the server starts"
+        )
     if nccl_shm is not None and nccl_shm.get("status") != "ok":
         return NCCL_BROKEN, f"NCCL all-reduce fails even with NCCL_P2P_DISABLE=1 ({nccl_shm.get('status')})"
     corrupt = [c for c in copies if c["status"] == "corrupt"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_provision
 from tests.lab.helpers import apply, set_host_vars
 
 API_KEY = "lab-key-" + "5b1e0c77"
@@ -165,26 +166,78 @@ def test_policy_on_has_neither_the_variable_nor_the_flags(ct, lab_inventory, run
     assert venv_env(ct, "NCCL_P2P_DISABLE") == "None"
 
 
-def test_auto_policy_says_what_it_decided_and_why(ct, lab_inventory, runs):
-    # the lab VMs' kernels log "iommu: Default domain type: Translated" and the container has 2 GPUs
+VERDICT = "/var/lib/provision/gpu-diag.json"
+
+
+def auto_report(result) -> str:
+    return next(m for m in result["reports"]["sglang-01"] if m.startswith("sglang_p2p auto"))
+
+
+def test_auto_turns_p2p_off_for_pcie_peers_behind_a_translating_iommu(ct, lab_inventory, runs):
+    # the lab's nvidia-smi reports PHB between the two GPUs (--gpu-link pcie), its node logs "Translated"
+    ct.ssh(f"rm -f {VERDICT}")
     rc, result, err = converge(lab_inventory, runs, {"sglang_p2p": "auto"})
     assert rc == 0, err[-2000:]
-    report = next(m for m in result["reports"]["sglang-01"] if m.startswith("sglang_p2p auto"))
-    assert report == (
-        "sglang_p2p auto -> off: the node IOMMU translates (default domain Translated) "
-        "and 2 GPUs would talk peer to peer"
+    assert auto_report(result) == (
+        "sglang_p2p auto -> off: PCIe peers (GPU0-GPU1 PHB) behind a translating IOMMU (default domain "
+        "Translated); no diagnostic verdict (provision diag)"
     )
-    # a diagnostic verdict, when there is one, wins over the findings (here: what diag says on healthy GPUs)
-    verdict = {"verdict": "healthy", "reason": "every peer copy was bit-exact", "recommended_sglang_p2p": "on"}
-    ct.ssh(f"echo '{json.dumps(verdict)}' > /var/lib/provision/gpu-diag.json")
+    assert process(ct)[1]["NCCL_P2P_DISABLE"] == "1"
+
+
+def test_a_verdict_counts_only_in_the_context_it_was_taken_in(lab, ct, lab_inventory, runs, tmp_path):
+    # provision diag stores the verdict with its context (the lab has no torch, so the verdict is no-gpu)
+    set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS})
+    proc = run_provision("diag", "--inventory", str(lab_inventory), "--limit", "sglang-01", "--json",
+                         "--runs-dir", str(tmp_path), env=ENV, timeout=600)  # fmt: skip
+    stored = json.loads(ct.ssh(f"cat {VERDICT}").stdout)
+    assert stored["verdict"] == "no-gpu", proc.stdout[-1500:] + proc.stderr[-1500:]
+    node = lab.vm(lab.state()["vms"][0]["name"])  # the container's node
+    context = stored["context"]
+    assert context["boot_id"] == node.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    assert context["cmdline"] == node.ssh("cat /proc/cmdline").stdout.strip()
+    assert context["gpus"] == ["0000:41:00.0", "0000:42:00.0"]
+    assert context["iommu"] == "default domain Translated" and context["driver_version"]
+    healthy = {**stored, "verdict": "healthy", "reason": "every peer copy was bit-exact"}
     try:
+        # a healthy verdict from another boot of the node leaves P2P off, and says why
+        planted = {**healthy, "context": {**context, "boot_id": "5b0e2c4f-0000-4000-8000-000000000000"}}
+        ct.ssh(f"cat > {VERDICT} <<'EOF'\n{json.dumps(planted)}\nEOF")
         rc, result, err = converge(lab_inventory, runs, {"sglang_p2p": "auto"})
+        assert rc == 0, err[-2000:]
+        assert auto_report(result) == (
+            "sglang_p2p auto -> off: PCIe peers (GPU0-GPU1 PHB) behind a translating IOMMU (default domain "
+            "Translated); the diagnostic verdict healthy is stale: the node's boot id (it rebooted since) changed "
+            "since it was taken"
+        )
+        assert process(ct)[1]["NCCL_P2P_DISABLE"] == "1"
+        # the same verdict in the context the diagnostic recorded turns it on
+        ct.ssh(f"cat > {VERDICT} <<'EOF'\n{json.dumps(healthy)}\nEOF")
+        rc, result, err = converge(lab_inventory, runs, {"sglang_p2p": "auto"})
+        assert rc == 0, err[-2000:]
+        assert auto_report(result) == (
+            "sglang_p2p auto -> on: PCIe peers (GPU0-GPU1 PHB) behind a translating IOMMU (default domain "
+            "Translated); diagnostic verdict healthy in this context: every peer copy was bit-exact"
+        )
+        assert "NCCL_P2P_DISABLE" not in process(ct)[1]
     finally:
-        ct.ssh("rm -f /var/lib/provision/gpu-diag.json")
-    assert rc == 0, err[-2000:]
-    report = next(m for m in result["reports"]["sglang-01"] if m.startswith("sglang_p2p auto"))
-    assert report == "sglang_p2p auto -> on: GPU diagnostic verdict healthy: every peer copy was bit-exact"
-    assert "NCCL_P2P_DISABLE" not in process(ct)[1]
+        ct.ssh(f"rm -f {VERDICT}")
+
+
+def test_nvlink_peers_keep_p2p_on_without_a_verdict(lab, ct, lab_inventory, runs):
+    lab.set_gpu_link("nvlink")  # as `provision lab up --gpu-link nvlink` would have it
+    try:
+        ct.ssh(f"rm -f {VERDICT} /var/lib/provision/fingerprint/sglang.json")  # new hardware: decide again
+        rc, result, err = converge(lab_inventory, runs, {"sglang_p2p": "auto"})
+        assert rc == 0, err[-2000:]
+        assert auto_report(result) == (
+            "sglang_p2p auto -> on: every GPU pair is joined by NVLink (GPU0-GPU1 NV18), which does not pass "
+            "through the IOMMU"
+        )
+        assert "NCCL_P2P_DISABLE" not in process(ct)[1]
+    finally:
+        lab.set_gpu_link("pcie")
+        ct.ssh("rm -f /var/lib/provision/fingerprint/sglang.json")
 
 
 def test_model_path_with_spaces_and_shell_metacharacters(ct, lab_inventory, runs):

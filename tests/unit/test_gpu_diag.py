@@ -106,6 +106,24 @@ def test_copy_error_counts_as_hang_or_failure():
     assert diag.decide(2, copies, nccl_ok(), nccl_ok())[0] == "p2p-hang"
 
 
+def test_an_allocation_failure_beside_a_live_server_is_its_own_verdict():
+    def no_room(data, dst):  # what torch raises when the server holds ~90% of the GPU's memory
+        raise RuntimeError(
+            "CUDA out of memory. Tried to allocate 256.00 MiB. GPU 1 has a total capacity of 139.81 GiB of which "
+            "104.00 MiB is free."
+        )
+
+    copies = run(no_room)
+    assert copies[0]["status"] == "no-memory"
+    out = diag.report(2, copies, nccl_ok(), nccl_ok())
+    assert (out["verdict"], out["recommended_sglang_p2p"]) == ("insufficient-gpu-memory", None)
+    assert "says nothing about P2P" in out["reason"] and "Tried to allocate 256.00 MiB" in out["reason"]
+    # NCCL's own wording, from its worker log, is the same verdict, not nccl-broken or p2p-hang
+    nccl_oom = {"status": "no-memory", "error": "worker exit codes [1]; NCCL WARN Cuda failure 'out of memory'"}
+    assert diag.decide(2, run(good_copy), nccl_ok(), nccl_oom)[0] == "insufficient-gpu-memory"
+    assert diag.out_of_memory("include/alloc.h:103 NCCL WARN Cuda failure 2 'out of memory'")
+
+
 def test_nccl_wrong_with_p2p_only_is_p2p_corrupt():
     copies = run(good_copy)
     assert diag.decide(2, copies, {"status": "corrupt"}, nccl_ok())[0] == "p2p-corrupt"

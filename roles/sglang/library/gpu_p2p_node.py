@@ -1,0 +1,97 @@
+#!/usr/bin/python
+"""Ansible module: read, on a Proxmox node, the context a GPU P2P decision depends on (read-only)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_p2p_node
+short_description: The node's boot id, kernel command line, IOMMU mode and NVIDIA driver version, in one read
+description:
+  - Read-only. The IOMMU mode comes from each NVIDIA GPU's IOMMU group (C(/sys/bus/pci/devices/<bus>/iommu_group/type))
+    where sysfs shows it, and from this boot's kernel log line C(iommu: Default domain type) (dmesg, else the journal).
+  - Also returns when the kernel phase last changed the command line (C(<state_dir>/cmdline-changed)), so that a
+    diagnostic verdict taken before that change no longer counts.
+options:
+  state_dir:
+    description: The node's provision state directory (kernel_cmdline_state_dir).
+    type: path
+    default: /var/lib/provision
+"""
+
+RETURN = r"""
+context:
+  description: "{boot_id, cmdline, default_domain, gpu_groups: {bus: type}, driver_version, now, cmdline_changed_at}"
+  type: dict
+  returned: always
+"""
+
+import glob
+import json
+import os
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOMAIN = re.compile(r"iommu: Default domain type: (\S+)")
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def default_domain(module):
+    """This boot's "iommu: Default domain type" word; the journal when the ring buffer has rotated it out."""
+    for argv in (["dmesg"], ["journalctl", "-k", "-b", "--no-pager", "-o", "cat", "-g", "Default domain type"]):
+        rc, out, _ = module.run_command(argv)
+        m = DOMAIN.search(out or "") if rc == 0 else None
+        if m:
+            return m.group(1)
+    return None
+
+
+def gpu_groups():
+    groups = {}
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*")):
+        bus = os.path.basename(info).lower()
+        kind = _read("/sys/bus/pci/devices/%s/iommu_group/type" % bus)
+        if kind:
+            groups[bus] = kind
+    return groups
+
+
+def driver_version():
+    m = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", _read("/proc/driver/nvidia/version") or "")
+    return m.group(1) if m else None
+
+
+def cmdline_changed_at(state_dir):
+    try:
+        return json.loads(_read(os.path.join(state_dir, "cmdline-changed")) or "null")["changed_at"]
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(state_dir=dict(type="path", default="/var/lib/provision")),
+                           supports_check_mode=True)  # fmt: skip
+    module.exit_json(
+        changed=False,
+        context=dict(
+            boot_id=_read("/proc/sys/kernel/random/boot_id"),
+            cmdline=_read("/proc/cmdline"),
+            default_domain=default_domain(module),
+            gpu_groups=gpu_groups(),
+            driver_version=driver_version(),
+            now=time.time(),
+            cmdline_changed_at=cmdline_changed_at(module.params["state_dir"]),
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()

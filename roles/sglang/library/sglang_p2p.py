@@ -1,0 +1,96 @@
+#!/usr/bin/python
+"""Ansible module: decide, in an SGLang container, whether its GPUs may talk peer to peer (read-only)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_p2p
+short_description: The P2P policy for SGLang's GPUs, decided per link, with its reason and the context it holds in
+description:
+  - Read-only. Reads the container's GPUs and the links between them (C(nvidia-smi topo -m)), the stored GPU
+    diagnostic verdict, and combines them with the node's context (module gpu_p2p_node, run on the node).
+  - "auto: GPUs joined only by NVLink keep P2P on; PCIe peers behind a translating IOMMU turn it off, unless a
+    diagnostic verdict taken in this same context (boot, command line, IOMMU mode, driver, GPU set) says they
+    are healthy; a current verdict other than healthy turns it off. See module_utils/gpu_p2p.py."
+options:
+  mode:
+    description: sglang_p2p (auto, on or off).
+    type: str
+    choices: [auto, "on", "off"]
+    default: auto
+  node:
+    description: The context returned by gpu_p2p_node on this container's node.
+    type: dict
+    default: {}
+  verdict_file:
+    description: Where the GPU diagnostic's verdict is stored in the container.
+    type: path
+    required: true
+"""
+
+RETURN = r"""
+policy: {description: "on or off", type: str, returned: always}
+reason: {description: why, in one line, type: str, returned: always}
+topology: {description: "{gpus, links: [{a, b, link}]}", type: dict, returned: always}
+context: {description: "{boot_id, cmdline, iommu, driver_version, gpus}: what a verdict taken now is valid for",
+          type: dict, returned: always}
+recorded_at: {description: the node's clock now (stored with a verdict taken now), type: float, returned: always}
+"""
+
+import glob
+import json
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
+
+
+def bus_id(text):
+    """00000000:41:00.0 (nvidia-smi) and 0000:41:00.0 (sysfs) -> 0000:41:00.0"""
+    domain, rest = text.strip().lower().split(":", 1)
+    return "%04x:%s" % (int(domain, 16), rest)
+
+
+def container_gpus(module):
+    """(topology, bus ids) from nvidia-smi; without it, the /dev/nvidiaN nodes with their links unknown."""
+    rc, topo, _ = module.run_command(["nvidia-smi", "topo", "-m"])
+    rc2, buses, _ = module.run_command(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"])
+    if rc == 0 and rc2 == 0:
+        return parse_topo(topo), sorted(bus_id(b) for b in buses.split())
+    nodes = sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if re.fullmatch(r"/dev/nvidia\d+", p))
+    gpus = ["GPU%d" % i for i in range(len(nodes))]
+    links = [{"a": a, "b": b, "link": "unknown (nvidia-smi failed)"} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    return {"gpus": gpus, "links": links}, nodes
+
+
+def read_verdict(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            mode=dict(type="str", default="auto", choices=["auto", "on", "off"]),
+            node=dict(type="dict", default={}),
+            verdict_file=dict(type="path", required=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    node = p["node"] or {}
+    topo, buses = container_gpus(module)
+    groups = [t for bus, t in (node.get("gpu_groups") or {}).items() if bus in buses]
+    iommu = iommu_mode(groups, node.get("default_domain"))
+    context = dict(boot_id=node.get("boot_id"), cmdline=node.get("cmdline"), iommu=iommu["source"],
+                   driver_version=node.get("driver_version"), gpus=buses)  # fmt: skip
+    verdict = read_verdict(p["verdict_file"])
+    decision = decide(p["mode"], topo, iommu, verdict, context, node.get("cmdline_changed_at"))
+    module.exit_json(changed=False, topology=topo, context=context, recorded_at=node.get("now"), **decision)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The P2P policy for SGLang's GPUs, decided per link (pure functions; read by the sglang_p2p module and tests).
+
+Three inputs, each with its own truth:
+- the links between the container's GPUs, from `nvidia-smi topo -m` (NV# = NVLink, through no IOMMU;
+  PIX/PXB/PHB/NODE/SYS = PCIe, whose peer DMA goes through the IOMMU);
+- the node's IOMMU mode: the GPUs' own IOMMU groups where sysfs shows them (identity = passthrough,
+  DMA/DMA-FQ = translated), else the kernel's "iommu: Default domain type" line of this boot;
+- the GPU diagnostic's verdict (provision diag), which counts only in the context it was taken in: the
+  node's boot id, kernel command line, IOMMU mode, driver version and the GPU set. A verdict taken under
+  iommu=pt says nothing once the node translates: that was the scenario's silent NCCL corruption.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+CONTEXT_KEYS = ("boot_id", "cmdline", "iommu", "driver_version", "gpus")
+CONTEXT_NAMES = {
+    "boot_id": "the node's boot id (it rebooted since)",
+    "cmdline": "the node's kernel command line",
+    "iommu": "the node's IOMMU mode",
+    "driver_version": "the NVIDIA driver version",
+    "gpus": "the container's GPU set",
+}
+# diagnostic verdicts that say nothing about peer-to-peer (RECOMMENDED_POLICY None in gpu_p2p_diag.py)
+NOT_ABOUT_P2P = ("no-gpu", "insufficient-gpu-memory")
+TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
+_NVLINK = re.compile(r"NV\d+$")
+
+
+def parse_topo(text: str) -> dict:
+    """`nvidia-smi topo -m` -> {"gpus": ["GPU0", ...], "links": [{"a", "b", "link"}]} for each GPU pair.
+
+    The matrix columns are the header's names before "CPU Affinity" (GPUs, then NICs); each GPU row holds
+    one cell per column ("X" for itself). Everything after "Legend:" is ignored."""
+    columns: list[str] = []
+    rows: dict[str, list[str]] = {}
+    for line in text.split("Legend:")[0].splitlines():
+        tokens = line.split()
+        if not tokens:
+            continue
+        if not columns and tokens[0] == "GPU0":
+            columns = tokens[: tokens.index("CPU")] if "CPU" in tokens else tokens
+        elif columns and tokens[0] in columns and re.fullmatch(r"GPU\d+", tokens[0]):
+            rows[tokens[0]] = tokens[1 : 1 + len(columns)]
+    gpus = [c for c in columns if re.fullmatch(r"GPU\d+", c) and c in rows]
+    links = []
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1 :]:
+            cells = rows[a]
+            links.append({"a": a, "b": b, "link": cells[columns.index(b)] if columns.index(b) < len(cells) else "?"})
+    return {"gpus": gpus, "links": links}
+
+
+def is_nvlink(link: str) -> bool:
+    return bool(_NVLINK.match(link))
+
+
+def iommu_mode(group_types: list[str], default_domain: str | None) -> dict:
+    """{"translates": True/False/None, "source": ...}: the GPUs' groups when sysfs shows them, else the log line."""
+    if group_types:
+        translated = [t for t in group_types if t in TRANSLATED_GROUP_TYPES]
+        return {"translates": bool(translated), "source": "GPU IOMMU group type " + "/".join(sorted(set(group_types)))}
+    if default_domain in ("Translated", "Passthrough"):
+        return {"translates": default_domain == "Translated", "source": "default domain " + default_domain}
+    return {"translates": None, "source": "IOMMU mode unknown (" + (default_domain or "no log line") + ")"}
+
+
+def _epoch(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def verdict_standing(verdict: dict | None, context: dict, cmdline_changed_at=None) -> tuple[bool, str]:
+    """(counts, why): whether a stored diagnostic verdict speaks for this context, and if not, why not."""
+    if not verdict:
+        return False, "no diagnostic verdict (provision diag)"
+    name = verdict.get("verdict", "?")
+    if name in NOT_ABOUT_P2P:
+        return False, "the diagnostic verdict %s says nothing about P2P" % name
+    stored = verdict.get("context")
+    if not isinstance(stored, dict):
+        return False, "the diagnostic verdict %s has no context (an older provision took it): ignored" % name
+    changed = [CONTEXT_NAMES[k] for k in CONTEXT_KEYS if stored.get(k) != context.get(k)]
+    if changed:
+        return False, "the diagnostic verdict %s is stale: %s changed since it was taken" % (name, ", ".join(changed))
+    recorded, marker = _epoch(verdict.get("recorded_at")), _epoch(cmdline_changed_at)
+    if marker is not None and (recorded is None or recorded < marker):
+        return False, "the diagnostic verdict %s predates the kernel phase's last command-line change" % name
+    return True, "diagnostic verdict %s in this context: %s" % (name, verdict.get("reason", ""))
+
+
+def _pairs(links: list[dict]) -> str:
+    return ", ".join("%s-%s %s" % (p["a"], p["b"], p["link"]) for p in links)
+
+
+def decide(mode: str, topo: dict, iommu: dict, verdict: dict | None, context: dict, cmdline_changed_at=None) -> dict:
+    """{"policy": "on"|"off", "reason": ...} for sglang_p2p = mode."""
+    if mode != "auto":
+        return {"policy": mode, "reason": "set by sglang_p2p"}
+    if len(topo["gpus"]) < 2:
+        return {"policy": "on", "reason": "%d GPU(s): no peer-to-peer path" % len(topo["gpus"])}
+    counts, why = verdict_standing(verdict, context, cmdline_changed_at)
+    if counts and verdict.get("verdict") != "healthy":
+        return {"policy": "off", "reason": why}
+    pcie = [p for p in topo["links"] if not is_nvlink(p["link"])]
+    if not pcie:
+        return {"policy": "on", "reason": "every GPU pair is joined by NVLink (%s), which does not pass through the "
+                "IOMMU" % _pairs(topo["links"])}  # fmt: skip
+    if iommu["translates"] is False:
+        return {"policy": "on", "reason": "PCIe peers (%s), and the IOMMU does not translate (%s)"
+                % (_pairs(pcie), iommu["source"])}  # fmt: skip
+    where = "PCIe peers (%s) behind a translating IOMMU (%s)" % (_pairs(pcie), iommu["source"])
+    if iommu["translates"] is None:
+        where = "PCIe peers (%s), and the IOMMU may translate (%s)" % (_pairs(pcie), iommu["source"])
+    if counts:
+        return {"policy": "on", "reason": "%s; %s" % (where, why)}
+    return {"policy": "off", "reason": "%s; %s" % (where, why)}
