@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.checks.support import STATE_DIR, run_retrying, smoke_question
+from provision.checks.support import STATE_DIR, kernel_faults, run_retrying, smoke_question
 
 PROBE_SOURCE = (Path(__file__).parent / "probe.py").read_text()
 NODE_FILES = [
@@ -65,7 +65,7 @@ def _request(target: Target, suites: list[str]) -> dict:
         question = smoke_question(target.vars)
         files, commands = CONTAINER_FILES, [USERSPACE_QUERY]
         return {"files": files, "commands": commands, "sglang_state": CONTAINER_FILES[1], "question": question}
-    return {"files": NODE_FILES, "commands": [DRIVER_QUERY]}
+    return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
 
 
 def _probe(host, target: Target, request: dict) -> None:

@@ -151,6 +151,8 @@ def service(state):
     }
     pid = run(["systemctl", "show", "-p", "MainPID", "--value", name])["stdout"].strip()
     out["main_pid"] = pid
+    started = run(["systemctl", "show", "-p", "ActiveEnterTimestamp", "--value", "--timestamp=unix", name])
+    out["started_at"] = started["stdout"].strip().lstrip("@") or None
     if pid not in ("", "0"):
         environ = read(f"/proc/{pid}/environ") or ""
         env = dict(e.split("=", 1) for e in environ.split("\0") if "=" in e)

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from provision.checks.conftest import DRIVER_QUERY, USERSPACE_QUERY
-from provision.checks.support import SMOKE_EXPECT, STATE_DIR, output_dir, smoke_question
+from provision.checks.support import SMOKE_EXPECT, STATE_DIR, kernel_faults, output_dir, smoke_question
 
 P2P_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
 SERVICE_STATE = f"{STATE_DIR}/sglang-service.json"
@@ -96,6 +96,21 @@ def test_process_matches_p2p_policy(target):
     else:
         assert "NCCL_P2P_DISABLE" not in unit["env_names"], "P2P policy is on but NCCL_P2P_DISABLE is set"
         assert not set(P2P_FLAGS) & set(flags), "P2P policy is on but P2P-disabling flags are passed"
+
+
+def test_no_gpu_dma_faults_since_the_service_started(target):
+    """The node logged no AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT or NVRM Xid since SGLang started."""
+    assert target.node is not None, "proxmox_host is not set for this container"
+    started = _sglang(target)["service"].get("started_at")
+    assert started, "the sglang unit has no start time (not running?)"
+    log = target.node.command(kernel_faults.journal_argv())
+    text, error = kernel_faults.read_result(log["rc"], log["stdout"], log["stderr"])
+    assert error is None, f"node {target.node.name}: {error}"
+    found = kernel_faults.faults(text, since=float(started))
+    assert not found, (
+        f"node {target.node.name} logged {len(found)} GPU DMA fault line(s) since sglang started: "
+        + " | ".join(found[:5])
+    )
 
 
 def test_smoke_answer(target):

@@ -261,6 +261,16 @@ class Lab:
             if proc.returncode != 0:
                 raise ProvisionError(f"lab: could not write {GPU_LINK_FILE} on {vm.spec.name}: {proc.stderr.strip()}")
 
+    def inject_kernel_line(self, vm_name: str, message: str) -> None:
+        """Log `message` in a node's kernel ring buffer (through /dev/kmsg, so journald records it as a kernel
+        message), as the IOMMU or the NVIDIA driver would log a fault. What it cannot copy: the kernel itself
+        logs with facility kern, a line written to /dev/kmsg from userspace gets facility user."""
+        vm = self.vm(vm_name)
+        proc = subprocess.run([*vm.ssh_argv(), "cat > /dev/kmsg"], input=f"<3>{message}\n",
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        if proc.returncode != 0:
+            raise ProvisionError(f"lab: could not write to /dev/kmsg on {vm_name}: {proc.stderr.strip()}")
+
     def _client_key(self) -> None:
         """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""
         cached = cache_root() / "client" / "id_ed25519"

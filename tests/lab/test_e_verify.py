@@ -179,6 +179,30 @@ def test_wrong_answer_fails_the_smoke_check(lab, converged, runs):
     assert "expected '92' in the answer" in reason and "91" in reason
 
 
+IO_PAGE_FAULT = (
+    "nvidia 0000:41:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0019 address=0x3fffe000 flags=0x0020]"
+)
+
+
+def test_a_gpu_dma_fault_after_the_service_started_fails_verify_naming_the_line(lab, converged, runs):
+    node = lab.state()["vms"][0]["name"]  # the container's node
+    lab.inject_kernel_line(node, IO_PAGE_FAULT)
+    ct = lab.container()
+    try:
+        rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "dma_faults")
+    finally:  # a new start of the service opens a new window
+        ct.ssh("systemctl restart sglang")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and ct.ssh("curl -sf localhost:30000/health").returncode:
+            time.sleep(2)
+    assert rc == 1
+    reason = failed(report)[("sglang-01", "test_no_gpu_dma_faults_since_the_service_started")]
+    assert f"node {node} logged 1 GPU DMA fault line(s) since sglang started" in reason
+    assert "AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0019 address=0x3fffe000 flags=0x0020]" in reason
+    rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "dma_faults")
+    assert rc == 0, failed(report)
+
+
 def test_after_reboot_reboots_each_host_and_everything_passes(lab, converged, runs):
     before = {n: lab.vm(n).boot_id() for n in ("pve-grub", "pve-sdboot")}
     ct_before = lab.container().boot_id()

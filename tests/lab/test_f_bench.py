@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,27 @@ def test_a_regression_against_a_baseline_sets_the_exit_code(sweep, converged, ru
     assert report["hosts"]["sglang-01"]["regressions"][0].startswith("C=1: output tok/s")
     md = Path(report["hosts"]["sglang-01"]["report"]).read_text()
     assert "## Regressions against the baseline" in md
+
+
+def test_a_gpu_dma_fault_during_the_sweep_fails_bench_naming_the_line(lab, converged, runs):
+    """The fault is logged on the node while SGLang's client runs, as the IOMMU would log it mid-sweep."""
+    node, ct = lab.state()["vms"][0]["name"], lab.container()
+    line = "nvidia 0000:42:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x001a address=0x7ffe1000 flags=0x0020]"
+    injected = threading.Event()
+
+    def inject_while_the_client_runs():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and ct.ssh("pgrep -f sglang-bench-client").returncode:
+            time.sleep(0.5)
+        lab.inject_kernel_line(node, line)
+        injected.set()
+
+    thread = threading.Thread(target=inject_while_the_client_runs, daemon=True)
+    thread.start()
+    rc, report, err = bench(converged, runs, "--concurrency", "8")
+    thread.join(60)
+    assert injected.is_set()
+    assert rc != 0, err[-2000:]
+    text = json.dumps(report) + err
+    assert f"node {node} logged 1 GPU DMA fault line(s) during the sweep" in text
+    assert "IO_PAGE_FAULT domain=0x001a address=0x7ffe1000 flags=0x0020" in text

@@ -1,0 +1,42 @@
+#!/usr/bin/python
+"""Ansible module: GPU DMA faults in a node's kernel log since a given time (read-only)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kernel_faults
+short_description: AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT and NVRM Xid lines logged since a time, and the node's clock
+description:
+  - Read-only. Reads this boot's kernel messages through journalctl (see module_utils/kernel_faults.py for the lines
+    and their sources). Without C(since), returns only the node's clock, to mark the start of a window.
+options:
+  since:
+    description: Unix time (the node's clock) from which lines count.
+    type: float
+"""
+
+RETURN = r"""
+now: {description: the node's clock, unix time, type: float, returned: always}
+faults: {description: "matching lines since C(since), as '<UTC time> <message>'", type: list, returned: with since}
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kernel_faults import faults, journal_argv, read_result
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(since=dict(type="float")), supports_check_mode=True)
+    since = module.params["since"]
+    result = dict(changed=False, now=time.time())
+    if since is not None:
+        text, error = read_result(*module.run_command(journal_argv(since)))
+        if error:
+            module.fail_json(msg=error, **result)
+        result["faults"] = faults(text, since)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
