@@ -1,20 +1,21 @@
-"""Serving capacity in terms people plan with, from what SGLang reports.
+"""Serving capacity in terms people plan with, from what SGLang reports, and predictions for other
+tensor-parallel sizes by SGLang 0.5.23's own sizing rules (provision/sglang_pool.py, docs/capacity.md).
 
-Facts (shared/reference/sglang-nccl.md §3, §5): `max_total_num_tokens` is the KV pool in tokens;
-sessions at a context size = tokens / size; KV bytes per token per GPU for MHA/GQA attention =
-max(1, kv_heads // tp) * (head_dim + v_head_dim) * kv_layers * dtype bytes, where a hybrid
-linear-attention model (Qwen3-Next, Qwen3.5) counts only its full-attention layers.
+`max_total_num_tokens` is the KV pool in tokens; sessions at a context size = tokens / size. A
+prediction for another tp first moves each GPU's share of the weights (safetensors index
+`metadata.total_size` / tp) in or out of the measured budget, then splits what is left as SGLang
+does; a tp at which the model cannot load gets the reason, never a figure.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "auto": 2, "fp8_e4m3": 1, "fp8_e5m2": 1,
-               "mxfp8": 1, "float32": 4, "fp32": 4}  # fmt: skip
+from provision import sglang_pool as sp
+from provision.sglang_pool import GIB
+
 DEFAULT_SESSION_TOKENS = (32768,)
 
 
@@ -29,21 +30,6 @@ class SessionFit:
 
 
 @dataclass
-class KvModel:
-    """Per-token KV cost from a model's config.json."""
-
-    kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    kv_layers: int
-    total_layers: int
-    hybrid: bool
-
-    def bytes_per_token_per_gpu(self, tp: int, dtype_bytes: int) -> int:
-        return max(1, self.kv_heads // max(tp, 1)) * (self.head_dim + self.v_head_dim) * self.kv_layers * dtype_bytes
-
-
-@dataclass
 class Capacity:
     max_total_num_tokens: int
     kv_cache_dtype: str
@@ -55,7 +41,9 @@ class Capacity:
     kv_bytes_per_token_per_gpu: int | None = None
     kv_pool_gib_per_gpu: float | None = None
     model: dict[str, Any] | None = None
+    weights_bytes: int | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def sentence(self) -> str:
         """'780,820 tokens ≈ 2.98 × 262,144-token sessions ≈ 23.8 × 32K sessions'."""
@@ -72,27 +60,14 @@ class Capacity:
         return data
 
 
-def kv_model_from_config(config: dict[str, Any]) -> KvModel | None:
-    """Read attention geometry from a HF config.json (VL checkpoints nest it under text_config)."""
-    cfg = config.get("text_config") or config
-    layers = cfg.get("num_hidden_layers")
-    heads = cfg.get("num_attention_heads")
-    if not layers or not heads:
-        return None
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads)
-    v_head_dim = cfg.get("v_head_dim") or head_dim
-    interval = cfg.get("full_attention_interval")
-    layer_types = cfg.get("layer_types")
-    if layer_types:
-        kv_layers = sum(1 for t in layer_types if "full" in str(t) or t == "attention")
-        hybrid = kv_layers < layers
-    elif interval:
-        kv_layers = sum(1 for layer in range(layers) if (layer + 1) % int(interval) == 0)
-        hybrid = True
-    else:
-        kv_layers, hybrid = layers, False
-    return KvModel(int(kv_heads), int(head_dim), int(v_head_dim), kv_layers, int(layers), hybrid)
+def effective_max_running_requests(server_info: dict[str, Any]) -> int | None:
+    """The scheduler's own limit (internal_states[].effective_max_running_requests_per_dp, summed over DP
+    ranks: it includes the hybrid state-pool cap), else the server argument `max_running_requests`."""
+    ranks = [s.get("effective_max_running_requests_per_dp") for s in server_info.get("internal_states") or []]
+    if ranks and all(isinstance(r, int) for r in ranks):
+        return sum(ranks)
+    value = server_info.get("max_running_requests")
+    return int(value) if value else None
 
 
 def compute(
@@ -100,8 +75,9 @@ def compute(
     models: dict[str, Any] | None = None,
     session_tokens: tuple[int, ...] = DEFAULT_SESSION_TOKENS,
     model_config: dict[str, Any] | None = None,
+    weights_bytes: int | None = None,
     predict_tp: tuple[int, ...] = (),
-    predict_kv_gib_per_gpu: tuple[float, ...] = (),
+    predict_rest_gib_per_gpu: tuple[float, ...] = (),
 ) -> Capacity:
     tokens = int(server_info.get("max_total_num_tokens") or 0)
     if tokens <= 0:
@@ -112,40 +88,128 @@ def compute(
     context = int(context or server_info.get("context_length") or 0)
     if context <= 0:
         raise ValueError("no context length: neither /v1/models max_model_len nor server_info context_length")
-    dtype = str(server_info.get("kv_cache_dtype") or "auto")
-    tp = int(server_info.get("tp_size") or 1)
     cap = Capacity(
         max_total_num_tokens=tokens,
-        kv_cache_dtype=dtype,
+        kv_cache_dtype=str(server_info.get("kv_cache_dtype") or "auto"),
         context_length=context,
-        max_running_requests=server_info.get("max_running_requests"),
-        tp_size=tp,
+        max_running_requests=effective_max_running_requests(server_info),
+        tp_size=int(server_info.get("tp_size") or 1),
         full_context_sessions=tokens / context,
         sessions=[SessionFit(t, tokens / t) for t in session_tokens],
+        weights_bytes=weights_bytes,
     )
-    kv = kv_model_from_config(model_config) if model_config else None
-    if kv is not None:
-        dtype_bytes = DTYPE_BYTES.get(dtype, 2)
-        per_gpu = kv.bytes_per_token_per_gpu(tp, dtype_bytes)
-        cap.kv_bytes_per_token_per_gpu = per_gpu
-        cap.kv_pool_gib_per_gpu = round(tokens * per_gpu / 2**30, 2)
-        cap.model = asdict(kv)
-        budget = tokens * per_gpu  # bytes of KV pool per GPU today
-        for other_tp in predict_tp:
-            # same KV budget per GPU; the per-token cost per GPU changes with how the KV heads split
-            other = kv.bytes_per_token_per_gpu(other_tp, dtype_bytes)
-            predicted = math.floor(budget / other)
-            cap.predictions.append(
-                {"what": f"tp={other_tp}, same KV memory per GPU", "max_total_num_tokens": predicted,
-                 "full_context_sessions": round(predicted / context, 2)}
-            )  # fmt: skip
-        for gib in predict_kv_gib_per_gpu:
-            predicted = math.floor(gib * 2**30 / per_gpu)
-            cap.predictions.append(
-                {"what": f"{gib:g} GiB of KV pool per GPU at tp={tp}", "max_total_num_tokens": predicted,
-                 "full_context_sessions": round(predicted / context, 2)}
-            )  # fmt: skip
+    if model_config:
+        _add_model_figures(cap, server_info, model_config, predict_tp, predict_rest_gib_per_gpu)
     return cap
+
+
+def _add_model_figures(
+    cap: Capacity, info: dict[str, Any], config: dict[str, Any], tps: tuple[int, ...], gibs: tuple[float, ...]
+) -> None:
+    try:
+        geom = sp.geometry(config)
+        dtype = sp.kv_dtype(cap.kv_cache_dtype, geom)
+        cell = sp.cell_bytes(geom, dtype, cap.tp_size)
+    except (sp.NotModelled, sp.DoesNotFit, KeyError) as exc:
+        cap.notes.append(f"no per-token figures or predictions: {exc}")
+        return
+    cap.kv_bytes_per_token_per_gpu = cell
+    cap.kv_pool_gib_per_gpu = round(cap.max_total_num_tokens * cell / GIB, 2)
+    cap.model = {**asdict(geom), "kv_dtype": dtype.name}
+    settings = PoolSettings.from_server_info(info)
+    rest = measured_rest(geom, dtype, cap, info)
+    if info.get("max_total_tokens"):
+        cap.notes.append("--max-total-tokens capped the pool, so the budget per GPU is unknown: no prediction "
+                         "for another tp")  # fmt: skip
+        tps = ()
+    for tp in tps:
+        if tp != cap.tp_size:
+            cap.predictions.append(_predict_other_tp(geom, dtype, cap, rest, tp, settings))
+    for gib in gibs:
+        pred = predict(geom, dtype, cap.tp_size, gib * GIB, cap.context_length, settings)
+        cap.predictions.append({"what": f"{gib:g} GiB of KV budget per GPU at tp={cap.tp_size}", **pred})
+    if tps and cap.weights_bytes is None:
+        cap.notes.append("no model.safetensors.index.json: each GPU's share of the weights is unknown, "
+                         "so no prediction for another tp")  # fmt: skip
+
+
+@dataclass
+class PoolSettings:
+    """Server settings that change SGLang's split: --mamba-full-memory-ratio, --page-size, --max-running-requests."""
+
+    mamba_ratio: float = sp.MAMBA_FULL_MEMORY_RATIO
+    page_size: int = 1
+    requested_max_running: int | None = None
+
+    @classmethod
+    def from_server_info(cls, info: dict[str, Any]) -> PoolSettings:
+        return cls(
+            mamba_ratio=float(info.get("mamba_full_memory_ratio") or sp.MAMBA_FULL_MEMORY_RATIO),
+            page_size=int(info.get("page_size") or 1),
+            requested_max_running=info.get("max_running_requests"),
+        )
+
+
+def measured_rest(geom: sp.Geometry, dtype: sp.KvDtype, cap: Capacity, info: dict[str, Any]) -> float:
+    """The running server's KV budget per GPU (SGLang's `rest`): the KV pool, plus for a hybrid model its
+    state pool, (max_mamba_cache_size + 1) slots, or r x the KV pool when the slot count is not reported."""
+    kv = cap.max_total_num_tokens * (cap.kv_bytes_per_token_per_gpu or 0)
+    if geom.state is None:
+        return kv
+    slots = info.get("max_mamba_cache_size")
+    if isinstance(slots, int) and slots > 0:
+        return kv + (slots + 1) * sp.state_slot_bytes(geom.state, cap.tp_size)
+    return kv * (1 + PoolSettings.from_server_info(info).mamba_ratio)  # within one state slot
+
+
+def predict(
+    geom: sp.Geometry, dtype: sp.KvDtype, tp: int, rest: float, context: int, settings: PoolSettings | None = None
+) -> dict[str, Any]:
+    """What SGLang would start with on a budget `rest` per GPU, or why it would not start."""
+    settings = settings or PoolSettings()
+    try:
+        pool = sp.size_pool(geom, dtype, tp, rest, settings.mamba_ratio, settings.page_size)
+    except sp.DoesNotFit as exc:
+        return {"tp": tp, "fits": False, "why": str(exc)}
+    running = sp.max_running_requests(pool, context, settings.requested_max_running)
+    return {
+        "tp": tp, "fits": True, "max_total_num_tokens": pool.max_total_num_tokens,
+        "full_context_sessions": round(pool.max_total_num_tokens / context, 2),
+        "kv_bytes_per_token_per_gpu": pool.cell_bytes, "max_mamba_cache_size": pool.mamba_slots,
+        "max_running_requests": running,
+    }  # fmt: skip
+
+
+def _predict_other_tp(
+    geom: sp.Geometry, dtype: sp.KvDtype, cap: Capacity, rest: float, tp: int, settings: PoolSettings
+) -> dict[str, Any]:
+    what = f"tp={tp}, same GPUs and mem_fraction_static"
+    if cap.weights_bytes is None:
+        return {"what": what, "tp": tp, "fits": None, "why": "weights size unknown (no safetensors index)"}
+    static = rest + cap.weights_bytes / cap.tp_size  # what mem_fraction_static leaves for weights and cache
+    pred = predict(geom, dtype, tp, static - cap.weights_bytes / tp, cap.context_length, settings)
+    return {"what": what, **_with_weights(pred, cap.weights_bytes / tp, static)}
+
+
+def _with_weights(pred: dict[str, Any], share: float, static: float) -> dict[str, Any]:
+    if not pred["fits"]:
+        pred["why"] += (f" (weights {share / GIB:,.1f} GiB per GPU at tp={pred['tp']}, of the "
+                        f"{static / GIB:,.1f} GiB per GPU for weights and cache)")  # fmt: skip
+    return pred
+
+
+def plan(
+    config: dict[str, Any], weights_bytes: int, tp: int, free_gib_per_gpu: float, mem_fraction_static: float,
+    kv_cache_dtype: str = "auto", context_len: int | None = None, settings: PoolSettings | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Before any server runs: what SGLang would start with for this model on `tp` GPUs that each have
+    `free_gib_per_gpu` free before loading (sglang_pool.rest_from_hardware)."""
+    geom = sp.geometry(config)
+    text = config.get("text_config") or config
+    context = int(context_len or text.get("max_position_embeddings") or 0)
+    rest = sp.rest_from_hardware(free_gib_per_gpu * GIB, weights_bytes, tp, mem_fraction_static)
+    pred = predict(geom, sp.kv_dtype(kv_cache_dtype, geom), tp, rest, context, settings)
+    return _with_weights(pred, weights_bytes / tp, free_gib_per_gpu * GIB * mem_fraction_static)
 
 
 def load_json(text: str) -> dict[str, Any]:
