@@ -176,7 +176,18 @@ def sglang(state, question):
     chat = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 256, "temperature": 0}
     out["chat"] = api_call(state, "POST", "/v1/chat/completions", chat)
     out["model_config"] = read(state["model_path"] + "/config.json") if state.get("model_path") else None
+    out["weights_bytes"] = weights_total_size(state.get("model_path"))
     return out
+
+
+def weights_total_size(model_path):
+    """metadata.total_size of the checkpoint's model.safetensors.index.json (None without one): the
+    capacity check moves each GPU's share of it when it predicts another tensor-parallel size."""
+    text = read(model_path + "/model.safetensors.index.json") if model_path else None
+    try:
+        return int(json.loads(text)["metadata"]["total_size"]) if text else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def main(request):

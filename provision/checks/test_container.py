@@ -133,8 +133,11 @@ def test_capacity_report(target):
     assert status == 200, f"/server_info answered {status or 'nothing (no connection)'}"
     config = _sglang(target)["model_config"]
     cap = compute(json.loads(info), json.loads(models), session_tokens=sizes,
-                  model_config=json.loads(config) if config else None, predict_tp=(1, 2, 4, 8))  # fmt: skip
+                  model_config=json.loads(config) if config else None,
+                  weights_bytes=_sglang(target).get("weights_bytes"), predict_tp=(1, 2, 4, 8))  # fmt: skip
     out = output_dir()
     if out is not None:
         (out / f"{target.name}-capacity.json").write_text(json.dumps(cap.to_dict(), indent=2))
     print(cap.sentence())
+    for prediction in cap.predictions:
+        print(prediction.get("what"), "->", prediction.get("max_total_num_tokens") or prediction.get("why"))

@@ -49,3 +49,14 @@ def test_as_verify_runs_it_one_command_prints_one_object(tmp_path):
     assert data["files"] == {str(state): "{}", str(tmp_path / "absent"): None}
     assert data["commands"]["true"]["rc"] == 0 and data["boot_id"]
     assert "sglang" not in data, "no service state was asked for"
+
+
+def test_weights_total_size_is_read_from_the_safetensors_index(tmp_path):
+    assert probe.weights_total_size(str(tmp_path)) is None  # no index: a single-file or GGUF checkpoint
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 141107412992}, "weight_map": {"lm_head.weight": "model-00030.st"}})
+    )
+    assert probe.weights_total_size(str(tmp_path)) == 141107412992
+    (tmp_path / "model.safetensors.index.json").write_text("{not json")
+    assert probe.weights_total_size(str(tmp_path)) is None
+    assert probe.weights_total_size(None) is None
