@@ -6,14 +6,36 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import yaml
 
-PATH = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline" / "module_utils" / "kernel_cmdline.py"
-spec = importlib.util.spec_from_file_location("kernel_cmdline_utils", PATH)
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline"
+spec = importlib.util.spec_from_file_location("kernel_cmdline_utils", ROLE / "module_utils" / "kernel_cmdline.py")
 kc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kc)
 
-SNP_ADD = ["mem_encrypt=on", "kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
-SNP_REMOVE = ["iommu=pt", "iommu.passthrough=1", "amd_iommu=off", "amd_iommu=pgtbl_v2"]
+
+def role_lists(**inventory) -> tuple[list[str], list[str]]:
+    """The add and remove lists the role works with (vars/main.yml over defaults/main.yml and the inventory)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    def trusted(value):
+        if isinstance(value, str):
+            return trust_as_template(value)
+        if isinstance(value, list):
+            return [trusted(v) for v in value]
+        return value
+
+    layers = [yaml.safe_load((ROLE / f).read_text()) for f in ("defaults/main.yml", "vars/main.yml")]
+    variables = {k: trusted(v) for layer in [*layers, inventory] for k, v in layer.items()}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return tuple(
+        templar.template(trust_as_template("{{ " + name + " }}"))
+        for name in ("_kernel_cmdline_add", "_kernel_cmdline_remove")
+    )
+
+
+SNP_ADD, SNP_REMOVE = role_lists()
 
 
 def merged(line, add=SNP_ADD, remove=SNP_REMOVE):
@@ -22,8 +44,30 @@ def merged(line, add=SNP_ADD, remove=SNP_REMOVE):
 
 def test_appends_wanted_arguments_keeping_existing_ones_in_order():
     r = merged("quiet splash")
-    assert r["line"] == "quiet splash mem_encrypt=on kvm_amd.sev=1 kvm_amd.sev_es=1 kvm_amd.sev_snp=1 iommu=nopt"
+    assert r["line"] == "quiet splash kvm_amd.sev=1 kvm_amd.sev_es=1 kvm_amd.sev_snp=1 iommu=nopt"
     assert r["changed"] and r["added"] == SNP_ADD
+
+
+def test_the_default_profile_leaves_host_sme_off_and_removes_the_mem_encrypt_an_earlier_profile_added():
+    assert "mem_encrypt=on" not in SNP_ADD
+    r = merged("quiet mem_encrypt=on kvm_amd.sev=1 kvm_amd.sev_es=1 kvm_amd.sev_snp=1 iommu=nopt")
+    assert r["line"] == "quiet kvm_amd.sev=1 kvm_amd.sev_es=1 kvm_amd.sev_snp=1 iommu=nopt"
+    assert r["removed"] == ["mem_encrypt=on"]
+    assert kc.missing("quiet mem_encrypt=on " + " ".join(SNP_ADD), SNP_ADD, SNP_REMOVE)["still_present"] == [
+        "mem_encrypt=on"
+    ], "the running kernel still has it: the node reboots"
+
+
+def test_mem_encrypt_is_opt_in():
+    add, remove = role_lists(kernel_cmdline_snp_mem_encrypt=True)
+    assert add[-1] == "mem_encrypt=on" and "mem_encrypt=on" not in remove
+    assert kc.merge("quiet mem_encrypt=on", add, remove)["line"].split().count("mem_encrypt=on") == 1
+
+
+def test_without_the_profile_nothing_about_mem_encrypt_is_touched():
+    add, remove = role_lists(kernel_cmdline_snp_profile=False)
+    assert add == [] and remove == []
+    assert not kc.merge("quiet mem_encrypt=on", add, remove)["changed"]
 
 
 def test_conflicting_value_is_replaced_in_place():
@@ -95,7 +139,7 @@ def test_unchanged_line_reports_no_change():
 
 def test_missing_reports_what_the_running_kernel_lacks():
     gap = kc.missing("BOOT_IMAGE=x quiet iommu=pt kvm_amd.sev=1", SNP_ADD, SNP_REMOVE)
-    assert gap["absent"] == ["mem_encrypt=on", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+    assert gap["absent"] == ["kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
     assert gap["still_present"] == ["iommu=pt"] and not gap["ok"]
     assert kc.missing(" ".join(SNP_ADD), SNP_ADD, SNP_REMOVE)["ok"]
 

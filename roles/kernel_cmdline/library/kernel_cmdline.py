@@ -16,11 +16,14 @@ description:
   - C(verify_generated) checks that the generated boot configuration (C(/boot/grub/grub.cfg), or the loader
     entries on every ESP listed in C(/etc/kernel/proxmox-boot-uuids)) carries the wanted arguments.
   - C(restore) puts back the files of the latest backup. C(running) compares C(/proc/cmdline) with the wanted
-    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP state and the IO_PAGE_FAULT count.
+    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP proof (module_utils/sev_snp.py) and the
+    IO_PAGE_FAULT count.
+  - C(mark_changed) records that the boot configuration changed (C(marker_file), JSON with C(changed_at) in UTC
+    and the new C(line)), so that verdicts taken before the change (the GPU diagnostic's) can be refused.
 options:
   action:
     type: str
-    choices: [configure, verify_generated, restore, running, findings]
+    choices: [configure, verify_generated, restore, running, findings, mark_changed]
     default: configure
   bootloader:
     type: str
@@ -42,6 +45,22 @@ options:
     description:
       - with action=findings, where to record them (kept up to date, not reported as a change); with
         action=configure, the same, when the running kernel already has the wanted arguments
+  snp_required:
+    type: bool
+    default: false
+    description:
+      - SEV-SNP must be proven on this node. With action=configure, a node that would need a reboot into the
+        new line but cannot do SEV-SNP (no C(sev_snp) CPU flag, or a kernel older than 6.11 to boot) fails before
+        anything is written. Recorded in wanted.json for C(provision verify).
+  marker_file:
+    type: path
+    description: with action=mark_changed, the file to write
+  line:
+    type: str
+    description: with action=mark_changed, the new kernel command line
+attributes:
+  check_mode: {support: full}
+  diff_mode: {support: full}
 """
 
 EXAMPLES = r"""
@@ -58,6 +77,10 @@ previous: {description: the configured command line before, type: str, returned:
 files: {description: files changed, type: list, returned: configure}
 running: {description: the running kernel against the wanted arguments (as action=running), type: dict, returned: configure}
 findings: {description: this boot's findings (as action=findings), type: dict, returned: configure when no reboot is needed}
+snp_before_reboot:
+  description: SEV-SNP prerequisites missing for the next boot (empty when none or not required)
+  type: list
+  returned: configure
 backup: {description: directory holding the originals, type: str, returned: when changed}
 """
 
@@ -72,6 +95,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.kernel_cmdline import canonical, merge, missing, split
+from ansible.module_utils.sev_snp import SEV_SNP_PARAM, before_reboot, newest_release, proof
 
 GRUB_MAIN = "/etc/default/grub"
 GRUB_SNIPPETS = "/etc/default/grub.d"
@@ -79,6 +103,7 @@ GRUB_OVERRIDE = "/etc/default/grub.d/zz-provision.cfg"
 GRUB_CFG = "/boot/grub/grub.cfg"
 KERNEL_CMDLINE = "/etc/kernel/cmdline"
 PBT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
+PBT_PIN = "/etc/kernel/proxmox-boot-pin"
 DEFAULT_VAR, LINUX_VAR = "GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX"
 
 
@@ -196,11 +221,12 @@ def atomic_write(path, content):
     os.replace(tmp, path)
 
 
-def record_wanted(directory, bootloader, add, remove):
-    """What provision wants, for `provision verify` to compare with /proc/cmdline (bookkeeping, not a change)."""
+def record_wanted(directory, bootloader, add, remove, snp_required):
+    """What provision wants, for `provision verify` to compare with the node (bookkeeping, not a change)."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, "wanted.json")
-    content = json.dumps({"bootloader": bootloader, "add": add, "remove": remove}, indent=1, sort_keys=True) + "\n"
+    wanted = {"bootloader": bootloader, "add": add, "remove": remove, "snp_required": snp_required}
+    content = json.dumps(wanted, indent=1, sort_keys=True) + "\n"
     if not os.path.exists(path) or open(path).read() != content:
         atomic_write(path, content)
 
@@ -272,9 +298,30 @@ def plan_systemd_boot(module, add, remove):
     return changes, first, result, notes
 
 
+SNP_OFF_HINT = (
+    "set kernel_cmdline_snp_profile: false to run without the SEV-SNP profile "
+    "(or kernel_cmdline_snp_required: false to apply it without proof)"
+)
+
+
+def refuse_unbootable_snp(module, bootloader, changes, running_check):
+    """Fail before writing anything when this run would lead to a reboot into SNP that cannot come up."""
+    if not module.params["snp_required"] or not (changes or running_check["reboot_needed"]):
+        return []
+    gaps = snp_before_reboot(bootloader)
+    if gaps:
+        module.fail_json(
+            msg="cannot boot into SEV-SNP: %s; nothing was changed; %s" % ("; ".join(gaps), SNP_OFF_HINT),
+            snp_before_reboot=gaps,
+        )
+    return gaps
+
+
 def configure(module, bootloader, add, remove):
     planner = plan_grub if bootloader == "grub" else plan_systemd_boot
     changes, before, result, notes = planner(module, add, remove)
+    running_check = {k: v for k, v in running(add, remove).items() if k != "changed"}
+    snp_gaps = refuse_unbootable_snp(module, bootloader, changes, running_check)
     out = dict(
         changed=bool(changes),
         line=result["line"],
@@ -292,7 +339,7 @@ def configure(module, bootloader, add, remove):
             old = open(path).read() if os.path.exists(path) else ""
             out["diff"].append(dict(before=old, after=new, before_header=path, after_header=path))
     if not module.check_mode:
-        record_wanted(module.params["backup_dir"], bootloader, add, remove)
+        record_wanted(module.params["backup_dir"], bootloader, add, remove, module.params["snp_required"])
     if changes and not module.check_mode:
         backup = Backup(module.params["backup_dir"])
         for path in changes:
@@ -302,7 +349,8 @@ def configure(module, bootloader, add, remove):
             atomic_write(path, new)
     # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
     # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
-    out["running"] = {k: v for k, v in running(add, remove).items() if k != "changed"}
+    out["running"] = running_check
+    out["snp_before_reboot"] = snp_gaps
     if not out["running"]["reboot_needed"]:
         out["findings"] = findings(module, add, remove)["findings"]
     return out
@@ -417,26 +465,54 @@ def running(add, remove):
     return dict(changed=False, proc_cmdline=line, reboot_needed=not gap["ok"], **gap)
 
 
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def next_boot_release(bootloader):
+    """The kernel release the node boots next: GRUB's default entry in grub.cfg; for systemd-boot the kernel
+    pinned with proxmox-boot-tool, else the newest in /boot (the loader's default order); else the running one."""
+    if bootloader == "grub":
+        m = re.search(r"^\s*linux\s+\S*vmlinuz-(\S+)", read_text(GRUB_CFG) or "", re.M)
+        if m:
+            return m.group(1)
+    else:
+        pinned = (read_text(PBT_PIN) or "").strip()
+        newest = newest_release([os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")])
+        if pinned or newest:
+            return pinned or newest
+    return os.uname().release
+
+
+def snp_before_reboot(bootloader):
+    """The SEV-SNP prerequisites that can be checked before a reboot, missing on this node."""
+    return before_reboot(read_text("/proc/cpuinfo") or "", next_boot_release(bootloader))
+
+
+def snp_proof(log):
+    """This boot's SEV-SNP proof from dmesg (None: unreadable), the kernel release and kvm_amd's parameter."""
+    return proof(log, os.uname().release, os.path.isdir("/sys/module/kvm_amd"), read_text(SEV_SNP_PARAM))
+
+
 def findings(module, add, remove):
     """This boot's findings plus the running-kernel check, written to <state_dir>/kernel-findings.json."""
     rc, log, _ = module.run_command(["dmesg"])
     out = {}
     if rc != 0:
+        log = None
         out.update(iommu_default_domain="unknown (dmesg not readable)", io_page_faults=None)
     else:
         m = re.search(r"iommu: Default domain type: (\w+)", log)
         out["iommu_default_domain"] = m.group(1) if m else "not supported"
         out["io_page_faults"] = log.count("IO_PAGE_FAULT")
-        m = re.search(r"SEV-SNP (enabled|disabled|unusable)[^\n]*", log)
-        snp_log = re.search(r"SNP: [^\n]*cannot be supported", log)
-        out["sev_snp_dmesg"] = m.group(0) if m else (snp_log.group(0) if snp_log else "not supported")
-    try:
-        with open("/sys/module/kvm_amd/parameters/sev_snp") as f:
-            out["sev_snp"] = {"Y": "enabled", "1": "enabled", "N": "disabled", "0": "disabled"}.get(
-                f.read().strip(), "unknown"
-            )
-    except OSError:
-        out["sev_snp"] = "not supported (kvm_amd not loaded)"
+    snp = snp_proof(log)
+    out["sev_snp"] = "proven" if snp["proven"] else "not proven"
+    out["sev_snp_missing"] = snp["missing"]
+    out["sev_snp_evidence"] = snp["evidence"]
     check = running(add, remove)
     out["proc_cmdline"] = check["proc_cmdline"]
     path = module.params["findings_file"]
@@ -448,20 +524,38 @@ def findings(module, add, remove):
     return dict(changed=False, findings=out, **{k: v for k, v in check.items() if k != "changed"})
 
 
+def changed_marker(line, now):
+    """The record that the boot configuration changed: when (UTC) and to which line."""
+    return json.dumps({"changed_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "cmdline": line}, sort_keys=True) + "\n"
+
+
+def mark_changed(module):
+    """Write the marker (node clock, UTC); called only by tasks that changed the boot configuration."""
+    path = module.params["marker_file"]
+    if not module.check_mode:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, changed_marker(module.params["line"], datetime.datetime.now(datetime.timezone.utc)))
+    return dict(changed=True, marker_file=path)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             action=dict(
                 type="str",
                 default="configure",
-                choices=["configure", "verify_generated", "restore", "running", "findings"],
+                choices=["configure", "verify_generated", "restore", "running", "findings", "mark_changed"],
             ),
             bootloader=dict(type="str", default="auto", choices=["auto", "grub", "systemd-boot"]),
             add=dict(type="list", elements="str", default=[]),
             remove=dict(type="list", elements="str", default=[]),
             backup_dir=dict(type="path", default="/var/lib/provision/kernel-cmdline"),
             findings_file=dict(type="path"),
+            snp_required=dict(type="bool", default=False),
+            marker_file=dict(type="path"),
+            line=dict(type="str"),
         ),
+        required_if=[("action", "mark_changed", ("marker_file", "line"))],
         supports_check_mode=True,
     )
     p = module.params
@@ -478,6 +572,8 @@ def main():
         result = restore(module, bootloader)
     elif action == "running":
         result = running(p["add"], p["remove"])
+    elif action == "mark_changed":
+        result = mark_changed(module)
     else:
         result = findings(module, p["add"], p["remove"])
     module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)
