@@ -60,6 +60,9 @@ class HostBench:
     mismatches: list[str] = field(default_factory=list)
     # prompts each level sent, as the role recorded them (levels.json)
     sent_per_level: dict[int, int] = field(default_factory=dict)
+    # the server's limit on requests run at once (server_info in the client's lines), and the levels above it
+    max_running_requests: int | None = None
+    above_limit: list[int] = field(default_factory=list)
 
     @property
     def failed_requests(self) -> int:
@@ -74,6 +77,8 @@ class HostBench:
             "problems": self.problems,
             "baseline_mismatches": self.mismatches,
             "missing_levels": self.missing,
+            "max_running_requests": self.max_running_requests,
+            "levels_above_max_running_requests": self.above_limit,
             "regressions": [r.describe() for r in self.regressions],
             "levels": [{**lv.__dict__, "failed": lv.failed} for lv in self.levels],
         }
@@ -211,6 +216,8 @@ def build_host_report(
         results_file.write_text(text)
     hb.levels = bench_report.levels_from_jsonl(text, sent)
     hb.missing = bench_report.missing_levels(hb.levels, sent)
+    hb.max_running_requests = bench_report.server_max_running_requests(text)
+    hb.above_limit = bench_report.above_limit(list(sent), hb.max_running_requests)
     for lv in summary.get("levels", []):
         if lv.get("rc"):
             why = "timed out" if lv.get("timed_out") else f"exited {lv['rc']}"
@@ -221,8 +228,9 @@ def build_host_report(
         hb.regressions = bench_report.compare(hb.levels, baseline, opts.threshold)
         hb.mismatches = baseline_mismatches(hb.meta, baseline)
     charts = bench_report.render_charts(hb.levels, host_dir, hb.host, baseline) if hb.levels else {}
+    note = summary.get("note") or None
     markdown = bench_report.render_markdown(
-        hb.levels, hb.meta, capacity, hb.regressions, hb.missing, charts, note=summary.get("note") or None
+        hb.levels, hb.meta, capacity, hb.regressions, hb.missing, charts, note, hb.max_running_requests
     )
     if hb.mismatches:
         markdown += "\n## Not like with like\n\n" + "\n".join(f"- {m}" for m in hb.mismatches) + "\n"
@@ -282,6 +290,10 @@ def print_result(console: Console, result: BenchResult) -> None:
         console.print(table)
         if hb.capacity:
             console.print(f"capacity: {escape(hb.capacity)}", highlight=False)
+        if hb.above_limit:
+            levels = ", ".join(f"C={c}" for c in hb.above_limit)
+            console.print(f"[yellow]above max_running_requests={hb.max_running_requests}[/]: {levels} "
+                          "(the excess requests queue)", highlight=False)  # fmt: skip
         for problem in hb.problems:
             console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
         for regression in hb.regressions:

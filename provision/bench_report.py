@@ -3,7 +3,9 @@ baseline comparison.
 
 Each JSONL line is one concurrency level (sglang-nccl.md §2.2): `max_concurrency`, `completed`,
 `output_throughput`, `total_throughput`, `request_throughput`, `{median,p99}_{ttft,itl}_ms`, ...
-There is no `failed` key: failures are the prompts sent minus `completed`.
+There is no `failed` key: failures are the prompts sent minus `completed`. The client also copies the
+server's /server_info into each line (benchmark/serving.py), which carries the server's limit on
+requests run at once: levels above it measure queueing, not more parallel work, and are flagged.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from provision.capacity import effective_max_running_requests
 
 DEFAULT_THRESHOLD = 0.10  # a 10% drop in throughput, or rise in p99 TTFT, is a regression
 
@@ -63,6 +67,21 @@ def missing_levels(levels: list[Level], prompts_per_level: dict[int, int]) -> li
     """Levels where no request succeeded: SGLang's client writes no line for them."""
     seen = {lv.concurrency for lv in levels}
     return sorted(c for c in prompts_per_level if c not in seen)
+
+
+def server_max_running_requests(text: str) -> int | None:
+    """The server's max_running_requests, from the first JSONL line whose server_info has one."""
+    for line in text.splitlines():
+        info = json.loads(line).get("server_info") if line.strip() else None
+        limit = effective_max_running_requests(info) if isinstance(info, dict) else None
+        if limit:
+            return limit
+    return None
+
+
+def above_limit(levels: list[int], limit: int | None) -> list[int]:
+    """Concurrency levels the server cannot run at once: the excess requests wait in its queue."""
+    return sorted(c for c in levels if limit and c > limit)
 
 
 @dataclass
@@ -124,12 +143,14 @@ def render_markdown(
     missing: list[int],
     charts: dict[str, str],
     note: str | None = None,
+    max_running: int | None = None,
 ) -> str:
     lines = [f"# Throughput sweep: {meta.get('host', '')}", ""]
     if note:
         lines += [f"> **{note}**", ""]
     if capacity:
         lines += [f"**Capacity:** {capacity}", ""]
+    lines += _limit_lines([lv.concurrency for lv in levels], max_running)
     lines += [
         f"- SGLang {meta.get('sglang_version', '?')}, P2P policy `{meta.get('p2p_policy', '?')}`, "
         f"client `{meta.get('client_module', '?')}`",
@@ -140,10 +161,12 @@ def render_markdown(
         "| ITL median ms | ITL p99 ms | completed / sent |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    over = set(above_limit([lv.concurrency for lv in levels], max_running))
     for lv in levels:
         done = f"{lv.completed} / {lv.sent}" + (f" (**{lv.failed} FAILED**)" if lv.failed else "")
+        c = f"{lv.concurrency} (> limit)" if lv.concurrency in over else str(lv.concurrency)
         lines.append(
-            f"| {lv.concurrency} | {lv.output_throughput:,.1f} | {lv.total_throughput:,.1f} "
+            f"| {c} | {lv.output_throughput:,.1f} | {lv.total_throughput:,.1f} "
             f"| {lv.request_throughput:,.2f} | {format_ms(lv.median_ttft_ms)} | {format_ms(lv.p99_ttft_ms)} "
             f"| {format_ms(lv.median_itl_ms)} | {format_ms(lv.p99_itl_ms)} | {done} |"
         )
@@ -157,6 +180,18 @@ def render_markdown(
     for title, path in charts.items():
         lines += [f"![{title}]({path})", ""]
     return "\n".join(lines)
+
+
+def _limit_lines(levels: list[int], max_running: int | None) -> list[str]:
+    if max_running is None:
+        return ["The server's max_running_requests is unknown (no server_info in the client's lines).", ""]
+    over = above_limit(levels, max_running)
+    if not over:
+        return [f"Server limit: max_running_requests = {max_running:,}; every level is within it.", ""]
+    named = ", ".join(f"C={c}" for c in over)
+    text = (f"**Above the server's limit:** max_running_requests = {max_running:,}, so at {named} the requests "
+            "beyond it wait in the server's queue: those levels measure queueing, not more parallel work.")  # fmt: skip
+    return [text, ""]
 
 
 def render_charts(

@@ -154,3 +154,28 @@ def test_bad_flags_fail_before_anything_is_contacted(tmp_path, capsys):
     missing = tmp_path / "nope.json"
     assert cli.main(["bench", "--inventory", "prod", "--baseline", str(missing)]) == EXIT_USAGE
     assert f"--baseline {missing}: cannot read it" in capsys.readouterr().err
+
+
+def test_levels_above_the_servers_max_running_requests_are_flagged(tmp_path):
+    # the client copies /server_info into each line; internal_states carries the scheduler's own limit
+    # (for the scenario's Qwen3.5 at tp=2, the hybrid state pool caps it well below the sweep's top levels)
+    limited = [
+        {**row(c, 2 * c, 100.0 * c), "server_info": {"max_running_requests": None, "internal_states": [
+            {"effective_max_running_requests_per_dp": 22}]}}
+        for c in (16, 32, 64)
+    ]  # fmt: skip
+    host_dir = fetched(tmp_path, limited, [level(16), level(32), level(64)])
+    opts = bench.BenchOptions(inventory="x", concurrency=(16, 32, 64), prompts_per_level=2)
+    hb = bench.build_host_report(host_dir, opts, None, None)
+    assert (hb.max_running_requests, hb.above_limit) == (22, [32, 64])
+    assert hb.to_dict()["levels_above_max_running_requests"] == [32, 64]
+    md = (host_dir / "report.md").read_text()
+    assert "max_running_requests = 22, so at C=32, C=64 the requests beyond it wait" in md
+    assert "| 32 (> limit) |" in md and "| 16 | 1,600.0 |" in md
+
+
+def test_an_unknown_limit_is_said_not_assumed(tmp_path):
+    host_dir = fetched(tmp_path, [row(1, 2, 100.0)], [level(1)])  # server_info without the limit
+    hb = bench.build_host_report(host_dir, bench.BenchOptions(inventory="x", concurrency=(1,)), None, None)
+    assert hb.max_running_requests is None and hb.above_limit == []
+    assert "max_running_requests is unknown" in (host_dir / "report.md").read_text()

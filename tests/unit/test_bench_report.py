@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 from provision.bench_report import (
+    above_limit,
     as_baseline,
     compare,
     levels_from_jsonl,
     missing_levels,
     render_charts,
     render_markdown,
+    server_max_running_requests,
 )
 
 BASELINE = json.loads((Path(__file__).resolve().parents[2] / "docs" / "baselines" / "scenario.json").read_text())
@@ -80,3 +82,11 @@ def test_the_throughput_chart_draws_the_baseline_beside_the_run(tmp_path):
     assert drawn != plain
     # the scenario's baseline has no TTFT: that chart is this run's alone
     assert (tmp_path / "with" / "ttft_p99.png").read_bytes() == (tmp_path / "plain" / "ttft_p99.png").read_bytes()
+
+
+def test_server_limit_from_the_client_lines():
+    lines = "\n".join(json.dumps({"max_concurrency": c, "server_info": {"max_running_requests": 48}}) for c in (1, 64))
+    assert server_max_running_requests(lines) == 48
+    assert server_max_running_requests('{"max_concurrency": 1}\n') is None
+    assert above_limit([1, 4, 16, 32, 64, 128], 48) == [64, 128]
+    assert above_limit([1, 128], None) == []
