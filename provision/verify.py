@@ -83,6 +83,12 @@ def _reason(problem: ET.Element) -> str:
     return first.strip() or "failed"
 
 
+def _note(case: ET.Element) -> str:
+    """What a passing check has to say (record_property("note", ...)), e.g. "SNP not proven"."""
+    found = case.find("properties/property[@name='note']")
+    return found.get("value", "") if found is not None else ""
+
+
 def _parse_junit(path: Path) -> list[Check]:
     """One Check per test case; the host is the case's parameter id (`test_x[host]`)."""
     checks = []
@@ -93,7 +99,7 @@ def _parse_junit(path: Path) -> list[Check]:
         problem = next((case.find(tag) for tag in ("failure", "error") if case.find(tag) is not None), None)
         if case.find("skipped") is not None:
             continue
-        reason = _reason(problem) if problem is not None else ""
+        reason = _reason(problem) if problem is not None else _note(case)
         host = param.removesuffix("]")
         checks.append(Check(host, suite, name, problem is None, reason[:300], float(case.get("time", 0) or 0)))
     return checks

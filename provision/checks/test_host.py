@@ -57,6 +57,31 @@ def test_iommu_and_snp_findings(target):
     print(json.dumps({k: findings.get(k) for k in ("iommu_default_domain", "sev_snp", "io_page_faults")}))
 
 
+def snp_verdict(wanted: dict, findings: dict) -> tuple[bool, str]:
+    """(passes, what to say) for SEV-SNP: the node's findings prove it (the kernel_cmdline role's
+    module_utils/sev_snp.py decides from the node's own lines), or the inventory says it is not required."""
+    missing = "; ".join(findings.get("sev_snp_missing") or [])
+    if "sev_snp_missing" not in findings or "snp_required" not in wanted:
+        return False, "the findings predate the SEV-SNP proof: run provision apply --tags kernel"
+    if findings.get("sev_snp") == "proven":
+        return True, "SEV-SNP proven"
+    if not wanted["snp_required"]:
+        return True, f"SNP not proven (not required: kernel_cmdline_snp_required is false): {missing}"
+    return False, f"SEV-SNP is required but not proven: {missing}"
+
+
+def test_sev_snp_proven(target, record_property):
+    """Where the inventory asks for SNP, this boot's findings prove it; elsewhere the check says "SNP not proven"."""
+    findings, wanted = target.json(FINDINGS), target.json(WANTED)
+    assert findings is not None and wanted is not None, "no kernel findings: the kernel phase has not run here"
+    assert findings.get("proc_cmdline", "").split() == (target.data["proc_cmdline"] or "").split(), (
+        "the findings are from an earlier boot: run provision apply --tags kernel"
+    )
+    passes, note = snp_verdict(wanted, findings)
+    record_property("note", note)
+    assert passes, note
+
+
 def test_gpu_device_nodes(target):
     """The NVIDIA module is loaded, and every devN path of the node's CTs is a device node here (PVE's prestart
     hook refuses to start a CT whose path is missing: the module creates none, provision's boot unit does)."""

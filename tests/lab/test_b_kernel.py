@@ -1,9 +1,10 @@
 """The kernel phase on both bootloader paths of the lab (issue: kernel arguments).
 
 Tests run in file order on the shared lab. Starting states: pve-grub has quoted arguments,
-iommu=pt and kvm_amd.sev=0 in /etc/default/grub plus an argument appended only by a grub.d
-snippet; pve-sdboot has quotes, iommu.passthrough=1 and kvm_amd.sev=0 in /etc/kernel/cmdline
-without a trailing newline.
+iommu=pt, kvm_amd.sev=0 and the mem_encrypt=on of an earlier profile in /etc/default/grub plus an
+argument appended only by a grub.d snippet; pve-sdboot has quotes, iommu.passthrough=1 and
+kvm_amd.sev=0 in /etc/kernel/cmdline without a trailing newline. The lab's inventory says SEV-SNP
+is not required (its VMs cannot do it): the profile applies and the reports say "SNP not proven".
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import pytest
 from tests.conftest import run_provision
 from tests.lab.helpers import apply, boots, canonical, set_host_vars, split_cmdline
 
-SNP_ADD = ["mem_encrypt=on", "kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
-SNP_GONE = ["iommu=pt", "iommu.passthrough=1", "kvm_amd.sev=0"]
+SNP_ADD = ["kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+# mem_encrypt=on: host SME is opt-in (kernel_cmdline_snp_mem_encrypt), and removed where an earlier profile put it
+SNP_GONE = ["iommu=pt", "iommu.passthrough=1", "kvm_amd.sev=0", "mem_encrypt=on"]
+MARKER = "/var/lib/provision/cmdline-changed"
 GRUB_KEEP = ["quiet", "dyndbg=module iommu +p", "site_arg=1", "console=ttyS0,115200n8"]
 SDBOOT_KEEP = ["quiet", "acpi_osi=Windows 2020", "console=ttyS0,115200n8"]
 FILES = "/etc/default/grub /etc/default/grub.d/* /etc/kernel/cmdline /boot/grub/grub.cfg"
@@ -28,6 +31,11 @@ FILES = "/etc/default/grub /etc/default/grub.d/* /etc/kernel/cmdline /boot/grub/
 def write(machine, path: str, content: str) -> None:
     data = base64.b64encode(content.encode()).decode()
     assert machine.ssh(f"mkdir -p $(dirname {path}) && echo {data} | base64 -d > {path}").returncode == 0
+
+
+def marker(machine) -> dict | None:
+    out = machine.ssh(f"cat {MARKER} 2>/dev/null").stdout
+    return json.loads(out) if out.strip() else None
 
 
 def checksums(machine) -> str:
@@ -45,7 +53,7 @@ def hosts(lab, lab_inventory):
     current = grub.ssh("cat /etc/default/grub").stdout
     current = re.sub(
         r"^GRUB_CMDLINE_LINUX_DEFAULT=.*$",
-        "GRUB_CMDLINE_LINUX_DEFAULT='quiet dyndbg=\"module iommu +p\" iommu=pt kvm_amd.sev=0'",
+        "GRUB_CMDLINE_LINUX_DEFAULT='quiet dyndbg=\"module iommu +p\" iommu=pt kvm_amd.sev=0 mem_encrypt=on'",
         current,
         flags=re.M,
     )
@@ -88,11 +96,18 @@ def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
         m.startswith("systemd-boot (proxmox-boot-tool status: ESP configured with uefi") for m in reports["pve-sdboot"]
     )
     assert any("SEV-SNP needs the IOMMU in translation mode" in m for m in reports["pve-grub"])
+    assert any(m.startswith("removed mem_encrypt=on (host SME)") for m in reports["pve-grub"]), reports["pve-grub"]
     for name in ("pve-grub", "pve-sdboot"):
         assert any(m.startswith("reboot pending") for m in reports[name])
         assert hosts[name].boot_id() == ids[name], f"{name} rebooted with --reboot never"
+        # the boot configuration changed: the marker holds the new line (the GPU diagnostic refuses older verdicts)
+        mark = marker(hosts[name])
+        assert mark and mark["changed_at"].endswith("Z") and "kvm_amd.sev_snp=1" in mark["cmdline"].split(), mark
+        assert "mem_encrypt=on" not in mark["cmdline"].split()
+        hosts.setdefault("markers", {})[name] = mark
     grub_cfg = hosts["pve-grub"].ssh("grep -m1 -E '^\\s+linux\\s' /boot/grub/grub.cfg").stdout
     assert all(a in grub_cfg.split() for a in SNP_ADD) and "iommu=pt" not in grub_cfg.split()
+    assert "mem_encrypt=on" not in grub_cfg.split()
     # the append-style grub.d snippet means the merged line goes to a last-applied snippet
     assert "zz-provision.cfg" in hosts["pve-grub"].ssh("ls /etc/default/grub.d").stdout
     entry = hosts["pve-sdboot"].ssh("proxmox-boot-tool status").stdout
@@ -101,7 +116,7 @@ def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
 
 def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
     before = {n: (hosts[n].boot_id(), boots(hosts[n])) for n in ("pve-grub", "pve-sdboot")}
-    rc, _, err = apply(hosts["inventory"], runs, "--tags", "kernel")
+    rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel")
     assert rc == 0, err[-3000:]
     for name, keep in (("pve-grub", GRUB_KEEP), ("pve-sdboot", SDBOOT_KEEP)):
         vm = hosts[name]
@@ -111,10 +126,42 @@ def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
         assert all(a in args for a in SNP_ADD), (name, args)
         assert not [a for a in SNP_GONE if a in args], (name, args)
         assert all(a in args for a in keep), f"{name} lost arguments it was not asked to change: {args}"
-        findings = vm.ssh("cat /var/lib/provision/kernel-findings.json").stdout
-        assert '"sev_snp"' in findings and '"iommu_default_domain"' in findings
+        findings = json.loads(vm.ssh("cat /var/lib/provision/kernel-findings.json").stdout)
+        assert findings["sev_snp"] == "not proven" and findings["iommu_default_domain"]
+        # true reasons: the lab's Debian 12 kernel is too old, and TCG has no SNP lines
+        assert findings["sev_snp_missing"][0].startswith("kernel 6.1."), findings["sev_snp_missing"]
+        assert not [r for r in findings["sev_snp_missing"] if "kvm_amd is not loaded" in r]
+        assert any(m.startswith("IOMMU default domain") and "SNP not proven (not required" in m
+                   for m in result["reports"][name]), result["reports"][name]  # fmt: skip
+        # this run only rebooted: the boot configuration was already written, so the marker is as it was
+        assert marker(vm) == hosts["markers"][name]
     cmdline_file = hosts["pve-sdboot"].ssh("cat /etc/kernel/cmdline").stdout
     assert cmdline_file.count("\n") == 1, "the first line only, newline-terminated"
+
+
+def test_a_node_that_must_prove_snp_and_cannot_is_not_rebooted_into_it(hosts, runs):
+    """With kernel_cmdline_snp_required: true the lab's VMs (no sev_snp CPU flag, kernel 6.1) are refused
+    before anything is written; a converged node fails after its findings instead of passing as if proven."""
+    grub = hosts["pve-grub"]
+    inv = hosts["inventory"]
+    before = (checksums(grub), grub.boot_id(), marker(grub))
+    set_host_vars(inv, "pve-grub", {"kernel_cmdline_snp_required": True, "kernel_cmdline_extra_args": ["lab_snp=1"]})
+    try:
+        rc, result, _ = apply(inv, runs, "--tags", "kernel", "--limit", "pve-grub")
+        assert rc == 1
+        message = " ".join(f["message"] for f in result["failures"] if f["host"] == "pve-grub")
+        assert "cannot boot into SEV-SNP: the CPU flag sev_snp is missing from /proc/cpuinfo" in message, message
+        assert "kernel 6.1." in message and "(the kernel the node boots next)" in message, message
+        assert "nothing was changed" in message and "kernel_cmdline_snp_profile: false" in message, message
+        assert (checksums(grub), grub.boot_id(), marker(grub)) == before, "refused, yet something changed"
+        set_host_vars(inv, "pve-grub", {"kernel_cmdline_snp_required": True})
+        rc, result, _ = apply(inv, runs, "--tags", "kernel", "--limit", "pve-grub")
+        assert rc == 1
+        message = " ".join(f["message"] for f in result["failures"] if f["host"] == "pve-grub")
+        assert message.startswith("SEV-SNP is not active after boot: kernel 6.1."), message
+        assert grub.boot_id() == before[1], "a converged node must not reboot"
+    finally:
+        set_host_vars(inv, "pve-grub", None)
 
 
 def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, runs):
@@ -123,7 +170,7 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     write(grub, "/etc/default/grub.d/60-broken.cfg", '[ -z "${GRUB_DEVICE:-}" ]\n')
     set_host_vars(hosts["inventory"], "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=1"]})
     before = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
-              grub.boot_id())  # fmt: skip
+              grub.boot_id(), marker(grub))  # fmt: skip
     try:
         rc, result, _ = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", "pve-grub")
     finally:
@@ -133,8 +180,8 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     message = " ".join(f["message"] for f in result["failures"])
     assert "restored from" in message and "not rebooted" in message, message
     after = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
-             grub.boot_id())  # fmt: skip
-    assert after == before, "the previous boot configuration must stay in place, without a reboot"
+             grub.boot_id(), marker(grub))  # fmt: skip
+    assert after == before, "the previous boot configuration (and its marker) must stay in place, without a reboot"
 
 
 def test_a_host_that_does_not_come_back_stops_the_rollout(hosts, runs, lab):
