@@ -14,12 +14,18 @@ from typing import Any
 SGLANG_VERSION = "0.5.23"
 GIB = 2**30
 
-# configs/model_config.py:ModelConfig._derive_model_shapes: the architectures cached as MLA latents
-# (the DeepSeek family and its relatives; is_deepseek_dsa adds an indexer when index_topk is set)
+# configs/model_config.py:ModelConfig._derive_model_shapes, first branch: the architectures cached as one
+# MLA latent per token (is_deepseek_dsa adds an indexer when index_topk is set). Later branches make a few
+# more MLA (DeepSeek-V4, MiniCPM3, Kimi-VL/Linear, Bailing V2.5); those, like any other config that carries
+# kv_lora_rank, are refused as not modelled rather than sized as MHA.
 MLA_ARCHITECTURES = frozenset({
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "Glm4MoeLiteForCausalLM",
-    "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM", "LongcatFlashForCausalLM",
-    "GigaChat35ForCausalLM", "DotsVLMForCausalLM",
+    "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN",
+    "Glm4MoeLiteForCausalLM", "Glm4MoeLiteForCausalLMNextN", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN",
+    "Glm5NextForConditionalGeneration", "Glm5NextForConditionalGenerationNextN", "LongcatFlashForCausalLM",
+    "LongcatFlashForCausalLMNextN", "HYV4ForCausalLM", "HYV4ForCausalLMNextN", "DotsVLMForCausalLM",
+    "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN", "MistralLarge3ForCausalLM", "MistralLarge3ForCausalLMEagle",
+    "KimiK25ForConditionalGeneration", "Eagle3DeepseekV2ForCausalLM", "GigaChat35ForCausalLM",
+    "GigaChat35ForCausalLMNextN",
 })  # fmt: skip
 # configs/hybrid_arch.py:hybrid_gdn_config: Qwen3NextConfig, Qwen3_5Config, Qwen3_5MoeConfig (text part)
 GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
@@ -119,7 +125,7 @@ def geometry(config: dict[str, Any]) -> Geometry:
     """Attention and state geometry from a Hugging Face config.json, as SGLang derives it."""
     text = config.get("text_config") or config  # utils/hf_transformers/common.py:get_hf_text_config
     arch = (config.get("architectures") or [""])[0]
-    if "sliding_attention" in (text.get("layer_types") or []):
+    if "sliding_attention" in (text.get("layer_types") or []) or text.get("sliding_window_pattern"):
         raise NotModelled("sliding-window layers (pool_configurator.py:HybridSWAPoolConfigurator)")
     common = {
         "architecture": arch,
@@ -134,6 +140,8 @@ def geometry(config: dict[str, Any]) -> Geometry:
         # kv_cache_configurator.py:calculate_mla_kv_cache_dim: kv_lora_rank + qk_rope_head_dim, one latent per token
         mla_dim = int(text["kv_lora_rank"]) + int(text["qk_rope_head_dim"])
         return Geometry(attention="mla", kv_layers=common["total_layers"], mla_dim=mla_dim, **common)
+    if text.get("kv_lora_rank"):
+        raise NotModelled(f"{arch}: an MLA-style config outside the architectures modelled here")
     kv_ids, state = _hybrid_layers(text)
     head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
     return Geometry(
