@@ -301,8 +301,3 @@ def rest_from_hardware(free_bytes: float, weights_bytes: float, tp: int, mem_fra
     free after loading is free before less this GPU's share of the weights (weights / tp)."""
     return free_bytes * mem_fraction_static - weights_bytes / tp
 
-
-def weights_from_index(index: dict[str, Any]) -> int | None:
-    """Bytes of all tensors: model.safetensors.index.json metadata.total_size."""
-    size = (index.get("metadata") or {}).get("total_size")
-    return int(size) if size else None

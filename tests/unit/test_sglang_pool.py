@@ -159,11 +159,6 @@ def test_auto_kv_dtype_follows_the_checkpoint():
     assert sp.kv_dtype("auto", geom("llama-3.1-70b")) == sp.KvDtype("bfloat16", 2)
 
 
-def test_weights_from_index():
-    assert sp.weights_from_index({"metadata": {"total_size": LLAMA_70B_WEIGHTS}, "weight_map": {}}) == LLAMA_70B_WEIGHTS
-    assert sp.weights_from_index({"weight_map": {}}) is None
-
-
 def test_an_mla_config_outside_the_list_is_not_sized_as_mha():
     with pytest.raises(sp.NotModelled, match="MiniCPM3ForCausalLM: an MLA-style config"):
         sp.geometry({**config("deepseek-v3"), "architectures": ["MiniCPM3ForCausalLM"]})
