@@ -300,4 +300,3 @@ def rest_from_hardware(free_bytes: float, weights_bytes: float, tp: int, mem_fra
     """KVCacheConfigurator._profile_available_bytes: rest = free after loading - free before x (1 - mfs);
     free after loading is free before less this GPU's share of the weights (weights / tp)."""
     return free_bytes * mem_fraction_static - weights_bytes / tp
-
