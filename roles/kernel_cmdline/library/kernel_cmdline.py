@@ -493,8 +493,21 @@ def snp_before_reboot(bootloader):
     return before_reboot(read_text("/proc/cpuinfo") or "", next_boot_release(bootloader))
 
 
-def snp_proof(log):
-    """This boot's SEV-SNP proof from dmesg (None: unreadable), the kernel release and kvm_amd's parameter."""
+def boot_kernel_log(module, dmesg):
+    """This boot's kernel messages for the SEV-SNP proof: the journal's (`journalctl -k -b 0`) when it has them,
+    since the SNP lines are printed at boot and a long-running node's dmesg ring buffer may have dropped them;
+    else dmesg (None: unreadable)."""
+    tool = module.get_bin_path("journalctl")
+    if tool:
+        rc, out, _ = module.run_command([tool, "-k", "-b", "0", "-q", "--no-pager", "-o", "cat"])
+        if rc == 0 and out.strip():
+            return out
+    return dmesg
+
+
+def snp_proof(module, dmesg):
+    """This boot's SEV-SNP proof from its kernel log, the kernel release and kvm_amd's parameter."""
+    log = boot_kernel_log(module, dmesg)
     return proof(log, os.uname().release, os.path.isdir("/sys/module/kvm_amd"), read_text(SEV_SNP_PARAM))
 
 
@@ -509,7 +522,7 @@ def findings(module, add, remove):
         m = re.search(r"iommu: Default domain type: (\w+)", log)
         out["iommu_default_domain"] = m.group(1) if m else "not supported"
         out["io_page_faults"] = log.count("IO_PAGE_FAULT")
-    snp = snp_proof(log)
+    snp = snp_proof(module, log)
     out["sev_snp"] = "proven" if snp["proven"] else "not proven"
     out["sev_snp_missing"] = snp["missing"]
     out["sev_snp_evidence"] = snp["evidence"]
