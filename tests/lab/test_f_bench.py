@@ -116,8 +116,14 @@ def test_a_gpu_dma_fault_during_the_sweep_fails_bench_naming_the_line(lab, conve
 
     thread = threading.Thread(target=inject_while_the_client_runs, daemon=True)
     thread.start()
-    rc, report, err = bench(converged, runs, "--concurrency", "8")
-    thread.join(60)
+    try:
+        rc, report, err = bench(converged, runs, "--concurrency", "8")
+        thread.join(60)
+    finally:  # the line stays in the node's log: a new start of the service opens a new window for verify
+        ct.ssh("systemctl restart sglang")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and ct.ssh("curl -sf localhost:30000/health").returncode:
+            time.sleep(2)
     assert injected.is_set()
     assert rc != 0, err[-2000:]
     text = json.dumps(report) + err
