@@ -53,13 +53,15 @@ def bus_id(text):
 
 def container_gpus(module):
     """(topology, bus ids) from nvidia-smi; without it, the /dev/nvidiaN nodes with their links unknown."""
-    rc, topo, _ = module.run_command(["nvidia-smi", "topo", "-m"])
-    rc2, buses, _ = module.run_command(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"])
-    if rc == 0 and rc2 == 0:
-        return parse_topo(topo), sorted(bus_id(b) for b in buses.split())
+    smi = module.get_bin_path("nvidia-smi")
+    if smi:
+        rc, topo, _ = module.run_command([smi, "topo", "-m"])
+        rc2, buses, _ = module.run_command([smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"])
+        if rc == 0 and rc2 == 0:
+            return parse_topo(topo), sorted(bus_id(b) for b in buses.split())
     nodes = sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if re.fullmatch(r"/dev/nvidia\d+", p))
     gpus = ["GPU%d" % i for i in range(len(nodes))]
-    links = [{"a": a, "b": b, "link": "unknown (nvidia-smi failed)"} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    links = [{"a": a, "b": b, "link": "unknown (no answer from nvidia-smi)"} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
     return {"gpus": gpus, "links": links}, nodes
 
 

@@ -31,6 +31,8 @@ def main():
     since = module.params["since"]
     result = dict(changed=False, now=time.time())
     if since is not None:
+        if not module.get_bin_path("journalctl"):
+            module.fail_json(msg="cannot read the kernel log: journalctl is not on this node", **result)
         text, error = read_result(*module.run_command(journal_argv(since)))
         if error:
             module.fail_json(msg=error, **result)
