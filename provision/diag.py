@@ -1,8 +1,9 @@
 """`provision diag`: run the GPU peer-to-peer and NCCL diagnostic on every container
 (and on the nodes, if asked) in parallel, show the verdicts and keep them with the run record.
 
-The verdict is also stored on each target (`/var/lib/provision/gpu-diag.json`), where the
-SGLang role reads it for `sglang_p2p: auto`.
+The verdict is also stored on each target, with the context it holds in
+(`/var/lib/provision/gpu-diag-last.json`; a verdict about P2P also in `gpu-diag.json`, where the
+SGLang role reads it for `sglang_p2p: auto`).
 """
 
 from __future__ import annotations

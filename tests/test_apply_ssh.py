@@ -212,6 +212,9 @@ def test_diag_reports_no_gpu_cleanly(ssh_lab, inv, runs):
     assert result["verdict"] == "no-gpu"
     assert "PyTorch not installed" in result["reason"] or "is_available() is False" in result["reason"]
     assert set(report["results"]) == {"ct1"}, "nodes only with --hosts"
-    stored = ssh_lab["targets"]["ct1"].ssh("cat /var/lib/provision/gpu-diag.json").stdout
+    stored = ssh_lab["targets"]["ct1"].ssh("cat /var/lib/provision/gpu-diag-last.json").stdout
     assert json.loads(stored)["verdict"] == "no-gpu"
+    # a verdict that says nothing about P2P never becomes the one sglang_p2p: auto reads
+    gone = ssh_lab["targets"]["ct1"].ssh("test -e /var/lib/provision/gpu-diag.json", check=False)
+    assert gone.returncode == 1
     assert (Path(report["record_dir"]) / "diag-ct1.json").is_file()

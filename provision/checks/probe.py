@@ -153,6 +153,7 @@ def service(state):
     out["main_pid"] = pid
     started = run(["systemctl", "show", "-p", "ActiveEnterTimestamp", "--value", "--timestamp=unix", name])
     out["started_at"] = started["stdout"].strip().lstrip("@") or None
+    out["restarts"] = run(["systemctl", "show", "-p", "NRestarts", "--value", name])["stdout"].strip()
     if pid not in ("", "0"):
         environ = read(f"/proc/{pid}/environ") or ""
         env = dict(e.split("=", 1) for e in environ.split("\0") if "=" in e)

@@ -305,12 +305,7 @@ def decide(
         return NO_GPU, "no CUDA device is usable"
     short = [c for c in copies if c["status"] == "no-memory"]
     short += [run for run in (nccl_p2p, nccl_shm) if run is not None and run.get("status") == "no-memory"]
-    if short and not any(c["status"] == "corrupt" for c in copies):
-        return NO_MEMORY, (
-            "a GPU had too little free memory for the test (a running server holds most of it): "
-            f"{short[0].get('error', '')[:200]}; this says nothing about P2P: run it before the server starts"
-        )
-    if nccl_shm is not None and nccl_shm.get("status") != "ok":
+    if nccl_shm is not None and nccl_shm.get("status") not in ("ok", "no-memory"):
         return NCCL_BROKEN, f"NCCL all-reduce fails even with NCCL_P2P_DISABLE=1 ({nccl_shm.get('status')})"
     corrupt = [c for c in copies if c["status"] == "corrupt"]
     if corrupt or (nccl_p2p is not None and nccl_p2p.get("status") == "corrupt"):
@@ -320,6 +315,11 @@ def decide(
     if hung or (nccl_p2p is not None and nccl_p2p.get("status") in ("hang", "error")):
         where = ", ".join(f"{c['src']}->{c['dst']}" for c in hung) or "NCCL all-reduce with P2P"
         return P2P_HANG, f"peer-to-peer transfer hung or failed ({where})"
+    if short:  # only when no test showed a fault: a fault seen is a fault, whatever else ran short
+        return NO_MEMORY, (
+            "a GPU had too little free memory for the test (a running server holds most of it): "
+            f"{short[0].get('error', '')[:200]}; this says nothing about P2P: run it before the server starts"
+        )
     if gpu_count == 1:
         return HEALTHY, "one GPU: no peer-to-peer path exists; single-GPU work is unaffected"
     return HEALTHY, "every peer copy was bit-exact and NCCL all-reduce was exact with and without P2P"

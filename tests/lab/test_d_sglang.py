@@ -186,12 +186,14 @@ def test_auto_turns_p2p_off_for_pcie_peers_behind_a_translating_iommu(ct, lab_in
 
 
 def test_a_verdict_counts_only_in_the_context_it_was_taken_in(lab, ct, lab_inventory, runs, tmp_path):
-    # provision diag stores the verdict with its context (the lab has no torch, so the verdict is no-gpu)
+    # provision diag stores the verdict with its context (the lab has no torch, so the verdict is no-gpu, which
+    # is kept as the last run's and never becomes the one the policy reads)
     set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS})
     proc = run_provision("diag", "--inventory", str(lab_inventory), "--limit", "sglang-01", "--json",
                          "--runs-dir", str(tmp_path), env=ENV, timeout=600)  # fmt: skip
-    stored = json.loads(ct.ssh(f"cat {VERDICT}").stdout)
+    stored = json.loads(ct.ssh("cat /var/lib/provision/gpu-diag-last.json").stdout)
     assert stored["verdict"] == "no-gpu", proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert ct.ssh(f"test -e {VERDICT}").returncode == 1
     node = lab.vm(lab.state()["vms"][0]["name"])  # the container's node
     context = stored["context"]
     assert context["boot_id"] == node.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()

@@ -121,7 +121,15 @@ def test_an_allocation_failure_beside_a_live_server_is_its_own_verdict():
     # NCCL's own wording, from its worker log, is the same verdict, not nccl-broken or p2p-hang
     nccl_oom = {"status": "no-memory", "error": "worker exit codes [1]; NCCL WARN Cuda failure 'out of memory'"}
     assert diag.decide(2, run(good_copy), nccl_ok(), nccl_oom)[0] == "insufficient-gpu-memory"
-    assert diag.out_of_memory("include/alloc.h:103 NCCL WARN Cuda failure 2 'out of memory'")
+    assert diag.out_of_memory("include/alloc.h:228 NCCL WARN Cuda failure 2 'out of memory'")
+
+
+def test_a_fault_seen_is_reported_even_when_another_test_ran_short_of_memory():
+    short = {"status": "no-memory", "error": "CUDA out of memory"}
+    assert diag.decide(2, run(good_copy), {"status": "corrupt"}, short)[0] == "p2p-corrupt"
+    assert diag.decide(2, run(good_copy), {"status": "hang"}, short)[0] == "p2p-hang"
+    assert diag.decide(2, run(stall_copy), nccl_ok(), short)[0] == "p2p-hang"
+    assert diag.decide(2, run(flip_copy), short, short)[0] == "p2p-corrupt"
 
 
 def test_nccl_wrong_with_p2p_only_is_p2p_corrupt():

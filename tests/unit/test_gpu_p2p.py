@@ -50,6 +50,18 @@ def test_parse_pcie_machines_and_nics_are_not_gpus():
     assert topo("rtx5090-2x-phb.txt")["links"] == [{"a": "GPU0", "b": "GPU1", "link": "PHB"}]
 
 
+def test_parse_the_real_bytes_with_their_terminal_escapes():
+    # nvidia-smi underlines the header (ESC[4m ... ESC[0m) even into a pipe: a parser that looks for a
+    # plain "GPU0" first token finds no GPU and would leave P2P on
+    raw = (FIXTURES / "h200-1x-raw.txt").read_bytes()
+    assert raw.startswith(b"\t\x1b[4mGPU0\t")
+    assert topo("h200-1x-raw.txt") == {"gpus": ["GPU0"], "links": []}
+    underlined = (FIXTURES / "rtx5090-2x-phb.txt").read_text().replace("\tGPU0", "\t\x1b[4mGPU0", 1)
+    underlined = underlined.replace("GPU NUMA ID\n", "GPU NUMA ID\x1b[0m\n", 1)
+    assert p2p.parse_topo(underlined)["links"] == [{"a": "GPU0", "b": "GPU1", "link": "PHB"}]
+    assert p2p.decide("auto", p2p.parse_topo(underlined), TRANSLATES, None, CONTEXT)["policy"] == "off"
+
+
 def test_parse_space_aligned_output_and_one_gpu():
     assert topo("dask-2x-nv12-space-aligned.txt")["links"] == [{"a": "GPU0", "b": "GPU1", "link": "NV12"}]
     assert topo("h200-1x.txt") == {"gpus": ["GPU0"], "links": []}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from provision.checks.support import kernel_faults
+from provision.checks.test_container import fault_window
 
 # journalctl -k -o short-unix lines. The messages follow the kernel's formats: drivers/iommu/amd/iommu.c
 # (amd_iommu_report_page_fault, amd_iommu_report_rmp_fault, with dev_fmt "AMD-Vi: ") and the NVIDIA
@@ -32,3 +33,11 @@ def test_journalctl_with_nothing_to_show_is_not_an_error_but_a_failure_is():
     text, error = kernel_faults.read_result(1, "", "Failed to open journal: Permission denied")
     assert text is None and "Permission denied" in error
     assert kernel_faults.journal_argv(1764619200.9)[-2:] == ["--since", "@1764619200"]
+
+
+def test_the_window_is_the_whole_boot_after_restarts_systemd_made_by_itself():
+    assert fault_window({"started_at": "1764619200", "restarts": "0"}) == (1764619200.0, "since sglang started")
+    since, words = fault_window({"started_at": "1764619300", "restarts": "2"})
+    assert since is None and words == "this boot (sglang restarted 2 time(s) by itself)"
+    # the Xid that crashed the server before its restart still counts
+    assert len(kernel_faults.faults(LOG, since)) == 3

@@ -45,24 +45,37 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
 
 
-def bus_id(text):
-    """00000000:41:00.0 (nvidia-smi) and 0000:41:00.0 (sysfs) -> 0000:41:00.0"""
-    domain, rest = text.strip().lower().split(":", 1)
-    return "%04x:%s" % (int(domain, 16), rest)
+BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$")
+
+
+def bus_ids(text):
+    """nvidia-smi's 00000000:41:00.0 lines -> sysfs's 0000:41:00.0; any other line (a warning) is left out."""
+    found = [BUS_ID.match(line.strip()) for line in text.splitlines()]
+    return sorted("%04x:%s" % (int(m.group(1), 16), m.group(2).lower()) for m in found if m)
+
+
+def unknown_links(gpus, why):
+    return [{"a": a, "b": b, "link": "unknown (%s)" % why} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
 
 
 def container_gpus(module):
     """(topology, bus ids) from nvidia-smi; without it, the /dev/nvidiaN nodes with their links unknown."""
+    nodes = sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if re.fullmatch(r"/dev/nvidia\d+", p))
     smi = module.get_bin_path("nvidia-smi")
     if smi:
         rc, topo, _ = module.run_command([smi, "topo", "-m"])
         rc2, buses, _ = module.run_command([smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"])
         if rc == 0 and rc2 == 0:
-            return parse_topo(topo), sorted(bus_id(b) for b in buses.split())
-    nodes = sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if re.fullmatch(r"/dev/nvidia\d+", p))
+            parsed, found = parse_topo(topo), bus_ids(buses)
+            if len(parsed["gpus"]) == len(found) == len(nodes):
+                return parsed, found
+            # a matrix that does not match the GPUs: its links say nothing (fail closed: unknown = PCIe)
+            gpus = ["GPU%d" % i for i in range(max(len(found), len(nodes)))]
+            why = "topo -m shows %d GPU(s), nvidia-smi lists %d, /dev has %d" % (
+                len(parsed["gpus"]), len(found), len(nodes))  # fmt: skip
+            return {"gpus": gpus, "links": unknown_links(gpus, why)}, found or nodes
     gpus = ["GPU%d" % i for i in range(len(nodes))]
-    links = [{"a": a, "b": b, "link": "unknown (no answer from nvidia-smi)"} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
-    return {"gpus": gpus, "links": links}, nodes
+    return {"gpus": gpus, "links": unknown_links(gpus, "no answer from nvidia-smi")}, nodes
 
 
 def read_verdict(path):

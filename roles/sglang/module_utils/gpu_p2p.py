@@ -27,6 +27,9 @@ CONTEXT_NAMES = {
 NOT_ABOUT_P2P = ("no-gpu", "insufficient-gpu-memory")
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
 _NVLINK = re.compile(r"NV\d+$")
+# the real nvidia-smi underlines the matrix header with terminal escapes, even into a pipe:
+# "\t\x1b[4mGPU0\tCPU Affinity\t...\x1b[0m" (read on an H200, tests/unit/fixtures/topo/h200-1x-raw.txt)
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def parse_topo(text: str) -> dict:
@@ -36,7 +39,7 @@ def parse_topo(text: str) -> dict:
     one cell per column ("X" for itself). Everything after "Legend:" is ignored."""
     columns: list[str] = []
     rows: dict[str, list[str]] = {}
-    for line in text.split("Legend:")[0].splitlines():
+    for line in _ESCAPES.sub("", text).split("Legend:")[0].splitlines():
         tokens = line.split()
         if not tokens:
             continue
