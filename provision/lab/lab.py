@@ -243,10 +243,7 @@ class Lab:
         loopback), the node's name and the token that its pve-guests.service stand-in calls startall with."""
         token = f"root@pam!{TOKEN_NAME}={self.secrets()['pve_token_secret']}"
         text = f"url=https://10.0.2.2:{state['pve_port']}/api2/json\nnode={vm.spec.name}\ntoken={token}\n"
-        proc = subprocess.run([*vm.ssh_argv(), "umask 077 && mkdir -p /etc/lab && cat > /etc/lab/pve-api"],
-                              input=text, capture_output=True, text=True, timeout=60)  # fmt: skip
-        if proc.returncode != 0:
-            raise ProvisionError(f"lab: could not write /etc/lab/pve-api on {vm.spec.name}: {proc.stderr.strip()}")
+        _pipe_to_node(vm, "umask 077 && mkdir -p /etc/lab && cat > /etc/lab/pve-api", text, "write /etc/lab/pve-api")
 
     def set_gpu_link(self, link: str, vms: list[LabVm] | None = None) -> None:
         """The link between each pair of the fake GPUs, as every nvidia-smi in the lab reports it (`topo -m`):
@@ -256,20 +253,13 @@ class Lab:
         with open(self.dir / "gpu_link", "w") as f:  # in place: the containers see it through a bind mount
             f.write(link + "\n")
         for vm in self.vms() if vms is None else vms:
-            proc = subprocess.run([*vm.ssh_argv(), f"mkdir -p /etc/lab && echo {link} > {GPU_LINK_FILE}"],
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
-            if proc.returncode != 0:
-                raise ProvisionError(f"lab: could not write {GPU_LINK_FILE} on {vm.spec.name}: {proc.stderr.strip()}")
+            _pipe_to_node(vm, f"mkdir -p /etc/lab && cat > {GPU_LINK_FILE}", link + "\n", f"write {GPU_LINK_FILE}")
 
     def inject_kernel_line(self, vm_name: str, message: str) -> None:
         """Log `message` in a node's kernel ring buffer (through /dev/kmsg, so journald records it as a kernel
         message), as the IOMMU or the NVIDIA driver would log a fault. What it cannot copy: the kernel itself
         logs with facility kern, a line written to /dev/kmsg from userspace gets facility user."""
-        vm = self.vm(vm_name)
-        proc = subprocess.run([*vm.ssh_argv(), "cat > /dev/kmsg"], input=f"<3>{message}\n",
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        if proc.returncode != 0:
-            raise ProvisionError(f"lab: could not write to /dev/kmsg on {vm_name}: {proc.stderr.strip()}")
+        _pipe_to_node(self.vm(vm_name), "cat > /dev/kmsg", f"<3>{message}\n", "write to /dev/kmsg")
 
     def _client_key(self) -> None:
         """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""
@@ -512,3 +502,10 @@ class Lab:
             "pve": {"url": f"https://127.0.0.1:{state.get('pve_port')}", "running": pve_up},
             "timings": state.get("timings", {}),
         }
+
+
+def _pipe_to_node(vm: LabVm, command: str, text: str, what: str) -> None:
+    """Run `command` on a lab node with `text` on its stdin; a failure names the node and what it was for."""
+    proc = subprocess.run([*vm.ssh_argv(), command], input=text, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise ProvisionError(f"lab: could not {what} on {vm.spec.name}: {proc.stderr.strip()}")

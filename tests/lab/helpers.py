@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import yaml
@@ -71,3 +72,17 @@ def inside(ct, paths: str) -> dict[str, str]:
     """`stat` of device nodes inside the container: path -> 'mode uid gid major minor', missing ones left out."""
     out = ct.ssh(f"stat -c '%n %a %u %g %t %T' {paths} 2>/dev/null").stdout
     return {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines() if line.strip()}
+
+
+def restart_and_wait_ready(ct, timeout: float = 90) -> None:
+    """Restart the container's sglang unit (a new start opens a new fault window for verify) and wait until
+    it answers /health again."""
+    ct.ssh("systemctl restart sglang")
+    wait_ready(ct, timeout)
+
+
+def wait_ready(ct, timeout: float = 90) -> None:
+    """Wait until the container's SGLang answers /health (or the timeout passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and ct.ssh("curl -sf localhost:30000/health").returncode:
+        time.sleep(2)

@@ -4,13 +4,12 @@ each fails with its own message when its condition is broken, and --after-reboot
 from __future__ import annotations
 
 import json
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, set_host_vars
+from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars, wait_ready
 
 KEY = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}", "sglang_p2p": "off"}
 ENV = {"SGLANG_API_KEY": "verify-key-" + "9d2e"}
@@ -174,9 +173,7 @@ def test_missing_gpu_node_fails_its_check(lab, converged, runs):
 def test_wrong_answer_fails_the_smoke_check(lab, converged, runs):
     set_host_vars(converged["inventory"], "sglang-01", {**KEY, "verify_smoke_expect": "92"})
     try:
-        deadline = time.monotonic() + 90  # the container just rebooted: let the service come back
-        while time.monotonic() < deadline and lab.container().ssh("curl -sf localhost:30000/health").returncode:
-            time.sleep(2)
+        wait_ready(lab.container())  # the container just rebooted: let the service come back
         rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "smoke")
     finally:
         set_host_vars(converged["inventory"], "sglang-01", KEY)
@@ -197,10 +194,7 @@ def test_a_gpu_dma_fault_after_the_service_started_fails_verify_naming_the_line(
     try:
         rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "dma_faults")
     finally:  # a new start of the service opens a new window
-        ct.ssh("systemctl restart sglang")
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and ct.ssh("curl -sf localhost:30000/health").returncode:
-            time.sleep(2)
+        restart_and_wait_ready(ct)
     assert rc == 1
     reason = failed(report)[("sglang-01", "test_no_gpu_dma_faults_since_the_service_started")]
     assert f"node {node} logged 1 GPU DMA fault line(s) since sglang started" in reason

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, set_host_vars
+from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars
 
 API_KEY = "bench-key-" + "5be1c0de"
 KEY = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}", "sglang_p2p": "off"}
@@ -120,10 +120,7 @@ def test_a_gpu_dma_fault_during_the_sweep_fails_bench_naming_the_line(lab, conve
         rc, report, err = bench(converged, runs, "--concurrency", "8")
         thread.join(60)
     finally:  # the line stays in the node's log: a new start of the service opens a new window for verify
-        ct.ssh("systemctl restart sglang")
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and ct.ssh("curl -sf localhost:30000/health").returncode:
-            time.sleep(2)
+        restart_and_wait_ready(ct)
     assert injected.is_set()
     assert rc != 0, err[-2000:]
     text = json.dumps(report) + err
