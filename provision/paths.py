@@ -1,10 +1,16 @@
-"""Where the packaged playbooks, roles and example inventories are, installed or not.
+"""Where the packaged playbooks, roles, plugins and example inventories are, installed or not.
 
 A wheel carries them inside the package (see pyproject's force-include); a source
-checkout keeps them at the top of the repository.
+checkout keeps them at the top of the repository. Either directory is also the Ansible
+collection provision.pve_sglang (galaxy.yml): the roles and playbooks run as that collection,
+and its Python shared with this package lives in plugins/module_utils/.
 """
 
+import functools
+import importlib.util
+import os
 from pathlib import Path
+from types import ModuleType
 
 from provision.errors import UsageError
 
@@ -25,6 +31,38 @@ def playbooks_dir() -> Path:
 
 def roles_dir() -> Path:
     return _data_dir("roles")
+
+
+def plugins_dir() -> Path:
+    return _data_dir("plugins")
+
+
+def collection_root() -> Path:
+    """The directory that holds the collection's playbooks/, roles/ and plugins/."""
+    return plugins_dir().parent
+
+
+@functools.cache
+def module_util(name: str) -> ModuleType:
+    """plugins/module_utils/<name>.py, the same file the collection's modules import as
+    ansible_collections.provision.pve_sglang.plugins.module_utils.<name>: one rule for both.
+    These files import nothing outside the standard library, so they load by path."""
+    spec = importlib.util.spec_from_file_location(name, plugins_dir() / "module_utils" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def collections_path(parent: Path) -> str:
+    """ANSIBLE_COLLECTIONS_PATH for a run of these playbooks: `parent`, where a link makes
+    collection_root() the collection provision.pve_sglang, ahead of the paths Ansible is configured
+    with (an installed provision.pve_sglang of another release is not the one that runs)."""
+    from ansible import constants
+
+    link = parent / "ansible_collections" / "provision" / "pve_sglang"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(collection_root(), target_is_directory=True)
+    return os.pathsep.join([str(parent), *constants.COLLECTIONS_PATHS])
 
 
 def resolve_inventory(name_or_path: str) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.errors import ProvisionError
-from provision.paths import playbooks_dir, roles_dir
+from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
 
 REDACTED = "********"
 # Environment variables whose values are secrets wherever they appear.
@@ -276,13 +276,13 @@ def new_record_dir(runs_dir: Path, kind: str) -> Path:
 
 @functools.cache
 def release() -> str:
-    """This release and a digest of the code the playbooks run (playbooks, roles, the package's own
-    Python): a phase's recorded fingerprint only holds for the same code (roles/provision_state)."""
+    """This release and a digest of the code the playbooks run (playbooks, roles, plugins, the package's
+    own Python): a phase's recorded fingerprint only holds for the same code (roles/provision_state)."""
     from provision import __version__
 
     sha = hashlib.sha256()
     package = Path(__file__).resolve().parent
-    for root in (playbooks_dir(), roles_dir(), package):
+    for root in (playbooks_dir(), roles_dir(), plugins_dir(), package):
         for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             sha.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes())
     return f"{__version__}+{sha.hexdigest()[:16]}"
@@ -295,7 +295,6 @@ def base_extravars() -> dict[str, Any]:
     return {
         "provision_version": __version__,
         "provision_release": release(),
-        "provision_scripts_dir": str(Path(__file__).resolve().parent / "scripts"),
     }
 
 
@@ -359,8 +358,8 @@ def run_playbook(
             project_dir=str(playbooks_dir()),
             playbook=str(playbook_path),
             inventory=str(inventory),
-            roles_path=[str(roles_dir())],
-            envvars=envvars,
+            # the playbooks name their roles and modules as the collection provision.pve_sglang: this one
+            envvars={**envvars, "ANSIBLE_COLLECTIONS_PATH": collections_path(pdd / "collections")},
             extravars={**base_extravars(), **(extravars or {})},
             limit=limit,
             tags=",".join(tags) if tags else None,

@@ -1,4 +1,4 @@
-"""A non-editable install run from another directory finds its playbooks, roles and scripts."""
+"""A non-editable install run from another directory finds its playbooks, roles and plugins."""
 
 from __future__ import annotations
 
@@ -22,18 +22,19 @@ def test_wheel_install_finds_packaged_playbooks_and_roles(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = (
         "import provision, provision.paths as p; "
-        "print(provision.__file__); print(p.playbooks_dir()); print(p.roles_dir()); "
+        "print(provision.__file__); print(p.playbooks_dir()); print(p.roles_dir()); print(p.plugins_dir()); "
         "print(p.resolve_inventory('prod'))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=elsewhere, env=env, capture_output=True, text=True, check=True
     )
-    module, playbooks, roles, inventory = out.stdout.split()
-    for path in (module, playbooks, roles, inventory):
+    module, playbooks, roles, plugins, inventory = out.stdout.split()
+    for path in (module, playbooks, roles, plugins, inventory):
         assert path.startswith(str(target)), f"{path} is not from the installed wheel"
     assert (Path(playbooks) / "site.yml").is_file()
-    assert (Path(roles) / "kernel_cmdline" / "library" / "kernel_cmdline.py").is_file()
-    assert (Path(module).parent / "scripts" / "gpu_p2p_diag.py").is_file()
+    assert (Path(plugins) / "modules" / "kernel_cmdline.py").is_file()
+    assert (Path(plugins) / "module_utils" / "sglang_flags.py").is_file()
+    assert (Path(roles) / "gpu_diag" / "files" / "gpu_p2p_diag.py").is_file()
     helped = subprocess.run([sys.executable, "-m", "provision", "--help"], cwd=elsewhere, env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert helped.returncode == 0 and "apply" in helped.stdout and "verify" in helped.stdout

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import time
 from pathlib import Path
 
-from provision.paths import roles_dir
+from provision.paths import module_util
 
 STATE_DIR = "/var/lib/provision"
 SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
 
 
-def _role_util(role: str, name: str):
-    """A role's module_utils file, as the role's own modules import it (one rule for both)."""
-    spec = importlib.util.spec_from_file_location(name, roles_dir() / role / "module_utils" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# the GPU DMA fault lines of a node's kernel log (roles/sglang_bench/module_utils/kernel_faults.py)
-kernel_faults = _role_util("sglang_bench", "kernel_faults")
+# the GPU DMA fault lines of a node's kernel log (plugins/module_utils/kernel_faults.py)
+kernel_faults = module_util("kernel_faults")
 
 
 def smoke_question(host_vars: dict) -> str:

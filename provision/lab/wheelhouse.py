@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 from provision.errors import ProvisionError
-from provision.sglang_flags import flags_from_wheel
+from provision.paths import module_util
 
 HERE = Path(__file__).resolve().parent
 STANDIN_SRC = HERE / "standin" / "sglang_labserver"
@@ -103,7 +103,9 @@ def build_standin_wheel(sglang_wheel: Path, out_dir: Path) -> Path:
     files: dict[str, bytes] = {}
     for path in sorted(STANDIN_SRC.glob("*.py")):
         files[f"{STANDIN_NAME}/{path.name}"] = path.read_bytes()
-    files[f"{STANDIN_NAME}/flags.json"] = json.dumps(flags_from_wheel(sglang_wheel), indent=0).encode()
+    files[f"{STANDIN_NAME}/flags.json"] = json.dumps(
+        module_util("sglang_flags").flags_from_wheel(sglang_wheel), indent=0
+    ).encode()
     dist = f"{STANDIN_NAME}-{SGLANG_VERSION}.dist-info"
     files[f"{dist}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: {STANDIN_NAME}\nVersion: {SGLANG_VERSION}\n"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
 
 import yaml
 
+from provision.paths import module_util
 from tests.conftest import run_provision
 
 
@@ -32,10 +32,7 @@ def apply(inventory: Path, runs: Path, *extra: str, env: dict | None = None) -> 
     return proc.returncode, data, proc.stderr
 
 
-_KC = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline" / "module_utils" / "kernel_cmdline.py"
-_spec = importlib.util.spec_from_file_location("kernel_cmdline_utils", _KC)
-_kernel_cmdline = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_kernel_cmdline)
+_kernel_cmdline = module_util("kernel_cmdline")
 split_cmdline = _kernel_cmdline.split
 canonical = _kernel_cmdline.canonical
 

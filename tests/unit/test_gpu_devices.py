@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "roles" / "gpu_passthrough" / "module_utils" / "gpu_devices.py"
-spec = importlib.util.spec_from_file_location("gpu_devices", PATH)
-gd = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gd)
+from provision.paths import module_util
+
+gd = module_util("gpu_devices")
 
 
 def node(path, mode="0666", kind="char"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "provision" / "scripts" / "gpu_p2p_diag.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "gpu_diag" / "files" / "gpu_p2p_diag.py"
 spec = importlib.util.spec_from_file_location("gpu_p2p_diag", SCRIPT)
 diag = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(diag)

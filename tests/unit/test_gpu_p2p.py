@@ -1,16 +1,15 @@
-"""The per-link P2P decision of the sglang role (roles/sglang/module_utils/gpu_p2p.py), on real topo -m outputs."""
+"""The per-link P2P decision of the sglang role (plugins/module_utils/gpu_p2p.py), on real topo -m outputs."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from provision.paths import module_util
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("gpu_p2p", ROOT / "roles" / "sglang" / "module_utils" / "gpu_p2p.py")
-p2p = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(p2p)
+p2p = module_util("gpu_p2p")
 FIXTURES = Path(__file__).parent / "fixtures" / "topo"
 
 CONTEXT = {

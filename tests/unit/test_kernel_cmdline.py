@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
+from provision.paths import module_util
+
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline"
-spec = importlib.util.spec_from_file_location("kernel_cmdline_utils", ROLE / "module_utils" / "kernel_cmdline.py")
-kc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kc)
+kc = module_util("kernel_cmdline")
 
 
 def role_lists(**inventory) -> tuple[list[str], list[str]]:

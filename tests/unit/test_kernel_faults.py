@@ -1,4 +1,4 @@
-"""The GPU DMA fault lines that fail verify and bench (roles/sglang_bench/module_utils/kernel_faults.py)."""
+"""The GPU DMA fault lines that fail verify and bench (plugins/module_utils/kernel_faults.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""roles/provision_state/lookup_plugins/provision_inputs.py run by Ansible itself: the digest of a
+"""plugins/lookup/provision_inputs.py run by Ansible itself: the digest of a
 phase's inputs changes with the phase's variables and the release, and only with them."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "provision_state"
+LOOKUPS = Path(__file__).resolve().parents[2] / "plugins" / "lookup"
 BIN = Path(sys.executable).parent
 
 
 def digests(tmp_path: Path, extra: dict, patterns=("^sglang_",)) -> list[str]:
     """One ansible-playbook run on localhost printing the lookup's digest for each pattern."""
     playbook = tmp_path / "p.yml"
-    lookup = "DIGEST={{ lookup('provision_inputs', '%s') }}"
+    lookup = "DIGEST={{ lookup('provision_inputs', '%s', release=provision_release) }}"
     tasks = [{"ansible.builtin.debug": {"msg": lookup.replace("%s", p)}} for p in patterns]
     playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
     (tmp_path / "extra.json").write_text(json.dumps(extra))
-    env = {**os.environ, "ANSIBLE_LOOKUP_PLUGINS": str(ROLE / "lookup_plugins"), "ANSIBLE_NOCOLOR": "1",
+    env = {**os.environ, "ANSIBLE_LOOKUP_PLUGINS": str(LOOKUPS), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"}  # fmt: skip
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook), "-e",
                            f"@{tmp_path / 'extra.json'}"], capture_output=True, text=True, env=env)  # fmt: skip

@@ -1,4 +1,4 @@
-"""roles/provision_state/library/provision_state.py run as Ansible runs a module: a JSON args file."""
+"""plugins/modules/provision_state.py run as Ansible runs a module: a JSON args file."""
 
 from __future__ import annotations
 
@@ -10,20 +10,19 @@ from pathlib import Path
 
 import pytest
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "provision_state"
-MODULE = ROLE / "library" / "provision_state.py"
-FINGERPRINT = ROLE / "module_utils" / "provision_fingerprint.py"
-# as AnsiballZ does: the role's module_utils inside the ansible.module_utils package
-RUNNER = (
-    "import sys, runpy, ansible.module_utils as m; m.__path__.append(sys.argv.pop(1)); "
-    "runpy.run_path(sys.argv.pop(1), run_name='__main__')"
-)
+from tests.unit import collection
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+MODULE = PLUGINS / "modules" / "provision_state.py"
+FINGERPRINT = PLUGINS / "module_utils" / "provision_fingerprint.py"
+# as AnsiballZ does: the collection importable as ansible_collections.provision.pve_sglang
+RUNNER = "import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 
 
 def call(tmp_path: Path, module: Path, **args) -> dict:
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    argv = [sys.executable, "-c", RUNNER, str(ROLE / "module_utils"), str(module), str(args_file)]
+    argv = [sys.executable, "-c", RUNNER, str(collection.COLLECTIONS), str(module), str(args_file)]
     proc = subprocess.run(argv, capture_output=True, text=True)
     assert proc.stdout, proc.stderr
     return json.loads(proc.stdout)
@@ -60,16 +59,7 @@ def test_a_new_release_or_a_wrong_mode_is_a_change_with_a_diff(tmp_path):
 
 
 def _module():
-    import ansible.module_utils
-
-    sys.path.insert(0, str(MODULE.parent))
-    ansible.module_utils.__path__.append(str(ROLE / "module_utils"))
-    try:
-        import provision_state
-    finally:
-        sys.path.pop(0)
-        ansible.module_utils.__path__.remove(str(ROLE / "module_utils"))
-    return provision_state
+    return collection.module("provision_state")
 
 
 def test_the_record_keeps_the_bytes_that_to_nice_json_wrote():

@@ -1,4 +1,4 @@
-"""SEV-SNP proven from real kernel lines (roles/kernel_cmdline/module_utils/sev_snp.py) and the module's helpers
+"""SEV-SNP proven from real kernel lines (plugins/module_utils/sev_snp.py) and the module's helpers
 around it: the kernel the node boots next, and the marker of a changed boot configuration.
 
 Every dmesg and sysfs line below is copied from AMD's or the kernel's published material, named beside it.
@@ -8,17 +8,14 @@ Where a line is rendered from the kernel's printk format rather than copied from
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline"
-spec = importlib.util.spec_from_file_location("sev_snp_utils", ROLE / "module_utils" / "sev_snp.py")
-snp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(snp)
+from provision.paths import module_util
+from tests.unit import collection
+
+snp = module_util("sev_snp")
 
 # LKML, Ashish Kalra (AMD), "[PATCH v3 2/2] x86/sev: Add callback to apply RMP table fixups for kexec", 2024-04-26;
 # printed by arch/x86/virt/svm/sev.c snp_probe_rmptable_info()
@@ -161,17 +158,7 @@ def test_newest_release_orders_by_numbers_not_text():
 
 # ----------------------------------------------------------------- the module's helpers around the proof
 def _module():
-    import ansible.module_utils
-
-    sys.path.insert(0, str(ROLE / "library"))
-    ansible.module_utils.__path__.append(str(ROLE / "module_utils"))
-    try:
-        import kernel_cmdline
-
-        return kernel_cmdline
-    finally:
-        sys.path.pop(0)
-        ansible.module_utils.__path__.remove(str(ROLE / "module_utils"))
+    return collection.module("kernel_cmdline")
 
 
 def test_the_changed_marker_holds_the_line_and_the_utc_time():

@@ -1,4 +1,4 @@
-"""Pure helpers of the sglang role and of provision.sglang_flags."""
+"""Pure helpers of the sglang role: its filters and plugins/module_utils/sglang_flags.py."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import importlib.util
 import shlex
 from pathlib import Path
 
-from provision.sglang_flags import flags_from_add_argument_source, flags_from_fields_source, unknown_flags
+from provision.paths import module_util
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("systemd_quote", ROOT / "roles/sglang/filter_plugins/systemd_quote.py")
+spec = importlib.util.spec_from_file_location("systemd_quote", ROOT / "plugins/filter/systemd_quote.py")
 sq = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sq)
+sglang_flags = module_util("sglang_flags")
 
 FIELDS = """
 class Serving(msgspec.Struct):
@@ -31,19 +32,24 @@ def add_cli_args(parser):
 
 
 def test_fields_become_flags_with_aliases_bools_and_cli_names():
-    flags = flags_from_fields_source(FIELDS)
+    flags = sglang_flags.flags_from_fields_source(FIELDS)
     assert flags == {
         "--host": True, "--tp-size": True, "--tensor-parallel-size": True, "--disable-custom-all-reduce": False,
         "--enforce-disable-flashinfer-allreduce-fusion": False, "--other-name": True, "--model-path": True,
         "--model": True,
     }  # fmt: skip
-    assert flags_from_add_argument_source(SERVER_ARGS) == {"--config": True, "--enable-thing": False}
+    assert sglang_flags.flags_from_add_argument_source(SERVER_ARGS) == {"--config": True, "--enable-thing": False}
 
 
 def test_unknown_flags_accept_unique_prefixes_and_skip_values():
-    known = {**flags_from_fields_source(FIELDS), **flags_from_add_argument_source(SERVER_ARGS)}
-    assert unknown_flags(["--tp", "2", "--model-path", "--weird-but-a-value", "--enable-thing"], known) == []
-    assert unknown_flags(["--host=0.0.0.0", "--enable-thnig", "--m"], known) == ["--enable-thnig", "--m"]
+    known = {
+        **sglang_flags.flags_from_fields_source(FIELDS),
+        **sglang_flags.flags_from_add_argument_source(SERVER_ARGS),
+    }
+    assert (
+        sglang_flags.unknown_flags(["--tp", "2", "--model-path", "--weird-but-a-value", "--enable-thing"], known) == []
+    )
+    assert sglang_flags.unknown_flags(["--host=0.0.0.0", "--enable-thnig", "--m"], known) == ["--enable-thnig", "--m"]
 
 
 def test_exec_args_survive_systemd_and_shell_metacharacters():

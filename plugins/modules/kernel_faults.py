@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 module: kernel_faults
 short_description: AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT and NVRM Xid lines logged since a time, and the node's clock
 description:
-  - Read-only. Reads this boot's kernel messages through journalctl (see module_utils/kernel_faults.py for the lines
+  - Read-only. Reads this boot's kernel messages through journalctl (see plugins/module_utils/kernel_faults.py for the lines
     and their sources). Without C(since), returns only the node's clock, to mark the start of a window.
 options:
   since:
@@ -23,7 +23,7 @@ faults: {description: "matching lines since C(since), as '<UTC time> <message>'"
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.kernel_faults import faults, journal_argv, read_result
+from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_faults import faults, journal_argv, read_result
 
 
 def main():

@@ -16,7 +16,7 @@ description:
   - C(verify_generated) checks that the generated boot configuration (C(/boot/grub/grub.cfg), or the loader
     entries on every ESP listed in C(/etc/kernel/proxmox-boot-uuids)) carries the wanted arguments.
   - C(restore) puts back the files of the latest backup. C(running) compares C(/proc/cmdline) with the wanted
-    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP proof (module_utils/sev_snp.py) and the
+    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP proof (plugins/module_utils/sev_snp.py) and the
     IO_PAGE_FAULT count.
   - C(mark_changed) records that the boot configuration changed (C(marker_file), JSON with C(changed_at) in UTC
     and the new C(line)), so that verdicts taken before the change (the GPU diagnostic's) can be refused.
@@ -94,8 +94,8 @@ import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.kernel_cmdline import canonical, merge, missing, split
-from ansible.module_utils.sev_snp import SEV_SNP_PARAM, before_reboot, newest_release, proof
+from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import canonical, merge, missing, split
+from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import SEV_SNP_PARAM, before_reboot, newest_release, proof
 
 GRUB_MAIN = "/etc/default/grub"
 GRUB_SNIPPETS = "/etc/default/grub.d"

@@ -11,7 +11,7 @@ description:
     diagnostic verdict, and combines them with the node's context (module gpu_p2p_node, run on the node).
   - "auto: GPUs joined only by NVLink keep P2P on; PCIe peers behind a translating IOMMU turn it off, unless a
     diagnostic verdict taken in this same context (boot, command line, IOMMU mode, driver, GPU set) says they
-    are healthy; a current verdict other than healthy turns it off. See module_utils/gpu_p2p.py."
+    are healthy; a current verdict other than healthy turns it off. See plugins/module_utils/gpu_p2p.py."
 options:
   mode:
     description: sglang_p2p (auto, on or off).
@@ -42,7 +42,7 @@ import json
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
+from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
 
 
 BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: provision_inputs
-short_description: sha256 of provision_release and the values of the variables whose names match a pattern
+short_description: sha256 of a release and the values of the variables whose names match a pattern
 description:
   - Each matching variable is templated for the host, as the phase will see it. A value that cannot be templated
     before the phase runs (it refers to a variable the phase's role sets, such as C(gpu_passthrough_node_driver))
@@ -14,6 +14,9 @@ options:
   _terms:
     description: one regular expression over variable names
     required: true
+  release:
+    description: the code the phase runs (provision_state_release); part of the digest
+    default: unknown
 """
 
 import hashlib
@@ -25,12 +28,11 @@ from ansible.plugins.lookup import LookupBase
 
 
 class LookupModule(LookupBase):
-    def run(self, terms, variables=None, **kwargs):
+    def run(self, terms, variables=None, release="unknown", **kwargs):
         variables = variables or {}
         pattern = re.compile(terms[0])
         names = sorted(name for name in variables if pattern.search(name))
         values = [self._value(variables[name]) for name in names]
-        release = variables.get("provision_release", "unknown")
         material = json.dumps([str(release), names, values], sort_keys=True, default=str)
         return [hashlib.sha256(material.encode()).hexdigest()]
 

@@ -61,7 +61,7 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.provision_fingerprint import digest, fingerprint_path
+from ansible_collections.provision.pve_sglang.plugins.module_utils.provision_fingerprint import digest, fingerprint_path
 
 
 def record_text(phase, version):

@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 module: sglang_flag_check
 short_description: Fail on flags the pinned SGLang release does not have, before anything is rendered
 description:
-  - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see provision.sglang_flags),
+  - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see plugins/module_utils/sglang_flags.py),
     looking for the wheel in I(wheel_dirs) and downloading it (pip download --no-deps) into the first one when
     it is missing. Unique prefixes are accepted, as argparse accepts them.
 options:
@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils.sglang_flags import flags_from_wheel, unknown_flags
 
 
 def find_or_fetch(module, version, dirs, index_url):
@@ -59,10 +60,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    try:
-        from provision.sglang_flags import flags_from_wheel, unknown_flags
-    except ImportError:
-        module.fail_json(msg="this module runs on the controller, in provision's Python (%s)" % sys.executable)
     p = module.params
     wheel = find_or_fetch(module, p["version"], p["wheel_dirs"], p["index_url"])
     known = flags_from_wheel(wheel)

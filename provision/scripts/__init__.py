@@ -1,1 +1,0 @@
-"""Standalone scripts that roles copy to managed hosts (stdlib plus, where stated, PyTorch)."""

@@ -1,0 +1,29 @@
+"""The collection's modules imported as Ansible imports them, as
+ansible_collections.provision.pve_sglang.plugins.modules.<name> (their module_utils likewise)."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from provision.paths import collections_path
+
+# one directory that holds ansible_collections/provision/pve_sglang, a link to this checkout
+COLLECTIONS = Path(tempfile.mkdtemp(prefix="provision-collections-"))
+collections_path(COLLECTIONS)
+atexit.register(shutil.rmtree, COLLECTIONS, ignore_errors=True)
+
+# the prefix of every module's name; run a module file in a subprocess with COLLECTIONS first on sys.path
+PACKAGE = "ansible_collections.provision.pve_sglang.plugins"
+
+
+def module(name: str) -> ModuleType:
+    """plugins/modules/<name>.py, imported (its main() not run)."""
+    if str(COLLECTIONS) not in sys.path:
+        sys.path.insert(0, str(COLLECTIONS))
+    return importlib.import_module(f"{PACKAGE}.modules.{name}")
