@@ -22,7 +22,6 @@ from rich.table import Table
 
 from provision import bench_report
 from provision import inventory as inventory_mod
-from provision.apply import inventory_secrets
 from provision.bench_report import format_ms
 from provision.errors import UsageError
 from provision.progress import LiveProgress
@@ -45,6 +44,8 @@ class BenchOptions:
     threshold: float = bench_report.DEFAULT_THRESHOLD
     limit: str | None = None
     runs_dir: Path = Path(".provision/runs")
+    host_key_checking: bool = True
+    vault: inventory_mod.VaultOptions = field(default_factory=inventory_mod.VaultOptions)
 
 
 @dataclass
@@ -189,12 +190,15 @@ def baseline_mismatches(meta: dict[str, Any], baseline: dict[str, Any]) -> list[
     ]
 
 
-def _capacity(inventory: str, limit: str | None, runs_dir: Path) -> dict[str, str]:
+def _capacity(opts: BenchOptions) -> dict[str, str]:
     from provision import verify
 
     # the capacity check lives in the container suite: don't start the node suites for nothing
-    limit = limit or inventory_mod.GPU_CONTAINERS
-    report = verify.verify(inventory, limit=limit, runs_dir=runs_dir, select="test_capacity_report")
+    limit = opts.limit or inventory_mod.GPU_CONTAINERS
+    report = verify.verify(
+        opts.inventory, limit=limit, runs_dir=opts.runs_dir, select="test_capacity_report",
+        host_key_checking=opts.host_key_checking, vault=opts.vault,
+    )  # fmt: skip
     return {host: cap["summary"] for host, cap in report.capacity.items()}
 
 
@@ -248,12 +252,12 @@ def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
     console = console or Console(stderr=True)
     _validate(opts)
     baseline = load_baseline(opts.baseline) if opts.baseline else None
-    inv = inventory_mod.load(opts.inventory)
+    inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     if not inv.gpu_containers:
         raise UsageError(f"{inv.path}: no hosts in group gpu_containers: nothing to benchmark")
     record = new_record_dir(opts.runs_dir, "bench")
     console.print("collecting capacity (provision verify, capacity check)...", highlight=False)
-    capacity = _capacity(opts.inventory, opts.limit, opts.runs_dir)
+    capacity = _capacity(opts)
     fetch_dir = record / "hosts"
     run = run_playbook(
         BENCH_PLAYBOOK,
@@ -262,14 +266,18 @@ def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
         host_count=len(inv.hosts),
         limit=opts.limit,
         extravars=_extravars(opts, record.name, fetch_dir.resolve()),
-        secrets=inventory_secrets(inv),
+        host_key_checking=opts.host_key_checking,
+        vault=opts.vault,
+        secrets=inventory_mod.secret_values(inv),
         progress=LiveProgress(console, f"provision bench --inventory {opts.inventory}"),
     )
     result = BenchResult(run=run, record_dir=str(record))
     for host_dir in sorted(p for p in fetch_dir.glob("*") if p.is_dir()):
         result.hosts[host_dir.name] = build_host_report(host_dir, opts, baseline, capacity.get(host_dir.name))
     # redacts the whole record (results, reports, job events) of the inventory's secrets
-    write_summary(record, {"command": "bench", "inventory": str(inv.path), **result.to_dict()}, inventory_secrets(inv))
+    write_summary(
+        record, {"command": "bench", "inventory": str(inv.path), **result.to_dict()}, inventory_mod.secret_values(inv)
+    )
     return result
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from provision import sglang_pool as sp
+from provision.errors import UsageError
 from provision.sglang_pool import GIB
 
 DEFAULT_SESSION_TOKENS = (32768,)
@@ -58,6 +59,17 @@ class Capacity:
         data = asdict(self)
         data["summary"] = self.sentence()
         return data
+
+
+def parse_session_tokens(text: str) -> tuple[int, ...]:
+    """`32768,131072`: the session sizes to count capacity in (--session-tokens, verify_session_tokens)."""
+    try:
+        sizes = tuple(int(part) for part in str(text).split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(n < 1 for n in sizes):
+        raise UsageError(f"--session-tokens {text!r}: expected token counts separated by commas, e.g. 32768,131072")
+    return sizes
 
 
 def effective_max_running_requests(server_info: dict[str, Any]) -> int | None:

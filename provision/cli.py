@@ -1,7 +1,9 @@
 """Command line: parses flags, calls the Python API, prints the result. Nothing else.
 
-Exit codes: 0 every host succeeded; 1 a host failed or was unreachable; 2 usage or
-inventory error (nothing was contacted); 3 `bench` found a regression against its baseline.
+Exit codes: 0 every host succeeded (`plan`: nothing would change); 1 a host failed or was
+unreachable; 2 usage or inventory error (nothing was contacted); 3 `bench` found a regression
+against its baseline; 4 `plan`: changes are pending. `--json` prints one envelope for every
+command, errors included (docs/json.md).
 """
 
 from __future__ import annotations
@@ -10,40 +12,105 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from provision import __version__
 from provision.errors import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_PENDING,
     EXIT_REGRESSION,
     EXIT_USAGE,
     InventoryError,
     ProvisionError,
     UsageError,
 )
+from provision.runner import redact_text
+
+JSON_SCHEMA_VERSION = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a UsageError (one line, exit 2, the JSON envelope with --json)
+    instead of printing its usage and exiting."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _runs_dir_path(text: str) -> Path:
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is not a directory")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{existing} is not writable")
+    return path
+
+
+def _output_file(text: str) -> Path:
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text} is not writable")
+    return path
+
+
+def _readable_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: no such readable file")
+    return path
 
 
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
-    p.add_argument("--inventory", "-i", required=True, help="inventory name (inventory/NAME) or directory")
+    p.add_argument(
+        "--inventory", "-i", required=True,
+        help="./inventory/NAME, a path (an inventory directory or file, any format Ansible reads), "
+        "or 'example' for the packaged example",
+    )  # fmt: skip
     if limit:
         p.add_argument("--limit", "-l", help="Ansible host pattern to restrict the run to")
-    p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument("--json", action="store_true", help="print the JSON envelope on stdout (docs/json.md)")
+    _ansible_opts(p)
 
 
 def _runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs-dir",
-        type=Path,
+        type=_runs_dir_path,
         default=Path(os.environ.get("PROVISION_RUNS_DIR", ".provision/runs")),
         help="where run records go (default: $PROVISION_RUNS_DIR or .provision/runs)",
     )
 
 
 def _ansible_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vault-password-file", type=Path, help="passed to ansible-playbook")
+    p.add_argument(
+        "--vault-password-file", type=_readable_file, action="append", default=[],
+        help="as ansible-playbook's (repeatable); the inventory is read with it too",
+    )  # fmt: skip
+    p.add_argument(
+        "--vault-id", action="append", default=[], metavar="[LABEL@]SOURCE", help="as ansible-playbook's (repeatable)"
+    )
     p.add_argument(
         "--no-host-key-checking",
         dest="host_key_checking",
@@ -53,12 +120,12 @@ def _ansible_opts(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="provision",
         description="Take a Proxmox VE GPU host to a verified SGLang endpoint.",
     )
     parser.add_argument("--version", action="version", version=f"provision {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("apply", help="converge hosts: kernel args, GPU passthrough, SGLang service")
     _common(p)
@@ -69,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     _full(p)
     _runs_dir(p)
-    _ansible_opts(p)
 
     p = sub.add_parser("rollback", help="restore the previous kernel command line of nodes and reboot them")
     _common(p)
@@ -77,18 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.set_defaults(check=False, diff=False, tags=None)
     _runs_dir(p)
-    _ansible_opts(p)
 
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
     p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
     _full(p)
     _runs_dir(p)
-    _ansible_opts(p)
 
     p = sub.add_parser("verify", help="prove the deployment with testinfra checks")
     _common(p)
-    p.add_argument("--junit", type=Path, help="write JUnit XML here")
+    p.add_argument("--junit", type=_output_file, help="write JUnit XML here")
     p.add_argument("--checks", help="only the checks matching this pytest -k expression (e.g. 'smoke or health')")
     p.add_argument("--after-reboot", action="store_true", help="reboot nodes, then containers, one at a time, first")
     p.add_argument("--yes", "-y", action="store_true", help="with --after-reboot: do not ask for confirmation")
@@ -125,9 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("lab", help="the test lab: VMs, a container and a Proxmox API on this machine")
     lab_sub = p.add_subparsers(dest="lab_command", required=True, metavar="SUBCOMMAND")
     c = lab_sub.add_parser("up", help="build (or reuse) the image, boot the lab, write inventory/lab/")
-    c.add_argument("--hosts", type=int, default=2, help="lab PVE hosts: 1 = GRUB, 2 = + systemd-boot (default 2)")
     c.add_argument(
-        "--containers", type=int, default=1, help="SGLang containers (nspawn), for fleet timings (default 1)"
+        "--hosts", type=int, choices=(1, 2), default=2, help="lab PVE hosts: 1 = GRUB, 2 = + systemd-boot (default 2)"
+    )
+    c.add_argument(
+        "--containers", type=_positive_int, default=1, help="SGLang containers (nspawn), for fleet timings (default 1)"
     )
     c.add_argument(
         "--cold-boot", action="store_true",
@@ -164,51 +230,76 @@ def _confirm(args: argparse.Namespace, console: Console, what: str = "changes ho
         raise ProvisionError("aborted: nothing was changed")
 
 
-def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> int:
+@dataclass
+class Outcome:
+    """What a command returns to main(): its exit code, its hosts' states and its JSON payload."""
+
+    exit_code: int
+    result: dict[str, Any] = field(default_factory=dict)
+    hosts: dict[str, str] = field(default_factory=dict)
+    secrets: set[str] = field(default_factory=set, repr=False)  # scrubbed from what is printed
+
+
+def _vault(args: argparse.Namespace):
+    from provision.inventory import VaultOptions
+
+    return VaultOptions(tuple(args.vault_password_file), tuple(args.vault_id))
+
+
+def _load(args: argparse.Namespace):
     from provision import inventory
 
-    inv = inventory.load(args.inventory)
+    return inventory.load(args.inventory, _vault(args), args.host_key_checking)
+
+
+def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
+    inv = _load(args)
     for warning in inv.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    report = {
-        "inventory": str(inv.path),
-        "valid": True,
-        "proxmox_hosts": [h.name for h in inv.proxmox_hosts],
-        "gpu_containers": [h.name for h in inv.gpu_containers],
-        "warnings": inv.warnings,
-    }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
+        err.print(f"warning: {warning}", highlight=False, markup=False)
+    if not args.json:
         out.print(
             f"{inv.path}: ok ({len(inv.proxmox_hosts)} proxmox_hosts, {len(inv.gpu_containers)} gpu_containers)",
             highlight=False,
         )
-    return EXIT_OK
+    result = {
+        "inventory": str(inv.path),
+        "proxmox_hosts": [h.name for h in inv.proxmox_hosts],
+        "gpu_containers": [h.name for h in inv.gpu_containers],
+        "warnings": inv.warnings,
+    }
+    return Outcome(EXIT_OK, result, {h: "valid" for h in inv.match(None)})
 
 
-def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> int:
+def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: Any):
     from provision import apply as apply_mod
-    from provision import inventory
+
+    fields = {
+        "inventory": args.inventory,
+        "limit": args.limit,
+        "tags": apply_mod.parse_tags(getattr(args, "tags", None)),
+        "check": plan or getattr(args, "check", False),
+        "diff": plan or getattr(args, "diff", False),
+        "reboot": None if plan else args.reboot,
+        "runs_dir": args.runs_dir,
+        "host_key_checking": args.host_key_checking,
+        "vault": _vault(args),
+        "full": getattr(args, "full", False),
+    }
+    return apply_mod.ApplyOptions(**{**fields, **overrides})
+
+
+def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
+    from provision import apply as apply_mod
 
     if not args.limit:
         raise UsageError("rollback needs --limit HOST: roll back the nodes you mean, by name or pattern")
-    opts = apply_mod.ApplyOptions(
-        inventory=args.inventory,
-        limit=args.limit,
-        reboot=args.reboot,
-        runs_dir=args.runs_dir,
-        host_key_checking=args.host_key_checking,
-        vault_password_file=args.vault_password_file,
-    )
-    inventory.load(opts.inventory)
+    opts = _apply_options(args)
+    _load(args).scope(args.limit)  # validate before asking anything
     _confirm(args, err)
     result = apply_mod.apply(opts, console=err, kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
+    if not args.json:
         apply_mod.print_result(out, result, "rollback")
-    return EXIT_OK if result.succeeded else EXIT_FAILED
+    return Outcome(EXIT_OK if result.succeeded else EXIT_FAILED, result.to_dict(), result.host_states)
 
 
 def _full(p: argparse.ArgumentParser) -> None:
@@ -217,47 +308,46 @@ def _full(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> int:
-    from provision import apply as apply_mod
-    from provision import inventory
+def _plan_exit(states: dict[str, str]) -> int:
+    if any(s in ("failed", "unreachable", "not reached") for s in states.values()):
+        return EXIT_FAILED
+    return EXIT_PENDING if "changes pending" in states.values() else EXIT_OK
 
-    opts = apply_mod.ApplyOptions(
-        inventory=args.inventory,
-        limit=args.limit,
-        tags=apply_mod.parse_tags(args.tags),
-        check=plan or args.check,
-        diff=plan or args.diff,
-        reboot=None if plan else args.reboot,
-        runs_dir=args.runs_dir,
-        host_key_checking=args.host_key_checking,
-        vault_password_file=args.vault_password_file,
-        full=getattr(args, "full", False),
-    )
-    inventory.load(opts.inventory)  # validate before asking anything
+
+def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> Outcome:
+    from provision import apply as apply_mod
+    from provision.inventory import secret_values
+
+    opts = _apply_options(args, plan)
+    inv = _load(args)
+    inv.scope(args.limit)  # validate before asking anything
     if not plan:
         _confirm(args, err)
     result = apply_mod.apply(opts, console=err, kind="plan" if plan else "apply")
-    if args.json:
-        data = result.to_dict()
-        if plan:
-            data["would_change"] = apply_mod.plan_summary(result)
-        print(json.dumps(data, indent=2, default=str))
-    else:
-        apply_mod.print_result(out, result, "plan (check mode: nothing was changed)" if plan else "apply")
-        if plan:
-            for host, tasks in sorted(apply_mod.plan_summary(result).items()):
-                out.print(
-                    f"{host}: {len(tasks)} change(s) pending" if tasks else f"{host}: up to date", highlight=False
-                )
-                for task in tasks:
-                    out.print(f"  ~ {task}", highlight=False, markup=False)
-    return EXIT_OK if result.succeeded else EXIT_FAILED
+    data = result.to_dict()
+    if plan:
+        data["would_change"] = apply_mod.plan_summary(result)
+    secrets = secret_values(inv)
+    if not args.json:
+        title = "plan (check mode: nothing was changed)" if plan else "apply"
+        apply_mod.print_result(out, result, title, show_diff=opts.diff, secrets=secrets)
+    code = _plan_exit(result.host_states) if plan else (EXIT_OK if result.succeeded else EXIT_FAILED)
+    return Outcome(code, data, result.host_states, secrets)
 
 
-def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from provision import inventory, verify
+def _checks_hosts(checks) -> dict[str, str]:
+    hosts: dict[str, str] = {}
+    for check in checks:
+        if check.host:
+            hosts[check.host] = "failed" if not check.passed or hosts.get(check.host) == "failed" else "passed"
+    return hosts
 
-    inventory.load(args.inventory)
+
+def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
+    from provision import verify
+
+    inv = _load(args)
+    inv.scope(args.limit)
     if args.after_reboot:
         args.check = False
         _confirm(args, err, what="reboots every host in the inventory")
@@ -268,29 +358,33 @@ def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> int:
         runs_dir=args.runs_dir,
         after_reboot=args.after_reboot,
         select=args.checks,
+        host_key_checking=args.host_key_checking,
+        vault=_vault(args),
     )
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
+    if not args.json:
         verify.print_report(out, report)
-    return EXIT_OK if report.passed else EXIT_FAILED
+    return Outcome(EXIT_OK if report.passed else EXIT_FAILED, report.to_dict(), _checks_hosts(report.checks))
 
 
-def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> int:
+def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import verify
+    from provision.capacity import parse_session_tokens
 
+    sizes = parse_session_tokens(args.session_tokens)
+    _load(args).scope(args.limit)
     report = verify.verify(
         args.inventory, limit=args.limit, runs_dir=args.runs_dir, select="test_capacity_report",
-        session_tokens=args.session_tokens,
+        session_tokens=",".join(str(n) for n in sizes),
+        host_key_checking=args.host_key_checking, vault=_vault(args),
     )  # fmt: skip
-    if args.json:
-        print(json.dumps({"capacity": report.capacity, "checks": [c.__dict__ for c in report.checks]}, indent=2))
-    else:
+    if not args.json:
         verify.print_capacity(out, report)
         for check in report.checks:
             if not check.passed:
-                out.print(f"[red]{check.host}[/]: {check.reason}", highlight=False)
-    return EXIT_OK if report.passed and report.capacity else EXIT_FAILED
+                out.print(f"[red]{escape(check.host)}[/]: {escape(check.reason)}", highlight=False)
+    result = {"capacity": report.capacity, "checks": [c.__dict__ for c in report.checks]}
+    ok = report.passed and report.capacity
+    return Outcome(EXIT_OK if ok else EXIT_FAILED, result, _checks_hosts(report.checks))
 
 
 def _console(stderr: bool) -> Console:
@@ -299,23 +393,28 @@ def _console(stderr: bool) -> Console:
     return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
 
 
-def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> int:
+def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import diag
 
-    report = diag.diag(args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, console=err)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
+    _load(args).scope(args.limit)
+    report = diag.diag(
+        args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, console=err,
+        host_key_checking=args.host_key_checking, vault=_vault(args),
+    )  # fmt: skip
+    if not args.json:
         diag.print_report(out, report)
-    return EXIT_OK if report.healthy else EXIT_FAILED
+    hosts = {h: str(r.get("verdict", "unknown")) for h, r in report.results.items()}
+    return Outcome(EXIT_OK if report.healthy else EXIT_FAILED, report.to_dict(), hosts)
 
 
-def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> int:
+def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import bench
 
+    concurrency = bench.parse_concurrency(args.concurrency)
+    _load(args).scope(args.limit)
     opts = bench.BenchOptions(
         inventory=args.inventory,
-        concurrency=bench.parse_concurrency(args.concurrency),
+        concurrency=concurrency,
         input_len=args.input_len,
         output_len=args.output_len,
         prompts_per_level=args.prompts_per_level,
@@ -323,18 +422,18 @@ def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> int:
         threshold=args.threshold,
         limit=args.limit,
         runs_dir=args.runs_dir,
+        host_key_checking=args.host_key_checking,
+        vault=_vault(args),
     )
     result = bench.bench(opts, console=err)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
+    if not args.json:
         bench.print_result(out, result)
-    if result.regressed:
-        return EXIT_REGRESSION
-    return EXIT_OK if result.complete else EXIT_FAILED
+    data = result.to_dict()
+    code = EXIT_REGRESSION if result.regressed else EXIT_OK if result.complete else EXIT_FAILED
+    return Outcome(code, data, dict(getattr(result, "host_states", {}) or {}))
 
 
-def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> int:
+def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision.lab.lab import Lab
 
     lab = Lab()
@@ -344,51 +443,64 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> int:
                         pve_version=args.pve_version, gpu_link=args.gpu_link)  # fmt: skip
     elif args.lab_command == "down":
         lab.down(progress=progress)
-        return EXIT_OK
+        return Outcome(EXIT_OK, {"up": False})
     else:
         status = lab.status()
-    if getattr(args, "json", False):
-        print(json.dumps(status, indent=2))
-    else:
+    if not getattr(args, "json", False):
         out.print_json(json.dumps(status))
-    return EXIT_OK if status.get("up") else EXIT_FAILED
+    return Outcome(EXIT_OK if status.get("up") else EXIT_FAILED, status)
+
+
+COMMANDS = {
+    "inventory": _cmd_inventory_check,
+    "apply": _cmd_apply,
+    "rollback": _cmd_rollback,
+    "plan": lambda args, out, err: _cmd_apply(args, out, err, plan=True),
+    "verify": _cmd_verify,
+    "lab": _cmd_lab,
+    "capacity": _cmd_capacity,
+    "diag": _cmd_diag,
+    "bench": _cmd_bench,
+}
+
+
+def envelope(command: str, outcome: Outcome, errors: list[str] | None = None) -> dict[str, Any]:
+    """The one JSON shape every command prints with --json (docs/json.md)."""
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "command": command,
+        "ok": outcome.exit_code == EXIT_OK,
+        "exit_code": outcome.exit_code,
+        "hosts": outcome.hosts,
+        "result": outcome.result,
+        "errors": errors or [],
+    }
+
+
+def _command_name(argv: list[str]) -> str:
+    return next((a for a in argv if a in COMMANDS), "provision")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    want_json = "--json" in argv
     out, err = _console(stderr=False), _console(stderr=True)
+    errors: list[str] = []
     try:
-        if args.command == "inventory":
-            return _cmd_inventory_check(args, out, err)
-        if args.command == "apply":
-            return _cmd_apply(args, out, err)
-        if args.command == "rollback":
-            return _cmd_rollback(args, out, err)
-        if args.command == "plan":
-            return _cmd_apply(args, out, err, plan=True)
-        if args.command == "verify":
-            return _cmd_verify(args, out, err)
-        if args.command == "lab":
-            return _cmd_lab(args, out, err)
-        if args.command == "capacity":
-            return _cmd_capacity(args, out, err)
-        if args.command == "diag":
-            return _cmd_diag(args, out, err)
-        if args.command == "bench":
-            return _cmd_bench(args, out, err)
+        args = build_parser().parse_args(argv)
+        outcome = COMMANDS[args.command](args, out, err)
     except InventoryError as exc:
-        for line in exc.problems:
-            print(f"error: {line}", file=sys.stderr)
-        return EXIT_USAGE
+        errors, outcome = exc.problems, Outcome(EXIT_USAGE)
     except ProvisionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        errors, outcome = [" ".join(str(exc).split("\n"))], Outcome(exc.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
-        return EXIT_FAILED
-    parser.error(f"unknown command {args.command}")
-    return EXIT_USAGE
+        errors, outcome = ["interrupted"], Outcome(EXIT_FAILED)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    if want_json:
+        text = json.dumps(envelope(_command_name(argv), outcome, errors), indent=2, default=str)
+        print(redact_text(text, outcome.secrets) if outcome.secrets else text)
+    return outcome.exit_code
 
 
 if __name__ == "__main__":

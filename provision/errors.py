@@ -4,6 +4,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a host failed or was unreachable, or a check did not pass
 EXIT_USAGE = 2  # bad flags or a bad inventory: nothing was contacted
 EXIT_REGRESSION = 3  # provision bench: a level fell below the baseline by more than the threshold
+EXIT_PENDING = 4  # provision plan: changes are pending (nothing was changed)
 
 
 class ProvisionError(Exception):

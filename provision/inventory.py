@@ -1,90 +1,76 @@
-"""Load an Ansible YAML inventory and validate it before any host is contacted.
+"""Load an inventory with ansible-core's own loader, then check provision's contract on top.
 
-The contract (README, "Inventory reference"):
-- `hosts.yml` (or `hosts.yaml`) plus optional `group_vars/` and `host_vars/`;
+Ansible parses the inventory (INI, YAML, host ranges, `group_vars/` and `host_vars/`, vaulted
+files, inventory plugins) and merges each host's variables with its own precedence, so what is
+checked here is what `ansible-playbook` will see. The contract (README, "Inventory reference"):
 - group `proxmox_hosts` holds the PVE nodes, group `gpu_containers` the LXC containers;
 - each container sets `proxmox_host` (a member of `proxmox_hosts`) and `proxmox_vmid`
   (an integer 100..999999999, unique per node);
-- the `proxmox_api_*` variables have fixed types.
+- the `proxmox_api_*` variables have fixed types;
+- ssh host key checking is not turned off (unless the caller passes `--no-host-key-checking`).
 
-Every problem is reported as one line that names the file, the host and the variable.
-Values that are Jinja templates or vault-encrypted cannot be checked here and are accepted.
+Every problem is one line naming the file (and line, where Ansible knows it), the host and the
+variable. Values that are Jinja templates cannot be checked before a play renders them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from provision.errors import InventoryError
+from provision.errors import InventoryError, UsageError
+from provision.paths import example_inventory_dir
 
 PROXMOX_HOSTS = "proxmox_hosts"
 GPU_CONTAINERS = "gpu_containers"
 VMID_MIN, VMID_MAX = 100, 999_999_999
+# Variables whose values are secrets wherever they come from (plain text is warned about).
 SECRET_VARIABLES = ("proxmox_api_password", "proxmox_api_token_secret", "sglang_api_key")
+# Connection secrets: scrubbed from records like the others, never warned about (Ansible's own names).
+CONNECTION_SECRETS = (
+    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
+    "ansible_become_pass", "ansible_sudo_pass",
+)  # fmt: skip
+EXAMPLE_NAME = "example"
+# A host name Ansible accepts but no ssh, shell or file path should get: whitespace or control characters.
+_BAD_HOST_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
+_HOST_KEY_OFF_ARGS = re.compile(r"StrictHostKeyChecking[= ]+(no|off)|UserKnownHostsFile[= ]+/dev/null", re.I)
 
 
-class _Key(str):
-    """A mapping key that remembers the line it was read from."""
+@dataclass(frozen=True)
+class VaultOptions:
+    """What ansible-playbook's --vault-password-file and --vault-id would be given."""
 
-    line: int = 0
+    password_files: tuple[Path, ...] = ()
+    ids: tuple[str, ...] = ()
 
-
-class VaultValue(str):
-    """An `!vault` value: opaque here, decrypted by Ansible at run time."""
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict:
-    loader.flatten_mapping(node)
-    mapping: dict = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, str):
-            key = _Key(key)
-            key.line = key_node.start_mark.line + 1
-        mapping[key] = loader.construct_object(value_node, deep=True)
-    return mapping
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_Loader.add_constructor("!vault", lambda loader, node: VaultValue(loader.construct_scalar(node)))
-_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
-
-
-@dataclass
-class Variable:
-    value: Any
-    file: Path
-    line: int = 0
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}" if self.line else str(self.file)
-
-    @property
-    def is_unevaluated(self) -> bool:
-        """True for templates and vault values, whose real value only Ansible knows."""
-        return isinstance(self.value, VaultValue) or (isinstance(self.value, str) and "{{" in self.value)
+    def playbook_args(self) -> list[str]:
+        args = [a for f in self.password_files for a in ("--vault-password-file", str(f))]
+        return args + [a for i in self.ids for a in ("--vault-id", i)]
 
 
 @dataclass
 class Host:
     name: str
-    file: Path
-    line: int
     groups: set[str] = field(default_factory=set)
-    vars: dict[str, Variable] = field(default_factory=dict)
+    vars: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""  # where the host is defined (file:line), else the inventory source
+    source: str = ""  # the inventory source
 
     def value(self, name: str, default: Any = None) -> Any:
-        var = self.vars.get(name)
-        return default if var is None else var.value
+        return self.vars.get(name, default)
+
+    def where(self, name: str | None = None) -> str:
+        """`file:line` of a variable (or of the host itself), as Ansible recorded it."""
+        if name is None:
+            return self.origin
+        # a value Ansible keeps no origin for (true/false, None): only the inventory is known
+        return _origin(self.vars.get(name)) or self.source
 
 
 @dataclass
@@ -93,6 +79,27 @@ class Inventory:
     hosts: dict[str, Host] = field(default_factory=dict)
     groups: dict[str, set[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    vault: VaultOptions = field(default_factory=VaultOptions)
+    host_key_checking: bool = True
+    manager: Any = field(default=None, repr=False)  # ansible's InventoryManager, for host patterns
+
+    def match(self, limit: str | None, pattern: str = f"{PROXMOX_HOSTS}:{GPU_CONTAINERS}") -> list[str]:
+        """The hosts a play on `pattern` reaches under `--limit`, by Ansible's own pattern rules."""
+        try:
+            with _captured_warnings():  # "Could not match supplied host pattern": scope() says it once
+                self.manager.subset(limit)
+                return sorted(str(h.name) for h in self.manager.get_hosts(pattern=pattern))
+        except Exception as exc:  # AnsibleError for a malformed pattern
+            raise UsageError(f"--limit {limit}: {' '.join(str(exc).split())}") from None
+        finally:
+            self.manager.subset(None)
+
+    def scope(self, limit: str | None) -> list[str]:
+        """`match`, refusing a limit that leaves no managed host (Ansible would only warn)."""
+        hosts = self.match(limit)
+        if limit and not hosts:
+            raise UsageError(f"--limit {limit}: matches no host in {PROXMOX_HOSTS} or {GPU_CONTAINERS} of {self.path}")
+        return hosts
 
     def group(self, name: str) -> list[Host]:
         return [self.hosts[h] for h in sorted(self.groups.get(name, ()))]
@@ -106,131 +113,174 @@ class Inventory:
         return self.group(GPU_CONTAINERS)
 
 
-def _read_yaml(path: Path, problems: list[str]) -> Any:
+def resolve(name_or_path: str | Path) -> Path:
+    """`prod` means `./inventory/prod`; `example` the packaged example; a path is used as given.
+
+    No silent fallback: a name that is not found is an error listing where it was looked for."""
+    text = str(name_or_path)
+    given = Path(text)
+    if given.exists() or "/" in text or text.startswith("."):
+        if not given.exists():
+            raise UsageError(f"{text}: inventory not found")
+        return given.resolve()
+    if text == EXAMPLE_NAME:
+        return example_inventory_dir()
+    local = Path.cwd() / "inventory" / text
+    if local.is_dir():
+        return local.resolve()
+    raise UsageError(
+        f"inventory {text!r} not found: looked for ./{text} and ./inventory/{text}/ in {Path.cwd()}; "
+        f"pass a path, or --inventory {EXAMPLE_NAME} for the packaged example"
+    )
+
+
+def _origin(value: Any) -> str | None:
+    """`file:line` that ansible-core 2.19+ tags on every value it loaded; None where unknown."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problems.append(f"{where}: YAML syntax error: {exc.problem or exc.context}")
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        problems.append(f"{path}: cannot read: {exc}")
-    return None
+        from ansible._internal._datatag._tags import Origin
+    except ImportError:  # older ansible-core: no origins
+        return None
+    tag = value if isinstance(value, Origin) else Origin.get_tag(value)
+    if tag is None or not tag.path:
+        return None
+    return f"{tag.path}:{tag.line_num}" if tag.line_num else tag.path
 
 
-def _var_files(directory: Path, name: str) -> list[Path]:
-    """Ansible's layout: `<dir>/<name>.yml|.yaml|<no ext>` or every YAML file in `<dir>/<name>/`."""
-    files = [directory / f"{name}{ext}" for ext in (".yml", ".yaml", "")]
-    found = [f for f in files if f.is_file()]
-    sub = directory / name
-    if sub.is_dir():
-        found += sorted(p for p in sub.iterdir() if p.suffix in (".yml", ".yaml") and p.is_file())
-    return found
+@contextlib.contextmanager
+def _captured_warnings() -> Iterator[list[tuple[str, BaseException | None]]]:
+    """Ansible reports each plugin's parse failure as a warning on stderr; collect them instead."""
+    from ansible.utils.display import Display
+
+    caught: list[tuple[str, BaseException | None]] = []
+    saved = Display.warning, Display.error_as_warning, Display.deprecated
+    Display.warning = lambda self, msg, *a, **k: caught.append((str(msg), None))
+    Display.error_as_warning = lambda self, msg, exception, **k: caught.append((str(msg), exception))
+    Display.deprecated = lambda self, *a, **k: None  # e.g. "could not be decoded as utf-8": its failure says it
+    try:
+        yield caught
+    finally:
+        Display.warning, Display.error_as_warning, Display.deprecated = saved
 
 
-class _Parser:
-    def __init__(self, root: Path):
-        self.root = root
-        self.problems: list[str] = []
-        self.inv = Inventory(path=root)
-        # group -> list of (var name, Variable) defined in hosts.yml, and parent links
-        self.group_vars: dict[str, dict[str, Variable]] = {}
-        self.children: dict[str, set[str]] = {}
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = getattr(exc, "orig_exc", None) or exc.__cause__ or exc.__context__
 
-    def parse(self) -> Inventory:
-        hosts_file = next((self.root / n for n in ("hosts.yml", "hosts.yaml") if (self.root / n).is_file()), None)
-        if hosts_file is None:
-            raise InventoryError([f"{self.root}: no hosts.yml in the inventory directory"])
-        data = _read_yaml(hosts_file, self.problems)
-        if self.problems:
-            raise InventoryError(self.problems)
-        if not isinstance(data, dict):
-            raise InventoryError([f"{hosts_file}: expected a mapping of groups at the top (e.g. 'all:')"])
-        for group_name, body in data.items():
-            self._group(hosts_file, str(group_name), body)
-        self._expand_children()
-        self._merge_vars()
-        return self.inv
 
-    def _group(self, file: Path, name: str, body: Any) -> None:
-        self.inv.groups.setdefault(name, set())
-        self.children.setdefault(name, set())
-        if body is None:
-            return
-        if not isinstance(body, dict):
-            self.problems.append(f"{file}:{getattr(name, 'line', 0)}: group {name}: expected a mapping")
-            return
-        for key in body:
-            if key not in ("hosts", "vars", "children"):
-                self.problems.append(
-                    f"{file}:{key.line}: group {name}: unknown key {key!r} (expected hosts, vars or children)"
-                )
-        hosts = body.get("hosts") or {}
-        if not isinstance(hosts, dict):
-            self.problems.append(f"{file}: group {name}: 'hosts' must be a mapping of host names")
-            hosts = {}
-        for host_name, host_vars in hosts.items():
-            host = self.inv.hosts.setdefault(
-                str(host_name), Host(name=str(host_name), file=file, line=getattr(host_name, "line", 0))
+def _one_line(text: str) -> str:
+    """Whitespace folded, and bytes that are not text (a binary file's) shown escaped."""
+    return " ".join(str(text).encode("utf-8", "backslashreplace").decode("utf-8").split())
+
+
+def _error_line(source: Path, exc: BaseException) -> str:
+    message = _one_line(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
+    where = next(filter(None, (_origin(getattr(e, "obj", None)) for e in _chain(exc))), str(source))
+    if "no vault secrets" in message or "Decryption failed" in message:
+        return f"{where}: cannot decrypt: {message} (pass --vault-password-file or --vault-id)"
+    return f"{where}: {message}"
+
+
+def _failure_source(exc: BaseException) -> str:
+    """The file a plugin failed on: its origin path, or the source named in the plugin's description."""
+    origin = getattr(exc, "obj", None)
+    found = re.search(r"with source '(.+)'>", str(getattr(origin, "description", "") or ""))
+    return found.group(1) if found else (_origin(origin) or "").rsplit(":", 1)[0]
+
+
+def _rank(msg: str, exc: BaseException) -> int:
+    """Which plugin's failure explains a file: for a .yml/.yaml/.json file a plugin config (`plugin:`)
+    or the yaml plugin, for any other file the ini plugin. Lower is better."""
+    text = getattr(exc, "message", "") or str(exc)
+    yamlish = Path(_failure_source(exc)).suffix in (".yml", ".yaml", ".json")
+    if "'auto'" in msg:
+        return 5 if "no root 'plugin' key" in text else 0
+    if "'yaml'" in msg:
+        return 1 if yamlish else 2
+    if "'ini'" in msg:
+        return 3 if yamlish else 0
+    return 4
+
+
+def _parse_failure(source: Path, caught: list[tuple[str, BaseException | None]]) -> list[str]:
+    """One line per file no plugin could parse (the failure of the plugin that owns the file's kind),
+    and one per other warning Ansible gave while parsing (e.g. a key it skipped)."""
+    failures = [(msg, exc) for msg, exc in caught if exc is not None]
+    by_file: dict[str, list[tuple[str, BaseException]]] = {}
+    for msg, exc in failures:
+        by_file.setdefault(_failure_source(exc), []).append((msg, exc))
+    if len(by_file) > 1:
+        by_file.pop("", None)  # a failure that names no file, beside ones that do
+    lines = [_error_line(source, min(items, key=lambda i: _rank(*i))[1]) for items in by_file.values()]
+    if lines:
+        return lines
+    quiet = ("Unable to parse", "No inventory was parsed", "No module named")
+    others = [m for m, _ in caught if not m.startswith(quiet)] or [m for m, _ in caught][:1]
+    return list(dict.fromkeys(f"{source}: {_one_line(m)}" for m in others))
+
+
+def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
+    from ansible import constants as C
+    from ansible.cli import CLI
+
+    ids = list(C.DEFAULT_VAULT_IDENTITY_LIST) + list(vault.ids)
+    files = [str(f) for f in vault.password_files]
+    for f in files:
+        if not Path(f).is_file():
+            raise UsageError(f"--vault-password-file {f}: no such file")
+    try:
+        with _captured_warnings():  # each bad source is also raised: say it once
+            secrets = CLI.setup_vault_secrets(
+                loader, vault_ids=ids, vault_password_files=files, auto_prompt=False, initialize_context=False
             )
-            self.inv.groups[name].add(host.name)
-            if host_vars is None:
-                continue
-            if not isinstance(host_vars, dict):
-                self.problems.append(f"{file}:{host.line}: host {host.name}: expected a mapping of variables")
-                continue
-            for var, value in host_vars.items():
-                host.vars[str(var)] = Variable(value, file, getattr(var, "line", 0))
-        group_vars = body.get("vars") or {}
-        if isinstance(group_vars, dict):
-            self.group_vars.setdefault(name, {}).update(
-                {str(k): Variable(v, file, getattr(k, "line", 0)) for k, v in group_vars.items()}
-            )
-        for child, child_body in (body.get("children") or {}).items():
-            self.children[name].add(str(child))
-            self._group(file, str(child), child_body)
+    except Exception as exc:
+        raise UsageError(f"--vault-id {' '.join(ids)}: {_one_line(getattr(exc, 'message', None) or exc)}") from None
+    loader.set_vault_secrets(secrets)
+    try:  # ansible-core 2.19+: inline !vault values decrypt through this process-wide context
+        from ansible.parsing.vault import VaultSecretsContext
+    except ImportError:
+        return
+    VaultSecretsContext._current = VaultSecretsContext(secrets)  # set, not initialize(): load() may run twice
 
-    def _expand_children(self) -> None:
-        def members(group: str, seen: frozenset = frozenset()) -> set[str]:
-            if group in seen:
-                return set()
-            result = set(self.inv.groups.get(group, ()))
-            for child in self.children.get(group, ()):
-                result |= members(child, seen | {group})
-            return result
 
-        for group in list(self.inv.groups):
-            self.inv.groups[group] = members(group)
-        self.inv.groups["all"] = set(self.inv.hosts)
-        for group, hosts in self.inv.groups.items():
-            for host in hosts:
-                self.inv.hosts[host].groups.add(group)
+def _ansible_load(source: Path, vault: VaultOptions) -> Inventory:
+    """Parse with ansible-core's InventoryManager and VariableManager; raise one line per failure."""
+    from ansible import context
+    from ansible.inventory.manager import InventoryManager
+    from ansible.module_utils.common.collections import ImmutableDict
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
 
-    def _file_vars(self, directory: str, name: str) -> dict[str, Variable]:
-        result: dict[str, Variable] = {}
-        for path in _var_files(self.root / directory, name):
-            data = _read_yaml(path, self.problems)
-            if data is None:
-                continue
-            if not isinstance(data, dict):
-                self.problems.append(f"{path}: expected a mapping of variables")
-                continue
-            result.update({str(k): Variable(v, path, getattr(k, "line", 0)) for k, v in data.items()})
-        return result
-
-    def _merge_vars(self) -> None:
-        # Ansible's order: 'all' first, then other groups (alphabetical), inventory host
-        # vars, then host_vars/ files. Each later source wins.
-        ordered = ["all", *sorted(g for g in self.inv.groups if g != "all")]
-        group_layers = {g: {**self.group_vars.get(g, {}), **self._file_vars("group_vars", g)} for g in ordered}
-        for host in self.inv.hosts.values():
-            merged: dict[str, Variable] = {}
-            for group in ordered:
-                if host.name in self.inv.groups.get(group, ()):
-                    merged.update(group_layers[group])
-            merged.update(host.vars)
-            merged.update(self._file_vars("host_vars", host.name))
-            host.vars = merged
+    if not context.CLIARGS:
+        context.CLIARGS = ImmutableDict()
+    loader = DataLoader()
+    try:
+        _vault_secrets(loader, vault)
+        with _captured_warnings() as caught:
+            manager = InventoryManager(loader=loader, sources=[str(source)])
+        problems = _parse_failure(source, caught) if caught or not manager.hosts else []
+        if problems and not manager.hosts:
+            raise InventoryError(problems)
+        variables = VariableManager(loader=loader, inventory=manager)
+        inv = Inventory(path=source, vault=vault, manager=manager)
+        for host in manager.get_hosts():
+            hostvars = variables.get_vars(host=host, include_hostvars=False)
+            groups = {g.name for g in host.get_groups()}
+            origin = _origin(host.name) or str(source)
+            inv.hosts[host.name] = Host(str(host.name), groups, dict(hostvars), origin, str(source))
+        for name, group in manager.groups.items():
+            inv.groups[name] = {h.name for h in group.get_hosts()}
+    except (InventoryError, UsageError):
+        raise
+    except RecursionError:
+        raise InventoryError([f"{source}: the inventory nests groups or values too deeply to load"]) from None
+    except Exception as exc:  # ansible raises AnsibleError and its subclasses, plugins anything
+        raise InventoryError([_error_line(source, exc)]) from None
+    if problems:
+        raise InventoryError(problems)
+    return inv
 
 
 # Variable name -> (checker, description of what is expected)
@@ -271,64 +321,131 @@ VARIABLE_TYPES: dict[str, tuple[Any, str]] = {
 
 
 def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+    """`'110' (str)`: the value as the user wrote it, without Ansible's tagged types."""
+    kind = next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)), type(value))
+    plain = kind(value) if kind in (int, float, str, list, dict) else value
+    return f"{plain!r} ({kind.__name__})"
 
 
-def validate(inv: Inventory) -> list[str]:
-    """Return one line per problem; an empty list means the inventory is usable."""
-    problems: list[str] = []
-    hosts_file = next((inv.path / n for n in ("hosts.yml", "hosts.yaml") if (inv.path / n).is_file()), inv.path)
-    for group in (PROXMOX_HOSTS, GPU_CONTAINERS):
-        if group not in inv.groups:
-            problems.append(f"{hosts_file}: group {group} is missing (the inventory contract needs it)")
-    nodes = set(inv.groups.get(PROXMOX_HOSTS, ()))
-    both = nodes & set(inv.groups.get(GPU_CONTAINERS, ()))
-    for name in sorted(both):
-        h = inv.hosts[name]
-        problems.append(f"{h.file}:{h.line}: host {name}: is in both {PROXMOX_HOSTS} and {GPU_CONTAINERS}")
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
+
+def _check_groups(inv: Inventory) -> list[str]:
+    if not inv.hosts:
+        return [f"{inv.path}: no hosts: Ansible read it as an empty inventory"]
+    problems = [
+        f"{inv.path}: group {group} is missing (the inventory contract needs it)"
+        for group in (PROXMOX_HOSTS, GPU_CONTAINERS)
+        if group not in inv.groups
+    ]
+    both = set(inv.groups.get(PROXMOX_HOSTS, ())) & set(inv.groups.get(GPU_CONTAINERS, ()))
+    problems += [f"{inv.path}: host {name}: is in both {PROXMOX_HOSTS} and {GPU_CONTAINERS}" for name in sorted(both)]
+    problems += [
+        f"{inv.path}: host {name!r}: a host name may not contain whitespace or control characters"
+        for name in sorted(inv.hosts)
+        if _BAD_HOST_NAME.search(name)
+    ]
+    return problems
+
+
+def _check_types(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for each variable of the wrong type, after Ansible's precedence."""
+    found = []
+    for name, (check, expected) in VARIABLE_TYPES.items():
+        value = host.vars.get(name)
+        if value is None or _is_template(value) or _from_vault(value) or check(value):
+            continue
+        found.append((host.where(name), host.name, f"{name}: expected {expected}, got {_describe(value)}"))
+    return found
+
+
+def _per_source(found: list[tuple[str, str, str]]) -> list[str]:
+    """One line per (file:line, problem), naming every host that inherits it."""
+    hosts: dict[tuple[str, str], list[str]] = {}
+    for where, host, problem in found:
+        hosts.setdefault((where, problem), []).append(host)
+    return [
+        f"{where}: host{'s' if len(names) > 1 else ''} {', '.join(sorted(names))}: {problem}"
+        for (where, problem), names in hosts.items()
+    ]
+
+
+def _check_container(inv: Inventory, ct: Host, vmids: dict[tuple[str, int], str]) -> list[str]:
+    nodes = inv.groups.get(PROXMOX_HOSTS, set())
+    node = ct.vars.get("proxmox_host")
+    problems = []
+    if node is None:
+        problems.append(f"{ct.where()}: host {ct.name}: proxmox_host: missing (name its PVE node)")
+    elif isinstance(node, str) and not _is_template(node) and node not in nodes:
+        problems.append(
+            f"{ct.where('proxmox_host')}: host {ct.name}: proxmox_host: {node!r} is not a host in {PROXMOX_HOSTS}"
+        )
+    vmid = ct.vars.get("proxmox_vmid")
+    where = f"{ct.where('proxmox_vmid')}: host {ct.name}: proxmox_vmid"
+    if vmid is None:
+        return [*problems, f"{ct.where()}: host {ct.name}: proxmox_vmid: missing (the container's VMID)"]
+    if _is_template(vmid):
+        return problems
+    if not isinstance(vmid, int) or isinstance(vmid, bool):
+        return [*problems, f"{where}: expected an integer, got {_describe(vmid)}"]
+    if not VMID_MIN <= vmid <= VMID_MAX:
+        return [*problems, f"{where}: {vmid} is out of range {VMID_MIN}..{VMID_MAX}"]
+    if isinstance(node, str):
+        other = vmids.setdefault((node, int(vmid)), ct.name)
+        if other != ct.name:
+            problems.append(f"{where}: {vmid} is already used by {other} on node {node}")
+    return problems
+
+
+def host_key_checking_problems(inv: Inventory) -> list[str]:
+    """Where the user's ansible.cfg, environment or inventory turns ssh host key checking off."""
+    from ansible import constants as C
+
+    problems = []
+    value, origin = C.config.get_config_value_and_origin("HOST_KEY_CHECKING")
+    if not value:
+        problems.append(f"{origin}: host_key_checking is off")
+    found = []
     for host in sorted(inv.hosts.values(), key=lambda h: h.name):
-        for var_name, (check, expected) in VARIABLE_TYPES.items():
-            var = host.vars.get(var_name)
-            if var is None or var.is_unevaluated or var.value is None:
-                continue
-            if not check(var.value):
-                problems.append(
-                    f"{var.where}: host {host.name}: {var_name}: expected {expected}, got {_describe(var.value)}"
-                )
+        if host.vars.get("ansible_host_key_checking") in (False, "false", "False", "no"):
+            found.append((host.where("ansible_host_key_checking"), host.name, "ansible_host_key_checking is off"))
+        for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args"):
+            if _HOST_KEY_OFF_ARGS.search(str(host.vars.get(name) or "")):
+                found.append((host.where(name), host.name, f"{name} turns ssh host key checking off"))
+    hint = "; provision keeps it on: remove that setting, or pass --no-host-key-checking to accept any host key"
+    return [p + hint for p in problems + _per_source(found)]
 
+
+def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
+    """Return one line per problem; an empty list means the inventory is usable."""
+    problems = _check_groups(inv)
+    problems += _per_source(
+        [p for host in sorted(inv.hosts.values(), key=lambda h: h.name) for p in _check_types(host)]
+    )
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
-        node = ct.vars.get("proxmox_host")
-        if node is None:
-            problems.append(f"{ct.file}:{ct.line}: host {ct.name}: proxmox_host: missing (name its PVE node)")
-        elif not node.is_unevaluated and isinstance(node.value, str) and node.value not in nodes:
-            problems.append(
-                f"{node.where}: host {ct.name}: proxmox_host: {node.value!r} is not a host in {PROXMOX_HOSTS}"
-            )
-        vmid = ct.vars.get("proxmox_vmid")
-        if vmid is None:
-            problems.append(f"{ct.file}:{ct.line}: host {ct.name}: proxmox_vmid: missing (the container's VMID)")
-            continue
-        if vmid.is_unevaluated:
-            continue
-        value = vmid.value
-        if not isinstance(value, int) or isinstance(value, bool):
-            problems.append(f"{vmid.where}: host {ct.name}: proxmox_vmid: expected an integer, got {_describe(value)}")
-            continue
-        if not VMID_MIN <= value <= VMID_MAX:
-            problems.append(
-                f"{vmid.where}: host {ct.name}: proxmox_vmid: {value} is out of range {VMID_MIN}..{VMID_MAX}"
-            )
-            continue
-        if node is not None and isinstance(node.value, str):
-            other = vmids.setdefault((node.value, value), ct.name)
-            if other != ct.name:
-                problems.append(
-                    f"{vmid.where}: host {ct.name}: proxmox_vmid: {value} is already used by {other} "
-                    f"on node {node.value}"
-                )
+        problems += _check_container(inv, ct, vmids)
+    if host_key_checking:
+        problems += host_key_checking_problems(inv)
     return problems
+
+
+@functools.cache
+def _vaulted_file(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(14) == b"$ANSIBLE_VAULT"
+    except OSError:
+        return False
+
+
+def _from_vault(value: Any) -> bool:
+    """An inline `!vault` value, or any value read from a whole-file vaulted vars file."""
+    if type(value).__name__ == "EncryptedString":
+        return True
+    origin = _origin(value)
+    return origin is not None and _vaulted_file(origin.rsplit(":", 1)[0] if origin.count(":") else origin)
 
 
 def plain_text_secret_warnings(inv: Inventory) -> list[str]:
@@ -336,25 +453,41 @@ def plain_text_secret_warnings(inv: Inventory) -> list[str]:
     seen: set[tuple[str, str]] = set()
     for host in inv.hosts.values():
         for name in SECRET_VARIABLES:
-            var = host.vars.get(name)
-            if var is None or var.is_unevaluated or not var.value or (var.where, name) in seen:
+            value = host.vars.get(name)
+            where = host.where(name)
+            if _from_vault(value) or not value or _is_template(value) or (where, name) in seen:
                 continue
-            seen.add((var.where, name))
+            seen.add((where, name))
             warnings.append(
-                f"{var.where}: {name} is in plain text; use ansible-vault or "
+                f"{where}: {name} is in plain text; use ansible-vault or "
                 f"\"{{{{ lookup('ansible.builtin.env', 'NAME') }}}}\""
             )
     return warnings
 
 
-def load(name_or_path: str | Path) -> Inventory:
-    """Load and validate an inventory; raise InventoryError listing every problem."""
-    from provision.paths import resolve_inventory
+def secret_values(inv: Inventory) -> set[str]:
+    """Every literal secret the inventory holds, for the run records' scrubber: the secret-named
+    variables, the connection passwords, and every value that came out of a vault."""
+    found: set[str] = set()
+    for host in inv.hosts.values():
+        for name, value in host.vars.items():
+            if not (name in SECRET_VARIABLES or name in CONNECTION_SECRETS or _from_vault(value)):
+                continue
+            try:
+                text = str(value)  # an inline !vault value decrypts here, when its secret was given
+            except Exception:  # no secret for it: nothing readable to scrub
+                continue
+            if not _is_template(text):
+                found.add(text)
+    return found
 
-    root = resolve_inventory(str(name_or_path))
-    parser = _Parser(root)
-    inv = parser.parse()
-    problems = parser.problems + validate(inv)
+
+def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_checking: bool = True) -> Inventory:
+    """Load with Ansible, check the contract, and return it; raise InventoryError listing every problem."""
+    source = resolve(name_or_path)
+    inv = _ansible_load(source, vault or VaultOptions())
+    inv.host_key_checking = host_key_checking
+    problems = validate(inv, host_key_checking)
     if problems:
         raise InventoryError(problems)
     inv.warnings = plain_text_secret_warnings(inv)

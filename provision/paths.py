@@ -12,8 +12,6 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from provision.errors import UsageError
-
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_ROOT = _PACKAGE_DIR.parent
 
@@ -65,18 +63,6 @@ def collections_path(parent: Path) -> str:
     return os.pathsep.join([str(parent), *constants.COLLECTIONS_PATHS])
 
 
-def resolve_inventory(name_or_path: str) -> Path:
-    """`prod` means `inventory/prod` (under the current directory, else the packaged example);
-    anything that exists as a path, or contains a slash, is used as given."""
-    given = Path(name_or_path)
-    if given.exists() or "/" in name_or_path:
-        if not given.is_dir():
-            raise UsageError(f"{name_or_path}: inventory directory not found")
-        return given.resolve()
-    for root in (Path.cwd() / "inventory", _PACKAGE_DIR / "inventory", _SOURCE_ROOT / "inventory"):
-        if (root / name_or_path).is_dir():
-            return (root / name_or_path).resolve()
-    raise UsageError(
-        f"inventory {name_or_path!r} not found: looked for ./inventory/{name_or_path}/ "
-        "and the packaged examples; pass a directory path instead"
-    )
+def example_inventory_dir() -> Path:
+    """The packaged example inventory (`--inventory example`)."""
+    return _data_dir("inventory") / "prod"

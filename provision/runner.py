@@ -1,9 +1,10 @@
 """The one place that runs ansible-runner and turns its events into progress and a result.
 
 Every run gets a fresh private data dir (runner's env/ files are sticky, §a.6 of the
-ecosystem notes), an ansible.cfg that this package controls, and the `ansible-playbook`
-of the interpreter running us. What is kept afterwards goes to a run record directory,
-copied from the private data dir with secrets redacted; the private data dir is removed.
+ecosystem notes), the user's own ansible.cfg with provision's settings only where it is
+silent (provision/ansible_config.py), and the `ansible-playbook` of the interpreter running
+us. What is kept afterwards goes to a run record directory, copied from the private data dir
+with secrets redacted; the private data dir is removed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -23,7 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provision import ansible_config
 from provision.errors import ProvisionError
+from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
 
 REDACTED = "********"
@@ -67,6 +71,10 @@ class RunResult:
     reports: dict[str, list[str]] = field(default_factory=dict)
     host_durations_s: dict[str, float] = field(default_factory=dict)
     record_dir: str = ""
+    # Ansible stopped the playbook (a serial batch failed): hosts not in `last_play_hosts` were not reached
+    aborted: bool = False
+    last_play_hosts: list[str] = field(default_factory=list)
+    host_states: dict[str, str] = field(default_factory=dict)  # apply.host_states, for the hosts in scope
 
     @property
     def succeeded(self) -> bool:
@@ -99,6 +107,9 @@ class EventCollector:
         self.current_play = ""
         self.host_seconds: dict[str, float] = {}
         self.live: dict[str, HostStats] = {}
+        # hosts that answered in the play running when Ansible gave up ("NO MORE HOSTS LEFT")
+        self.play_hosts: set[str] = set()
+        self.aborted = False
         self._on_update = on_update
 
     def _report(self, host: str, res: dict[str, Any]) -> None:
@@ -110,10 +121,14 @@ class EventCollector:
         host = data.get("host", "")
         if kind == "playbook_on_play_start":
             self.current_play = data.get("name", "")
+            self.play_hosts = set()
+        elif kind == "playbook_on_no_hosts_remaining":
+            self.aborted = True
         elif kind == "playbook_on_task_start":
             self.current_task = data.get("task", "")
         elif kind.startswith("runner_on_") and host and kind not in ("runner_on_start", "runner_on_async_poll"):
             stats = self.live.setdefault(host, HostStats())
+            self.play_hosts.add(host)
             res = data.get("res") or {}
             self.host_seconds[host] = self.host_seconds.get(host, 0.0) + float(data.get("duration") or 0)
             task = data.get("task", "")
@@ -121,7 +136,8 @@ class EventCollector:
                 stats.ok += 1
                 if res.get("changed"):
                     stats.changed += 1
-                    self.changed_tasks.append({"host": host, "task": task, "play": self.current_play})
+                    change = {"host": host, "task": task, "play": self.current_play}
+                    self.changed_tasks.append({**change, "diff": _diffs(res)} if _diffs(res) else change)
                 if task.startswith("Report "):
                     self._report(host, res)
             elif kind in ("runner_on_failed", "runner_on_async_failed"):
@@ -149,6 +165,16 @@ def _report_messages(res: dict[str, Any]) -> list[str]:
     return [" ".join(str(i["msg"]).split()) for i in items if isinstance(i, dict) and i.get("msg")]
 
 
+def _diffs(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a task's --diff said (one entry per diff; loops give one per item)."""
+    items = res.get("results") if isinstance(res.get("results"), list) else [res]
+    found = []
+    for item in items:
+        diff = item.get("diff") if isinstance(item, dict) else None
+        found += [d for d in (diff if isinstance(diff, list) else [diff]) if isinstance(d, dict) and d]
+    return found
+
+
 def _failure_message(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
     if res.get("stderr") and res.get("msg") and res["stderr"] not in str(msg):
@@ -163,55 +189,6 @@ def _strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def _mitogen_strategy_dir() -> Path | None:
-    """Mitogen's strategy plugins, where Mitogen is installed."""
-    try:
-        import ansible_mitogen
-    except ImportError:
-        return None
-    path = Path(ansible_mitogen.__file__).resolve().parent / "plugins" / "strategy"
-    return path if path.is_dir() else None
-
-
-def _strategy_lines() -> list[str]:
-    """Mitogen's strategy unless PROVISION_ANSIBLE_STRATEGY names another (or Mitogen is missing).
-
-    Mitogen keeps one Python interpreter per host for the whole run instead of starting one per
-    task; a no-op apply on the lab took 18 s with it against 60 s without (docs/performance.md)."""
-    wanted = os.environ.get("PROVISION_ANSIBLE_STRATEGY", "mitogen_linear")
-    if wanted == "mitogen_linear":
-        plugins = _mitogen_strategy_dir()
-        if plugins is not None:
-            return [f"strategy_plugins = {plugins}", "strategy = mitogen_linear"]
-        wanted = "linear"
-    return [f"strategy = {wanted}"]
-
-
-def ansible_cfg(forks: int, host_key_checking: bool, control_dir: Path) -> str:
-    """The ansible.cfg every run uses. Mitogen (where installed), pipelining and ControlPersist
-    make tasks cheap; host key checking stays on unless the caller relaxes it explicitly."""
-    return "\n".join(
-        [
-            "[defaults]",
-            f"forks = {forks}",
-            *_strategy_lines(),
-            f"host_key_checking = {host_key_checking}",
-            "interpreter_python = auto_silent",
-            "retry_files_enabled = False",
-            "gathering = implicit",
-            "timeout = 30",
-            "",
-            "[ssh_connection]",
-            "pipelining = True",
-            "ssh_args = -o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15 "
-            "-o ServerAliveCountMax=4 -o ConnectTimeout=20",
-            f"control_path_dir = {control_dir}",
-            "retries = 1",
-            "",
-        ]
-    )
-
-
 def secret_values(extra: Iterable[str] = ()) -> set[str]:
     """The values to scrub: secret-looking environment variables plus any given ones."""
     values = {v for k, v in os.environ.items() if _SECRET_ENV.search(k)}
@@ -219,11 +196,20 @@ def secret_values(extra: Iterable[str] = ()) -> set[str]:
     return {v for v in values if v and len(v) >= _MIN_SECRET_LEN}
 
 
+def redact_text(text: str, secrets: set[str]) -> str:
+    """Every secret value (and its JSON-escaped form) replaced by REDACTED, longest first."""
+    for secret in sorted(secrets, key=len, reverse=True):  # a secret may contain another
+        text = text.replace(secret, REDACTED)
+        escaped = json.dumps(secret)[1:-1]
+        if escaped != secret:
+            text = text.replace(escaped, REDACTED)
+    return text
+
+
 def redact_tree(root: Path, secrets: set[str]) -> int:
     """Replace every secret value in every file under root. Returns the files changed."""
     if not secrets:
         return 0
-    ordered = sorted(secrets, key=len, reverse=True)  # longest first: a secret may contain another
     changed = 0
     for path in root.rglob("*"):
         if not path.is_file() or path.is_symlink():
@@ -232,12 +218,7 @@ def redact_tree(root: Path, secrets: set[str]) -> int:
             text = path.read_text(encoding="utf-8", errors="surrogateescape")
         except OSError:
             continue
-        scrubbed = text
-        for secret in ordered:
-            scrubbed = scrubbed.replace(secret, REDACTED)
-            escaped = json.dumps(secret)[1:-1]
-            if escaped != secret:
-                scrubbed = scrubbed.replace(escaped, REDACTED)
+        scrubbed = redact_text(text, secrets)
         if scrubbed != text:
             path.write_text(scrubbed, encoding="utf-8", errors="surrogateescape")
             changed += 1
@@ -310,7 +291,7 @@ def run_playbook(
     diff: bool = False,
     extravars: dict[str, Any] | None = None,
     host_key_checking: bool = True,
-    vault_password_file: Path | None = None,
+    vault: VaultOptions | None = None,
     secrets: Iterable[str] = (),
     progress: Any = None,
 ) -> RunResult:
@@ -329,16 +310,13 @@ def run_playbook(
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     collector = EventCollector(on_update=progress.update if progress else None)
     try:
-        cfg = pdd / "ansible.cfg"
         control_dir = pdd / "cp"
         control_dir.mkdir(mode=0o700)
-        cfg.write_text(ansible_cfg(max(1, min(host_count, 50)), host_key_checking, control_dir))
         bin_dir = str(Path(sys.executable).parent)
         envvars = {
+            **ansible_config.environment(max(1, min(host_count, 50)), host_key_checking, control_dir),
             # runner finds ansible-playbook through PATH: use the one beside our interpreter
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            "ANSIBLE_CONFIG": str(cfg),
-            "ANSIBLE_HOST_KEY_CHECKING": str(host_key_checking),
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
@@ -349,8 +327,7 @@ def run_playbook(
             cmdline.append("--check")
         if diff:
             cmdline.append("--diff")
-        if vault_password_file:
-            cmdline += ["--vault-password-file", str(vault_password_file)]
+        cmdline += (vault or VaultOptions()).playbook_args()
         if progress:
             progress.start()
         runner = ansible_runner.run(
@@ -363,8 +340,7 @@ def run_playbook(
             extravars={**base_extravars(), **(extravars or {})},
             limit=limit,
             tags=",".join(tags) if tags else None,
-            cmdline=" ".join(cmdline) or None,
-            forks=max(1, min(host_count, 50)),
+            cmdline=shlex.join(cmdline) or None,  # runner splits it with shlex
             suppress_env_files=True,
             quiet=True,
             event_handler=collector.handle,
@@ -385,6 +361,8 @@ def run_playbook(
             reports=collector.reports,
             host_durations_s={h: round(s, 2) for h, s in collector.host_seconds.items()},
             record_dir=str(record_dir),
+            aborted=collector.aborted,
+            last_play_hosts=sorted(collector.play_hosts),
         )
         if runner.status != "successful" and not result.failures:
             stdout = (

@@ -23,7 +23,7 @@ def test_wheel_install_finds_packaged_playbooks_and_roles(tmp_path):
     probe = (
         "import provision, provision.paths as p; "
         "print(provision.__file__); print(p.playbooks_dir()); print(p.roles_dir()); print(p.plugins_dir()); "
-        "print(p.resolve_inventory('prod'))"
+        "print(p.example_inventory_dir())"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=elsewhere, env=env, capture_output=True, text=True, check=True
@@ -38,6 +38,10 @@ def test_wheel_install_finds_packaged_playbooks_and_roles(tmp_path):
     helped = subprocess.run([sys.executable, "-m", "provision", "--help"], cwd=elsewhere, env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert helped.returncode == 0 and "apply" in helped.stdout and "verify" in helped.stdout
-    check = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "--inventory", "prod"],
+    check = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "--inventory", "example"],
                            cwd=elsewhere, env=env, capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0, check.stderr
+    # no silent fallback: `prod` is ./inventory/prod or an error, never the packaged example
+    missing = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "--inventory", "prod"],
+                             cwd=elsewhere, env=env, capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode == 2 and "--inventory example" in missing.stderr, missing.stderr

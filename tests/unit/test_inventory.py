@@ -61,7 +61,7 @@ def test_good_inventory_merges_group_vars(tmp_path):
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     root = make(tmp_path, GOOD_HOSTS.replace("proxmox_vmid: 110", "proxmox_vmid: [110"))
     (line,) = problems(root)
-    assert line.startswith(f"{root}/hosts.yml:12:") and "YAML syntax error" in line
+    assert line.startswith(f"{root}/hosts.yml:12:") and "YAML parsing failed" in line
 
 
 def test_yaml_syntax_error_in_group_vars(tmp_path):
@@ -87,7 +87,8 @@ def test_container_on_unknown_node(tmp_path):
 )
 def test_bad_vmid(tmp_path, vmid, expected):
     root = make(tmp_path, GOOD_HOSTS.replace("proxmox_vmid: 110", f"proxmox_vmid: {vmid}"))
-    assert problems(root) == [f"{root}/hosts.yml:11: host ct1: {expected}"]
+    where = root if vmid == "true" else f"{root}/hosts.yml:11"  # Ansible keeps no origin for a bool
+    assert problems(root) == [f"{where}: host ct1: {expected}"]
 
 
 def test_duplicate_vmid_on_one_node(tmp_path):
@@ -105,8 +106,8 @@ def test_same_vmid_on_two_nodes_is_fine(tmp_path):
 def test_missing_groups(tmp_path):
     root = make(tmp_path, "all:\n  hosts:\n    pve1:\n")
     assert problems(root) == [
-        f"{root}/hosts.yml: group proxmox_hosts is missing (the inventory contract needs it)",
-        f"{root}/hosts.yml: group gpu_containers is missing (the inventory contract needs it)",
+        f"{root}: group proxmox_hosts is missing (the inventory contract needs it)",
+        f"{root}: group gpu_containers is missing (the inventory contract needs it)",
     ]
 
 
@@ -130,8 +131,8 @@ def test_missing_container_variables(tmp_path):
 def test_wrong_types_in_group_vars(tmp_path, text, expected):
     root = make(tmp_path, GOOD_HOSTS, {"all": text + "\n"})
     found = problems(root)
-    assert len(found) == 2  # once per host that inherits the bad value
-    assert found[0].startswith(f"{root}/group_vars/all.yml:1: host ct1: {expected}")
+    assert len(found) == 1  # once, naming every host that inherits the bad value
+    assert found[0].startswith(f"{root}/group_vars/all.yml:1: hosts ct1, pve1: {expected}")
 
 
 def test_templates_and_vault_values_are_not_type_checked(tmp_path):
@@ -192,3 +193,28 @@ def test_cli_unknown_inventory_name(tmp_path):
     )
     assert proc.returncode == 2
     assert "inventory 'nosuch' not found" in proc.stderr
+
+
+def test_ini_inventory_with_a_host_range_and_a_vaulted_group_vars_file(tmp_path):
+    """Ansible's documented vars/vault split: group_vars/all/vars.yml names vault_ variables that
+    group_vars/all/vault.yml, encrypted whole, defines. Their values are scrubbed from records."""
+    root = tmp_path / "inv"
+    (root / "group_vars" / "all").mkdir(parents=True)
+    (root / "hosts").write_text(
+        "[proxmox_hosts]\npve-gpu-[01:02] ansible_host=192.0.2.10\n\n"
+        "[gpu_containers]\nct1 ansible_host=192.0.2.110 proxmox_host=pve-gpu-02 proxmox_vmid=110\n"
+    )
+    (root / "group_vars" / "all" / "vars.yml").write_text('proxmox_api_password: "{{ vault_proxmox_api_password }}"\n')
+    vault = root / "group_vars" / "all" / "vault.yml"
+    vault.write_text("vault_proxmox_api_password: s3cret-from-vault\n")
+    password = tmp_path / "pass"
+    password.write_text("pw-123456\n")
+    ansible_vault = Path(sys.executable).parent / "ansible-vault"
+    encrypt = [ansible_vault, "encrypt", "--vault-password-file", password, vault]
+    subprocess.run(encrypt, check=True, capture_output=True)
+    with pytest.raises(InventoryError, match="cannot decrypt"):
+        inventory.load(root)
+    inv = inventory.load(root, inventory.VaultOptions((password,)))
+    assert [h.name for h in inv.proxmox_hosts] == ["pve-gpu-01", "pve-gpu-02"]
+    assert inv.hosts["ct1"].value("proxmox_vmid") == 110
+    assert inventory.secret_values(inv) == {"s3cret-from-vault"} and inv.warnings == []

@@ -1,9 +1,8 @@
 """Pure parts of the runner: event counting, ansible.cfg, secret scrubbing."""
 
 import json
-from pathlib import Path
 
-from provision.runner import REDACTED, EventCollector, ansible_cfg, redact_tree, secret_values
+from provision.runner import REDACTED, EventCollector, redact_tree, secret_values
 
 
 def _ev(kind, host="h1", task="T", **data):
@@ -26,15 +25,10 @@ def test_collector_counts_and_always_returns_true():
     assert (h1.ok, h1.changed, h1.failed, h1.ignored, h1.skipped) == (2, 1, 1, 1, 1)
     assert h2.unreachable == 1 and h2.status == "unreachable"
     assert c.changed_tasks == [{"host": "h1", "task": "T", "play": ""}]
+    assert c.play_hosts == {"h1", "h2"} and not c.aborted
     assert c.failures[0]["message"] == "boom: disk full"
     assert c.failures[1]["message"] == "unreachable: ssh: connect refused"
     assert c.host_seconds["h1"] == 1.5
-
-
-def test_ansible_cfg_keeps_host_key_checking_and_pipelining(tmp_path):
-    cfg = ansible_cfg(7, True, tmp_path)
-    assert "host_key_checking = True" in cfg
-    assert "forks = 7" in cfg and "pipelining = True" in cfg and "ControlPersist" in cfg
 
 
 def test_redact_tree_scrubs_plain_and_json_escaped_secrets(tmp_path):
@@ -57,12 +51,11 @@ def test_secret_values_from_environment(monkeypatch):
     assert "/root" not in found
 
 
-def test_ansible_cfg_uses_mitogen_unless_switched_off(tmp_path, monkeypatch):
-    monkeypatch.delenv("PROVISION_ANSIBLE_STRATEGY", raising=False)
-    cfg = ansible_cfg(3, True, tmp_path)
-    assert "strategy = mitogen_linear" in cfg
-    plugins = next(line for line in cfg.splitlines() if line.startswith("strategy_plugins = "))
-    assert (Path(plugins.split(" = ", 1)[1]) / "mitogen_linear.py").is_file()
-    monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
-    cfg = ansible_cfg(3, True, tmp_path)
-    assert "strategy = linear" in cfg and "strategy_plugins" not in cfg
+def test_collector_keeps_diffs_and_sees_an_aborted_playbook():
+    c = EventCollector()
+    c.handle({"event": "playbook_on_play_start", "event_data": {"name": "kernel"}})
+    diff = {"before": "a\n", "after": "b\n", "before_header": "/etc/x"}
+    c.handle(_ev("runner_on_ok", res={"changed": True, "diff": diff}))
+    c.handle({"event": "playbook_on_no_hosts_remaining", "event_data": {}})
+    assert c.changed_tasks[0]["diff"] == [diff]
+    assert c.aborted and c.play_hosts == {"h1"}

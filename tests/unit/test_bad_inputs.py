@@ -1,0 +1,201 @@
+"""Every malformed inventory or flag: one clear line per problem, exit 2, no traceback, nothing contacted.
+
+Each case is run twice: plain (stderr holds `error: ...` lines only) and with --json (stdout holds the
+envelope of docs/json.md, with the same errors). The hosts point at 192.0.2.0/24 (TEST-NET-1): a run
+that got as far as connecting would hang or fail with exit 1, not 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from provision import cli
+
+GOOD = """\
+all:
+  children:
+    proxmox_hosts:
+      hosts:
+        pve1:
+          ansible_host: 192.0.2.10
+    gpu_containers:
+      hosts:
+        ct1:
+          ansible_host: 192.0.2.110
+          proxmox_host: pve1
+          proxmox_vmid: 110
+"""
+CT2 = "        ct2:\n          proxmox_host: pve1\n          proxmox_vmid: 110\n"
+GV = "group_vars/all.yml"
+
+
+def _deep(levels: int) -> str:
+    text, indent = "all:\n  children:\n", "    "
+    for n in range(levels):
+        text += f"{indent}g{n}:\n{indent}  children:\n"
+        indent += "    "
+    return text
+
+
+# (id, files of the inventory directory, extra argv after `inventory check -i INV`, or a full argv)
+INVENTORIES = [
+    ("children-as-list", {"hosts.yml": "all:\n  children:\n    - proxmox_hosts\n"}),
+    ("integer-group-key", {"hosts.yml": "all:\n  children:\n    123:\n      hosts:\n        a:\n"}),
+    ("deep-nesting-5000", {"hosts.yml": _deep(5000)}),
+    ("vars-as-list", {"hosts.yml": GOOD.replace("    gpu_containers:\n", "    gpu_containers:\n      vars: [1, 2]\n")}),
+    ("host-name-with-newline", {"hosts.yml": GOOD.replace("        ct1:\n", '        "ct\\n1":\n')}),
+    ("host-name-with-space", {"hosts.yml": GOOD.replace("        ct1:\n", '        "ct 1":\n')}),
+    ("top-level-list", {"hosts.yml": "- all\n- proxmox_hosts\n"}),
+    ("empty-file", {"hosts.yml": ""}),
+    ("yaml-syntax-error", {"hosts.yml": GOOD.replace("proxmox_vmid: 110", "proxmox_vmid: [110")}),
+    ("hosts-as-list", {"hosts.yml": GOOD.replace("hosts:\n        pve1:\n", "hosts:\n        - pve1\n")}),
+    ("unknown-group-key", {"hosts.yml": GOOD.replace("proxmox_hosts:\n      hosts:", "proxmox_hosts:\n      host:")}),
+    ("ini-unclosed-section", {"hosts": "[proxmox_hosts\npve1\n"}),
+    ("ini-range-without-end", {"hosts": "[proxmox_hosts]\npve-[01:]\n"}),
+    ("ini-bad-assignment", {"hosts": "[proxmox_hosts]\npve1 ansible_port\n"}),
+    ("binary-file", {"hosts": bytes(range(256)) * 2}),
+    ("unknown-inventory-plugin", {"pve.yml": "plugin: nosuch.col.plug\n"}),
+    ("vmid-string", {"hosts.yml": GOOD.replace("proxmox_vmid: 110", 'proxmox_vmid: "110"')}),
+    ("vmid-float", {"hosts.yml": GOOD.replace("proxmox_vmid: 110", "proxmox_vmid: 110.5")}),
+    ("vmid-bool", {"hosts.yml": GOOD.replace("proxmox_vmid: 110", "proxmox_vmid: true")}),
+    ("vmid-too-small", {"hosts.yml": GOOD.replace("proxmox_vmid: 110", "proxmox_vmid: 99")}),
+    ("vmid-duplicate", {"hosts.yml": GOOD + CT2}),
+    ("vmid-missing", {"hosts.yml": GOOD.replace("          proxmox_vmid: 110\n", "")}),
+    ("node-unknown", {"hosts.yml": GOOD.replace("proxmox_host: pve1", "proxmox_host: pve9")}),
+    ("node-missing", {"hosts.yml": GOOD.replace("          proxmox_host: pve1\n", "")}),
+    ("host-in-both-groups", {"hosts.yml": GOOD.replace("        pve1:\n", "        pve1:\n        ct1:\n", 1)}),
+    ("port-as-string", {"hosts.yml": GOOD, "group_vars/all.yml": "proxmox_api_port: '8006'\n"}),
+    ("validate-certs-string", {"hosts.yml": GOOD, "group_vars/all.yml": "proxmox_api_validate_certs: 'no'\n"}),
+    ("api-user-without-realm", {"hosts.yml": GOOD, "group_vars/all.yml": "proxmox_api_user: root\n"}),
+    ("wrong-type-from-parent-group", {"hosts.yml": GOOD + "    parent:\n      children:\n        gpu_containers:\n",
+                                      "group_vars/parent.yml": "proxmox_api_port: [8006]\n"}),
+    ("group-vars-syntax-error", {"hosts.yml": GOOD, "group_vars/all.yml": "a: 1\n  b: : c\n"}),
+    ("group-vars-is-a-list", {"hosts.yml": GOOD, "group_vars/all.yml": "- a\n- b\n"}),
+    ("host-vars-syntax-error", {"hosts.yml": GOOD, "host_vars/ct1.yml": "x: [\n"}),
+    ("vaulted-file-without-password", {"hosts.yml": GOOD, "group_vars/all/vault.yml": "VAULT"}),
+    ("host-key-checking-off-in-inventory", {"hosts.yml": GOOD, GV: "ansible_host_key_checking: false\n"}),
+    ("strict-host-key-checking-off-in-args", {"hosts.yml": GOOD, GV: "ansible_ssh_args: -o StrictHostKeyChecking=no"}),
+]  # fmt: skip
+
+FLAGS = [
+    ("inventory-name-not-found", ["inventory", "check", "-i", "nosuch"]),
+    ("inventory-path-missing", ["inventory", "check", "-i", "./no/such/dir"]),
+    ("runs-dir-is-a-file", ["apply", "-i", "INV", "--yes", "--runs-dir", "FILE"]),
+    ("junit-unwritable", ["verify", "-i", "INV", "--junit", "/nonexistent-dir/verify.xml"]),
+    ("session-tokens-abc", ["capacity", "-i", "INV", "--session-tokens", "abc"]),
+    ("concurrency-zero", ["bench", "-i", "INV", "--concurrency", "0"]),
+    ("concurrency-letters", ["bench", "-i", "INV", "--concurrency", "a,b"]),
+    ("threshold-too-big", ["bench", "-i", "INV", "--threshold", "2"]),
+    ("input-len-negative", ["bench", "-i", "INV", "--input-len", "-1"]),
+    ("input-len-text", ["bench", "-i", "INV", "--input-len", "many"]),
+    ("baseline-missing", ["bench", "-i", "INV", "--baseline", "/nonexistent.json"]),
+    ("unknown-tag", ["apply", "-i", "INV", "--yes", "--tags", "nosuch"]),
+    ("bad-reboot-choice", ["apply", "-i", "INV", "--yes", "--reboot", "sometimes"]),
+    ("unknown-flag", ["apply", "-i", "INV", "--frobnicate"]),
+    ("missing-inventory", ["plan"]),
+    ("vault-password-file-missing", ["plan", "-i", "INV", "--vault-password-file", "/nonexistent"]),
+    ("vault-id-file-missing", ["plan", "-i", "INV", "--vault-id", "dev@/nonexistent"]),
+    ("limit-matches-nothing", ["plan", "-i", "INV", "--limit", "nosuch"]),
+    ("rollback-without-limit", ["rollback", "-i", "INV", "--yes"]),
+    ("unknown-command", ["frobnicate"]),
+    ("lab-hosts-3", ["lab", "up", "--hosts", "3"]),
+    ("diag-unknown-flag", ["diag", "-i", "INV", "--frob"]),
+]
+
+
+def _write(root: Path, files: dict[str, str | bytes]) -> None:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == "VAULT":
+            path.write_text("v: 1\n")
+            subprocess.run(
+                [Path(sys.executable).parent / "ansible-vault", "encrypt", "--vault-password-file",
+                 _password_file(root), str(path)], check=True, capture_output=True,
+            )  # fmt: skip
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(textwrap.dedent(content))
+
+
+def _password_file(root: Path) -> str:
+    path = root.parent / "vault-pass"
+    path.write_text("pw-123456\n")
+    return str(path)
+
+
+def _run(argv: list[str], capsys) -> tuple[int, list[str], str]:
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines(), captured.out
+
+
+def _assert_usage_error(argv: list[str], capsys, runs: Path, one_line: bool = True) -> None:
+    code, err, _ = _run(argv, capsys)
+    assert code == 2, (argv, err)
+    assert err and all(line.startswith("error: ") for line in err), err
+    assert not one_line or len(err) == 1, err
+    assert "Traceback" not in "\n".join(err)
+    code, err_json, out = _run([*argv, "--json"], capsys)
+    envelope = json.loads(out)
+    assert code == 2 and envelope["exit_code"] == 2 and envelope["ok"] is False
+    assert envelope["errors"] == [line.removeprefix("error: ") for line in err_json]
+    assert not runs.exists(), "a run record was made for a bad input"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("files"), [c[1] for c in INVENTORIES], ids=[c[0] for c in INVENTORIES])
+def test_bad_inventory(workdir, capsys, files):
+    root = workdir / "inv"
+    _write(root, files)
+    _assert_usage_error(["inventory", "check", "-i", str(root)], capsys, workdir / "runs")
+    _assert_usage_error(["plan", "-i", str(root), "--runs-dir", str(workdir / "runs")], capsys, workdir / "runs")
+
+
+@pytest.mark.parametrize(("argv"), [c[1] for c in FLAGS], ids=[c[0] for c in FLAGS])
+def test_bad_flag(workdir, capsys, argv):
+    _write(workdir / "inv", {"hosts.yml": GOOD})
+    (workdir / "a-file").write_text("x")
+    argv = [str(workdir / "inv") if a == "INV" else str(workdir / "a-file") if a == "FILE" else a for a in argv]
+    runs = workdir / "runs"
+    if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
+        argv += ["--runs-dir", str(runs)]
+    _assert_usage_error(argv, capsys, runs)
+
+
+def test_ansible_cfg_that_turns_host_key_checking_off(tmp_path):
+    """Ansible reads ansible.cfg when it is imported: a fresh process, as a user runs it."""
+    tmp_path.chmod(0o755)
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = False\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv"],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"error: {tmp_path}/ansible.cfg: host_key_checking is off; provision keeps it on: remove that setting, "
+        "or pass --no-host-key-checking to accept any host key"
+    ]
+    ok = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--no-host-key-checking"],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_matrix_is_at_least_40():
+    assert len(INVENTORIES) + len(FLAGS) + 1 >= 40
