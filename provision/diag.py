@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from provision import inventory as inventory_mod
+from provision.job_events import task_outcomes
 from provision.progress import LiveProgress
 from provision.runner import RunResult, new_record_dir, run_playbook, write_summary
 
@@ -48,17 +49,15 @@ class DiagReport:
 
 
 def results_from_events(record_dir: Path) -> dict[str, dict[str, Any]]:
-    """The diagnostic's JSON per host, read back from the run's job events."""
+    """The diagnostic's JSON per host that ran it, read back from the run's job events."""
     results: dict[str, dict[str, Any]] = {}
-    for path in sorted((record_dir / "artifacts" / "run" / "job_events").glob("*.json")):
-        event = json.loads(path.read_text())
-        data = event.get("event_data") or {}
-        if event.get("event") != "runner_on_ok" or data.get("task") != DIAG_TASK:
+    for host, outcome in task_outcomes(record_dir, DIAG_TASK).items():
+        if outcome["event"] != "runner_on_ok":
             continue
         try:
-            results[data["host"]] = json.loads(data["res"]["stdout"])
+            results[host] = json.loads(outcome["res"]["stdout"])
         except (KeyError, TypeError, ValueError):
-            results[data["host"]] = {"verdict": "error", "reason": "the diagnostic printed no JSON"}
+            results[host] = {"verdict": "error", "reason": "the diagnostic printed no JSON"}
     return results
 
 

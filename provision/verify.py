@@ -1,9 +1,12 @@
 """`provision verify`: run the packaged check suites against every host.
 
-One pytest process for the whole run (`checks/conftest.py`): it reads each host once, all hosts
-at once, with one ssh command through testinfra's connection from the same inventory, and each
-check then decides per host from what was read. The JUnit XML it writes is merged into one table
-per host. A host that cannot be reached shows up as failed checks with the connection error.
+Every host is read once, all hosts at once, by playbooks/verify_probe.yml through `run_playbook`:
+the same Ansible connection as apply (templated `ansible_host`, `ansible_password`, become, a
+bastion in ssh_args, vaulted connection variables). What each host returned, read back from the
+run's job events, goes to one file; one pytest process (`checks/conftest.py`) then decides each
+check per host from it without connecting anywhere. The JUnit XML it writes is merged into one
+table per host. A host that cannot be read shows up as failed checks naming the reason (the
+connection error, or the probe's own).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from provision import inventory as inventory_mod
+from provision.apply import inventory_secrets
+from provision.checks.support import HOST_VARS, probe_request
+from provision.job_events import task_outcomes
 from provision.progress import LiveProgress
-from provision.runner import new_record_dir, redact_tree, run_playbook, secret_values
+from provision.runner import RunResult, new_record_dir, run_playbook, write_summary
 
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 # group -> suites run on its hosts
@@ -32,6 +38,11 @@ SUITES = {
     inventory_mod.GPU_CONTAINERS: ["test_common.py", "test_container.py"],
 }
 RUN_TIMEOUT_S = 900
+PROBE_PLAYBOOK = "verify_probe.yml"
+# the task names of playbooks/verify_probe.yml whose results the checks read
+VARS_TASK = "Render the host variables the checks read"
+PROBE_TASK = "Read the host's state in one command"
+PROBE_SOURCE = CHECKS_DIR / "probe.py"
 
 
 @dataclass
@@ -105,10 +116,9 @@ def _parse_junit(path: Path) -> list[Check]:
     return checks
 
 
-def _targets(inv: inventory_mod.Inventory, hosts: list[inventory_mod.Host]) -> dict:
-    """What conftest.py probes: each host with its suites, and each container's node."""
+def _suites(inv: inventory_mod.Inventory, hosts: list[inventory_mod.Host]) -> dict:
+    """Each host with its suites, and each container's node (read too, for the container's checks)."""
     return {
-        "inventory": str(inv.path),
         "hosts": {h.name: [s for g, files in SUITES.items() if g in h.groups for s in files] for h in hosts},
         "nodes": {
             h.name: h.value("proxmox_host")
@@ -118,8 +128,67 @@ def _targets(inv: inventory_mod.Inventory, hosts: list[inventory_mod.Host]) -> d
     }
 
 
-def _run_checks(inv, hosts, workdir: Path, select: str | None = None, extra_env=None) -> list[Check]:
-    """One pytest process for all hosts: each host is probed once, then each check decides per host."""
+def _one_line(text: str, limit: int = 300) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
+    """Per host, from the probe run's job events: the rendered variables the checks read, the probe's
+    JSON, or the reason there is none (unreachable, the probe failed, or the play never got there)."""
+    rendered, probed = task_outcomes(record, VARS_TASK), task_outcomes(record, PROBE_TASK)
+    failures = {f["host"]: f["message"] for f in run.failures if f.get("host")}
+    general = next((f["message"] for f in run.failures if not f.get("host")), run.status)
+    found = {}
+    for name in names:
+        reading: dict = {"vars": {}, "probe": None, "error": ""}
+        outcome = rendered.get(name)
+        if outcome and outcome["event"] == "runner_on_ok":
+            reading["vars"] = (outcome["res"].get("ansible_facts") or {}).get("_provision_verify_vars") or {}
+        outcome = probed.get(name)
+        if outcome and outcome["event"] == "runner_on_ok":
+            try:
+                reading["probe"] = json.loads(outcome["res"]["stdout"].strip().splitlines()[-1])
+            except (KeyError, IndexError, AttributeError, ValueError):
+                reading["error"] = "the probe printed no JSON: " + _one_line(outcome["res"].get("stderr", ""))
+        elif name in failures:
+            reading["error"] = _one_line(failures[name])
+        else:
+            reading["error"] = _one_line(f"the probe never ran here: {general}")
+        found[name] = reading
+    return found
+
+
+def read_hosts(
+    inv: inventory_mod.Inventory,
+    hosts: list[inventory_mod.Host],
+    record: Path,
+    *,
+    host_key_checking: bool = True,
+    vault_password_file: Path | None = None,
+) -> tuple[dict, RunResult]:
+    """Read every host once through Ansible (playbooks/verify_probe.yml); returns what conftest.py reads."""
+    spec = _suites(inv, hosts)
+    wanted = {name: spec["hosts"].get(name, []) for name in [*spec["hosts"], *spec["nodes"].values()]}
+    run = run_playbook(
+        PROBE_PLAYBOOK,
+        inv.path,
+        record_dir=record,
+        host_count=len(wanted),
+        extravars={
+            "provision_verify_requests": {name: probe_request(suites) for name, suites in wanted.items()},
+            "provision_verify_var_names": list(HOST_VARS),
+            "provision_verify_probe": str(PROBE_SOURCE),
+        },
+        host_key_checking=host_key_checking,
+        vault_password_file=vault_password_file,
+        secrets=inventory_secrets(inv),
+        progress=LiveProgress(Console(stderr=True), "provision verify: reading every host"),
+    )
+    return {**spec, "readings": readings(record, list(wanted), run)}, run
+
+
+def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None, extra_env=None):
+    """One pytest process for all hosts: each check decides per host from what the probe read."""
     junit = workdir / "verify.xml"
     cmd = [
         sys.executable, "-m", "pytest", *sorted({str(CHECKS_DIR / s) for files in SUITES.values() for s in files}),
@@ -128,27 +197,31 @@ def _run_checks(inv, hosts, workdir: Path, select: str | None = None, extra_env=
     ]  # fmt: skip
     env = {
         **os.environ,
-        # testinfra runs ansible-inventory through PATH: use the one beside our interpreter
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "PROVISION_VERIFY_TARGETS": json.dumps(_targets(inv, hosts)),
+        "PROVISION_VERIFY_HOSTS": str(spec_file),
         "PROVISION_VERIFY_OUT": str(workdir),
         **(extra_env or {}),
     }
     try:
-        # ansible refuses a non-blocking stdin, and the checks never read one
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir
         )
     except subprocess.TimeoutExpired:
-        return [Check(h.name, "verify", "checks finished", False, f"timed out after {RUN_TIMEOUT_S}s") for h in hosts]
+        return [Check(h, "verify", "checks finished", False, f"timed out after {RUN_TIMEOUT_S}s") for h in hosts]
     if not junit.is_file():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
-        return [Check(h.name, "verify", "checks ran", False, tail[0][:300]) for h in hosts]
+        return [Check(h, "verify", "checks ran", False, tail[0][:300]) for h in hosts]
     return _parse_junit(junit)
 
 
-def reboot_all(inv: inventory_mod.Inventory, limit: str | None, record: Path, report: VerifyReport) -> None:
+def reboot_all(
+    inv: inventory_mod.Inventory,
+    limit: str | None,
+    record: Path,
+    report: VerifyReport,
+    *,
+    host_key_checking: bool = True,
+    vault_password_file: Path | None = None,
+) -> None:
     """Reboot the nodes, then the containers, one at a time (playbooks/reboot.yml)."""
     result = run_playbook(
         "reboot.yml",
@@ -156,6 +229,9 @@ def reboot_all(inv: inventory_mod.Inventory, limit: str | None, record: Path, re
         record_dir=record,
         host_count=len(inv.hosts),
         limit=limit,
+        host_key_checking=host_key_checking,
+        vault_password_file=vault_password_file,
+        secrets=inventory_secrets(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify --after-reboot: rebooting"),
     )
     report.reboots = result.reports
@@ -170,8 +246,13 @@ def verify(
     after_reboot: bool = False,
     select: str | None = None,
     session_tokens: str | None = None,
+    host_key_checking: bool = True,
+    vault_password_file: Path | None = None,
 ) -> VerifyReport:
-    """Run the suites on every host (in parallel); `select` is a pytest -k expression."""
+    """Run the suites on every host (each read once, all in parallel); `select` is a pytest -k expression.
+
+    The record holds the probe run's artifacts (artifacts/run), the reboot run's under reboot/
+    with --after-reboot, verify.json (the report) and summary.json, all scrubbed of secrets."""
     inv = inventory_mod.load(inventory)
     hosts = [h for h in inv.hosts.values() if set(SUITES) & h.groups]
     if limit:
@@ -180,17 +261,25 @@ def verify(
     report = VerifyReport(inventory=str(inv.path))
     record = new_record_dir(runs_dir, "verify")
     report.record_dir = str(record)
+    connection = {"host_key_checking": host_key_checking, "vault_password_file": vault_password_file}
     if after_reboot:
-        reboot_all(inv, limit, record, report)
+        (record / "reboot").mkdir()
+        reboot_all(inv, limit, record / "reboot", report, **connection)
+    run = None
     with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp:
-        env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
-        report.checks.extend(_run_checks(inv, hosts, Path(tmp), select, env) if hosts else [])
+        if hosts:
+            spec, run = read_hosts(inv, hosts, record, **connection)
+            spec_file = Path(tmp) / "hosts.json"
+            spec_file.write_text(json.dumps(spec))
+            env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
+            report.checks.extend(_run_checks([h.name for h in hosts], spec_file, Path(tmp), select, env))
         for path in Path(tmp).glob("*-capacity.json"):
             report.capacity[path.name.removesuffix("-capacity.json")] = json.loads(path.read_text())
         if junit:
             _write_junit(report, junit)
     (record / "verify.json").write_text(json.dumps(report.to_dict(), indent=2))
-    redact_tree(record, secret_values())
+    summary = {"command": "verify", **report.to_dict(), "probe_run": run.to_dict() if run else None}
+    write_summary(record, summary, inventory_secrets(inv))
     return report
 
 

@@ -82,7 +82,24 @@ class SshTarget:
                 self.process.wait()
 
 
-def start_target(name: str, root: Path, client_key: Path, known_hosts: Path) -> SshTarget:
+def _shadow_with_root_password(workdir: Path, password: str) -> Path:
+    """A copy of /etc/shadow whose root entry has this password, for the target's own namespace."""
+    hashed = subprocess.run(
+        ["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    lines = []
+    for line in Path("/etc/shadow").read_text().splitlines():
+        user, _, rest = line.partition(":")
+        lines.append(f"root:{hashed}:{rest.partition(':')[2]}" if user == "root" else line)
+    shadow = workdir / "shadow"
+    shadow.write_text("\n".join(lines) + "\n")
+    shadow.chmod(0o600)
+    return shadow
+
+
+def start_target(name: str, root: Path, client_key: Path, known_hosts: Path, password: str | None = None) -> SshTarget:
+    """An sshd that takes the client key; with `password`, also that password for root (through a copy of
+    /etc/shadow mounted over the real one in the target's namespace only)."""
     workdir = root / name
     workdir.mkdir(parents=True)
     host_key = workdir / "ssh_host_ed25519_key"
@@ -97,8 +114,8 @@ def start_target(name: str, root: Path, client_key: Path, known_hosts: Path) -> 
                 f"HostKey {host_key}",
                 f"PidFile {workdir}/sshd.pid",
                 f"AuthorizedKeysFile {client_key}.pub",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
+                "PermitRootLogin yes" if password else "PermitRootLogin prohibit-password",
+                "PasswordAuthentication yes" if password else "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
                 "UsePAM no",
                 "StrictModes no",
@@ -110,6 +127,8 @@ def start_target(name: str, root: Path, client_key: Path, known_hosts: Path) -> 
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     mounts = " && ".join(f"mkdir -p {p} && mount -t tmpfs -o mode=0755 tmpfs {p}" for p in PRIVATE_PATHS)
+    if password:
+        mounts += f" && mount --bind {_shadow_with_root_password(workdir, password)} /etc/shadow"
     proc = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", f"{mounts} && exec {SSHD} -D -e -f {config}"],
         stdout=subprocess.DEVNULL,

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from provision import verify as verify_mod
 from tests.conftest import lab_inventory, run_provision
+from tests.sshtarget import start_target
 
 pytestmark = pytest.mark.integration
 
 SECRET = "s3cr3t-Pr0xm0x-" + "7f1c9a"
+SSH_PASSWORD = "ssh-Pa55w0rd-" + "c41e07"
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +196,103 @@ def test_unknown_host_key_is_refused(ssh_lab, tmp_path, runs):
     assert proc.returncode == 1
     result = _summary(proc.stdout)
     assert result["hosts"]["node1"]["unreachable"] >= 1
+    vproc = run_provision("verify", "--inventory", str(inv3), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
+    assert vproc.returncode == 1
+    failed = {c["reason"] for c in json.loads(vproc.stdout)["checks"] if c["host"] == "node1" and not c["passed"]}
+    assert failed and all("unreachable" in r and "host key" in r.lower() for r in failed), failed
+
+
+def test_verify_connects_to_a_templated_ansible_host(ssh_lab, tmp_path, runs):
+    """ansible_host is rendered by Ansible, as in apply (testinfra's own ssh took the template literally)."""
+    t = ssh_lab["targets"]
+    templated = {"ansible_host": "{{ '127.0.0.' ~ (0 + 1) }}"}
+    inv = lab_inventory(
+        ssh_lab,
+        tmp_path / "templated",
+        extra_hosts={
+            "proxmox_hosts": {"node1": {**t["node1"].inventory_vars(), **templated}},
+            "gpu_containers": {
+                "ct1": {**t["ct1"].inventory_vars(), **templated, "proxmox_host": "node1", "proxmox_vmid": 100}
+            },
+        },
+    )
+    proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert {c["host"] for c in report["checks"]} == {"node1", "ct1"}
+    assert all(c["passed"] for c in report["checks"]), report["checks"]
+
+
+@pytest.fixture(scope="module")
+def password_target(ssh_lab):
+    """A third sshd that also takes root's password (only in its own namespace)."""
+    node = ssh_lab["targets"]["node1"]
+    target = start_target("pw1", ssh_lab["root"], node.client_key, node.known_hosts, password=SSH_PASSWORD)
+    yield target
+    target.stop()
+
+
+def _vault_encrypt(value: str, name: str, password_file: Path) -> str:
+    vault = Path(sys.executable).parent / "ansible-vault"
+    out = subprocess.run(
+        [str(vault), "encrypt_string", "--vault-password-file", str(password_file), "--stdin-name", name],
+        input=value, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out
+
+
+def _argv_watch(secret: str):
+    """A thread that reads every process's argv until stopped, and the argvs that carried the secret."""
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    argv = cmdline.read_bytes()
+                except OSError:
+                    continue
+                if secret.encode() in argv:
+                    seen.append(argv.replace(b"\0", b" ").decode(errors="replace"))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return seen, stop, thread
+
+
+def test_apply_and_verify_log_in_with_a_vaulted_ansible_password(ssh_lab, password_target, tmp_path, runs):
+    """Password login (no key offered), the password vaulted: apply and verify take it through Ansible's own
+    connection, and no process ever has it on its command line (testinfra's sshpass -p did)."""
+    vault_pass = tmp_path / "vault-pass"
+    vault_pass.write_text("vault-" + "test-pass\n")
+    key_vars = password_target.inventory_vars()
+    pw_vars = {
+        **{k: v for k, v in key_vars.items() if k != "ansible_ssh_private_key_file"},
+        "ansible_ssh_common_args": key_vars["ansible_ssh_common_args"]
+        + " -o PubkeyAuthentication=no -o PreferredAuthentications=password",
+    }
+    inv = lab_inventory(ssh_lab, tmp_path / "password", extra_hosts={"proxmox_hosts": {"pw1": pw_vars}})
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars" / "pw1.yml").write_text(_vault_encrypt(SSH_PASSWORD, "ansible_password", vault_pass))
+    seen, stop, watcher = _argv_watch(SSH_PASSWORD)
+    try:
+        proc = run_provision(
+            "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs),
+            "--vault-password-file", str(vault_pass),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert _summary(proc.stdout)["hosts"]["pw1"]["ok"] > 0
+        report = verify_mod.verify(str(inv), select=CHECKS, runs_dir=runs, vault_password_file=vault_pass)
+    finally:
+        stop.set()
+        watcher.join()
+    failed = [(c.host, c.name, c.reason) for c in report.checks if not c.passed]
+    assert report.passed, failed
+    assert {c.host for c in report.checks} == {"node1", "ct1", "pw1"}
+    assert not seen, f"the ssh password was on a command line: {seen[0][:200]}"
+    hits = subprocess.run(["grep", "-rl", SSH_PASSWORD, str(runs)], capture_output=True, text=True)
+    assert hits.stdout == "", f"the ssh password is in: {hits.stdout}"
 
 
 def test_no_secret_in_run_records(runs):

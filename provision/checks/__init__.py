@@ -1,1 +1,2 @@
-"""testinfra suites that `provision verify` runs, one file per phase."""
+"""The pytest suites that `provision verify` runs, one file per phase, on what each host returned to
+playbooks/verify_probe.yml (conftest.py)."""

@@ -1,8 +1,9 @@
-"""What `provision verify` reads on one host, in one ssh command.
+"""What `provision verify` reads on one host, in one command.
 
-This file runs on the target (`python3 -c <this source> <request JSON>`), standard library only,
-and prints one JSON object. The checks in `test_host.py` and `test_container.py` then decide on
-the controller from that object, so a host costs one round trip however many checks it has.
+This file runs on the target, standard library only: playbooks/verify_probe.yml runs
+`python3 - <request>` with this source on stdin, through the inventory's own connection. It prints
+one JSON object. The checks in `test_host.py` and `test_container.py` then decide on the
+controller from that object, so a host costs one command however many checks it has.
 
 The request names the state files to read and, for a container, the smoke question; the API key
 is read on the target from the service's root-only file and never leaves it, and `/server_info`'s

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
-import time
 from pathlib import Path
 
 from provision.paths import module_util
@@ -12,6 +10,18 @@ from provision.paths import module_util
 STATE_DIR = "/var/lib/provision"
 SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
+# the host variables the checks read: playbooks/verify_probe.yml renders these, and only these (the
+# others may hold secrets), through Ansible, so templates, vault and precedence are Ansible's
+HOST_VARS = ("verify_smoke_question", "verify_smoke_expect", "verify_session_tokens")
+
+NODE_FILES = [
+    f"{STATE_DIR}/verify.json",
+    f"{STATE_DIR}/kernel-cmdline/wanted.json",
+    f"{STATE_DIR}/kernel-findings.json",
+]
+CONTAINER_FILES = [f"{STATE_DIR}/verify.json", f"{STATE_DIR}/sglang-service.json"]
+DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+USERSPACE_QUERY = ["nvidia-smi", "--version"]
 
 
 # the GPU DMA fault lines of a node's kernel log (plugins/module_utils/kernel_faults.py)
@@ -23,18 +33,14 @@ def smoke_question(host_vars: dict) -> str:
     return host_vars.get("verify_smoke_question") or SMOKE_QUESTION
 
 
-def run_retrying(host, command: str, *args, attempts: int = 5):
-    """Run a command over testinfra's ssh. sshd's default MaxStartups (10:30:100) drops some of a
-    burst of new connections (ssh exits 255, "kex_exchange_identification: Connection closed"),
-    which testinfra raises: retry those, spread out."""
-    for attempt in range(attempts):
-        try:
-            return host.run(command, *args)
-        except RuntimeError as exc:
-            if "exit_status=255" not in str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(1 + random.random() * 2 * (attempt + 1))
-    raise AssertionError("unreachable")
+def probe_request(suites: list[str]) -> dict:
+    """What probe.py reads on a host that runs these suites (a container's node runs none, and is
+    read for the container's checks). The playbook replaces a container's question with the host's
+    verify_smoke_question where it has one."""
+    if "test_container.py" in suites:
+        return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": CONTAINER_FILES[1],
+                "question": SMOKE_QUESTION}  # fmt: skip
+    return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
 
 
 def output_dir() -> Path | None:

@@ -10,8 +10,15 @@ import re
 
 import pytest
 
-from provision.checks.conftest import DRIVER_QUERY, USERSPACE_QUERY
-from provision.checks.support import SMOKE_EXPECT, STATE_DIR, kernel_faults, output_dir, smoke_question
+from provision.checks.support import (
+    DRIVER_QUERY,
+    SMOKE_EXPECT,
+    STATE_DIR,
+    USERSPACE_QUERY,
+    kernel_faults,
+    output_dir,
+    smoke_question,
+)
 
 P2P_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
 SERVICE_STATE = f"{STATE_DIR}/sglang-service.json"

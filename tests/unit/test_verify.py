@@ -1,0 +1,132 @@
+"""provision/verify.py without any ssh: what the probe run's job events become, the checks deciding
+from that file alone, and the probe playbook rendering only the variables the checks read."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from provision import verify
+from provision.checks import support
+from provision.job_events import task_outcomes
+from provision.runner import RunResult, new_record_dir
+
+CHECKS_DIR = Path(verify.__file__).parent / "checks"
+
+
+def _events(record: Path, *events: tuple[int, str, str, str, dict]) -> None:
+    """Job events as runner writes them: <counter>-<uuid>.json (so "10-..." sorts before "9-...")."""
+    folder = record / "artifacts" / "run" / "job_events"
+    folder.mkdir(parents=True)
+    for counter, kind, host, task, res in events:
+        event = {"event": kind, "counter": counter, "event_data": {"host": host, "task": task, "res": res}}
+        (folder / f"{counter}-{host}.json").write_text(json.dumps(event))
+
+
+def _run(failures: list[dict], status: str = "failed") -> RunResult:
+    return RunResult("verify_probe.yml", status, 2, False, "", 0.0, failures=failures)
+
+
+def test_readings_say_for_each_host_what_it_returned_or_why_it_did_not(tmp_path):
+    probe = {"boot_id": "b-1", "files": {}}
+    _events(
+        tmp_path,
+        (3, "runner_on_ok", "n1", verify.VARS_TASK, {"ansible_facts": {"_provision_verify_vars": {"a": "1"}}}),
+        (9, "runner_on_failed", "n1", verify.PROBE_TASK, {"msg": "first try"}),
+        (10, "runner_on_ok", "n1", verify.PROBE_TASK, {"stdout": "a warning\n" + json.dumps(probe)}),
+        (11, "runner_on_unreachable", "n2", verify.PROBE_TASK, {"msg": "ssh: connect refused"}),
+        (12, "runner_on_failed", "n3", verify.PROBE_TASK, {"rc": 127, "stderr": "python3: not found"}),
+        (13, "runner_on_ok", "n5", verify.PROBE_TASK, {"stdout": "Traceback ...", "stderr": "boom"}),
+    )
+    failures = [
+        {"host": "n2", "task": verify.PROBE_TASK, "message": "unreachable: Failed to connect:\n  ssh: connect refused"},
+        {"host": "n3", "task": verify.PROBE_TASK, "message": "non-zero return code: python3: not found"},
+        {"host": "", "task": "", "message": "ERROR! the play was cut short"},
+    ]
+    found = verify.readings(tmp_path, ["n1", "n2", "n3", "n4", "n5"], _run(failures))
+    assert found["n1"] == {"vars": {"a": "1"}, "probe": probe, "error": ""}, "the last outcome (counter 10) wins"
+    assert found["n2"] == {"vars": {}, "probe": None, "error": "unreachable: Failed to connect: ssh: connect refused"}
+    assert found["n3"]["error"] == "non-zero return code: python3: not found"
+    assert found["n4"]["error"] == "the probe never ran here: ERROR! the play was cut short"
+    assert found["n5"]["error"] == "the probe printed no JSON: boom"
+
+
+def test_task_outcomes_keep_the_last_end_of_a_task_per_host(tmp_path):
+    _events(
+        tmp_path,
+        (2, "runner_on_start", "h", "T", {}),
+        (5, "runner_on_ok", "h", "T", {"n": 1}),
+        (40, "runner_on_ok", "h", "T", {"n": 2}),
+        (41, "runner_on_ok", "h", "other", {"n": 3}),
+    )
+    assert task_outcomes(tmp_path, "T") == {"h": {"event": "runner_on_ok", "res": {"n": 2}}}
+    assert task_outcomes(tmp_path / "absent", "T") == {}
+
+
+def _spec(tmp_path: Path, readings: dict) -> Path:
+    spec = tmp_path / "hosts.json"
+    hosts = {name: ["test_common.py", "test_host.py"] for name in readings}
+    spec.write_text(json.dumps({"hosts": hosts, "nodes": {}, "readings": readings}))
+    return spec
+
+
+def test_checks_decide_from_the_readings_file_alone(tmp_path):
+    ok = {"boot_id": "b-1", "files": {f"{support.STATE_DIR}/verify.json": "{}"}}
+    unconverged = {"boot_id": "b-2", "files": {f"{support.STATE_DIR}/verify.json": None}}
+    spec = _spec(
+        tmp_path,
+        {
+            "good": {"vars": {}, "probe": ok, "error": ""},
+            "fresh": {"vars": {}, "probe": unconverged, "error": ""},
+            "down": {"vars": {}, "probe": None, "error": "unreachable: ssh: connect to host 10.0.0.9 port 22"},
+        },
+    )
+    checks = verify._run_checks(["good", "fresh", "down"], spec, tmp_path, select="reachable or provision_applied")
+    result = {(c.host, c.name): (c.passed, c.reason) for c in checks}
+    assert result[("good", "test_reachable")] == (True, "")
+    assert result[("good", "test_provision_applied")] == (True, "")
+    assert result[("fresh", "test_reachable")] == (True, "")
+    assert not result[("fresh", "test_provision_applied")][0]
+    assert "verify.json is missing: run provision apply" in result[("fresh", "test_provision_applied")][1]
+    for name in ("test_reachable", "test_provision_applied"):
+        assert result[("down", name)] == (False, "cannot read down: unreachable: ssh: connect to host 10.0.0.9 port 22")
+
+
+def test_host_vars_are_the_ones_the_checks_read():
+    """A check that reads a host variable the probe playbook does not render would always see it unset."""
+    read = set()
+    for path in CHECKS_DIR.glob("*.py"):
+        read |= set(re.findall(r"vars\.get\(\"(\w+)\"", path.read_text()))
+    assert read, "the pattern no longer finds the checks' variables"
+    assert read | {"verify_smoke_question"} == set(support.HOST_VARS)
+
+
+def test_the_probe_playbook_renders_only_the_named_variables(tmp_path, monkeypatch):
+    """Through the real playbook, on this machine (local connection): a templated smoke question is rendered
+    and asked, and no other variable (a secret here) reaches the run's events."""
+    monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
+    hosts = {
+        "node1": {**local, "proxmox_api_password": "hunter2-" + "never-rendered"},
+        "ct1": {**local, "proxmox_host": "node1", "proxmox_vmid": 100,
+                "verify_smoke_question": "{{ 'What is ' ~ (6 * 7) ~ '?' }}", "verify_smoke_expect": 42},
+    }  # fmt: skip
+    (tmp_path / "inv").mkdir()
+    doc = {"all": {"children": {"proxmox_hosts": {"hosts": {"node1": hosts["node1"]}},
+                                "gpu_containers": {"hosts": {"ct1": hosts["ct1"]}}}}}  # fmt: skip
+    (tmp_path / "inv" / "hosts.yml").write_text(yaml.safe_dump(doc))
+    inv = verify.inventory_mod.load(str(tmp_path / "inv"))
+    record = new_record_dir(tmp_path / "runs", "verify")
+    spec, run = verify.read_hosts(inv, list(inv.hosts.values()), record)
+    assert run.succeeded, run.failures
+    assert spec["readings"]["ct1"]["vars"] == {"verify_smoke_question": "What is 42?", "verify_smoke_expect": 42}
+    assert spec["readings"]["node1"]["vars"] == {}
+    assert spec["readings"]["node1"]["probe"]["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    sent = task_outcomes(record, verify.PROBE_TASK)["ct1"]["res"]["cmd"][2]
+    assert json.loads(base64.b64decode(sent))["question"] == "What is 42?"
+    events = "".join(p.read_text() for p in (record / "artifacts" / "run" / "job_events").glob("*.json"))
+    assert "hunter2-never-rendered" not in events
