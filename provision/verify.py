@@ -164,7 +164,7 @@ def read_hosts(
     record: Path,
     *,
     host_key_checking: bool = True,
-    vault_password_file: Path | None = None,
+    vault: inventory_mod.VaultOptions | None = None,
 ) -> tuple[dict, RunResult]:
     """Read every host once through Ansible (playbooks/verify_probe.yml); returns what conftest.py reads."""
     spec = _suites(inv, hosts)
@@ -180,7 +180,7 @@ def read_hosts(
             "provision_verify_probe": str(PROBE_SOURCE),
         },
         host_key_checking=host_key_checking,
-        vault_password_file=vault_password_file,
+        vault=vault,
         secrets=inventory_secrets(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify: reading every host"),
     )
@@ -220,7 +220,7 @@ def reboot_all(
     report: VerifyReport,
     *,
     host_key_checking: bool = True,
-    vault_password_file: Path | None = None,
+    vault: inventory_mod.VaultOptions | None = None,
 ) -> None:
     """Reboot the nodes, then the containers, one at a time (playbooks/reboot.yml)."""
     result = run_playbook(
@@ -230,7 +230,7 @@ def reboot_all(
         host_count=len(inv.hosts),
         limit=limit,
         host_key_checking=host_key_checking,
-        vault_password_file=vault_password_file,
+        vault=vault,
         secrets=inventory_secrets(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify --after-reboot: rebooting"),
     )
@@ -247,21 +247,19 @@ def verify(
     select: str | None = None,
     session_tokens: str | None = None,
     host_key_checking: bool = True,
-    vault_password_file: Path | None = None,
+    vault: inventory_mod.VaultOptions | None = None,
 ) -> VerifyReport:
     """Run the suites on every host (each read once, all in parallel); `select` is a pytest -k expression.
 
     The record holds the probe run's artifacts (artifacts/run), the reboot run's under reboot/
     with --after-reboot, verify.json (the report) and summary.json, all scrubbed of secrets."""
-    inv = inventory_mod.load(inventory)
-    hosts = [h for h in inv.hosts.values() if set(SUITES) & h.groups]
-    if limit:
-        wanted = {p.strip() for p in limit.replace(":", ",").split(",") if p.strip()}
-        hosts = [h for h in hosts if h.name in wanted or wanted & h.groups]
+    inv = inventory_mod.load(inventory, vault, host_key_checking)
+    limited = set(inv.match(limit))  # Ansible's own pattern rules, as apply's --limit
+    hosts = [h for h in inv.hosts.values() if h.name in limited and set(SUITES) & h.groups]
     report = VerifyReport(inventory=str(inv.path))
     record = new_record_dir(runs_dir, "verify")
     report.record_dir = str(record)
-    connection = {"host_key_checking": host_key_checking, "vault_password_file": vault_password_file}
+    connection = {"host_key_checking": host_key_checking, "vault": vault}
     if after_reboot:
         (record / "reboot").mkdir()
         reboot_all(inv, limit, record / "reboot", report, **connection)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from provision import verify as verify_mod
+from provision.inventory import VaultOptions
 from tests.conftest import lab_inventory, run_provision
 from tests.sshtarget import start_target
 
@@ -53,7 +54,8 @@ def _state(target, path="/var/lib/provision") -> str:
 
 
 def _summary(output: str) -> dict:
-    return json.loads(output)
+    """The command's own payload in the --json envelope."""
+    return json.loads(output)["result"]
 
 
 def test_check_mode_changes_nothing(ssh_lab, inv, runs):
@@ -137,7 +139,7 @@ def test_verify_passes_on_converged_hosts(ssh_lab, inv, runs, tmp_path):
     proc = run_provision(
         "verify", "--inventory", str(inv), "--json", "--junit", str(junit), "--checks", CHECKS, "--runs-dir", str(runs)
     )
-    report = json.loads(proc.stdout)
+    report = _summary(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {c["host"] for c in report["checks"]} == {"node1", "ct1"}
     assert all(c["passed"] for c in report["checks"])
@@ -151,7 +153,7 @@ def test_verify_fails_with_reason_when_state_is_broken(ssh_lab, inv, runs):
         proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
     finally:
         node.ssh("mv /var/lib/provision/verify.json.bak /var/lib/provision/verify.json")
-    report = json.loads(proc.stdout)
+    report = _summary(proc.stdout)
     assert proc.returncode == 1
     failed = [c for c in report["checks"] if not c["passed"]]
     assert [(c["host"], c["name"]) for c in failed] == [("node1", "test_provision_applied")]
@@ -176,7 +178,7 @@ def test_unreachable_host_fails_run_but_others_finish(ssh_lab, tmp_path, runs):
     assert result["hosts"]["ct1"]["failed"] == 0 and result["hosts"]["ct1"]["ok"] > 0
     assert any(f["host"] == "node2" and "unreachable" in f["message"] for f in result["failures"])
     vproc = run_provision("verify", "--inventory", str(inv2), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
-    report = json.loads(vproc.stdout)
+    report = _summary(vproc.stdout)
     assert vproc.returncode == 1
     assert any(c["host"] == "node2" and not c["passed"] for c in report["checks"]), "unreachable host not reported"
 
@@ -198,7 +200,7 @@ def test_unknown_host_key_is_refused(ssh_lab, tmp_path, runs):
     assert result["hosts"]["node1"]["unreachable"] >= 1
     vproc = run_provision("verify", "--inventory", str(inv3), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
     assert vproc.returncode == 1
-    failed = {c["reason"] for c in json.loads(vproc.stdout)["checks"] if c["host"] == "node1" and not c["passed"]}
+    failed = {c["reason"] for c in _summary(vproc.stdout)["checks"] if c["host"] == "node1" and not c["passed"]}
     assert failed and all("unreachable" in r and "host key" in r.lower() for r in failed), failed
 
 
@@ -218,7 +220,7 @@ def test_verify_connects_to_a_templated_ansible_host(ssh_lab, tmp_path, runs):
     )
     proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout)
+    report = _summary(proc.stdout)
     assert {c["host"] for c in report["checks"]} == {"node1", "ct1"}
     assert all(c["passed"] for c in report["checks"]), report["checks"]
 
@@ -283,7 +285,7 @@ def test_apply_and_verify_log_in_with_a_vaulted_ansible_password(ssh_lab, passwo
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert _summary(proc.stdout)["hosts"]["pw1"]["ok"] > 0
-        report = verify_mod.verify(str(inv), select=CHECKS, runs_dir=runs, vault_password_file=vault_pass)
+        report = verify_mod.verify(str(inv), select=CHECKS, runs_dir=runs, vault=VaultOptions((vault_pass,)))
     finally:
         stop.set()
         watcher.join()
@@ -309,7 +311,7 @@ def test_diag_reports_no_gpu_cleanly(ssh_lab, inv, runs):
     proc = run_provision("diag", "--inventory", str(inv), "--json", "--runs-dir", str(runs))
     assert proc.returncode == 1, "no-gpu is not healthy"
     assert "Traceback" not in proc.stderr
-    report = json.loads(proc.stdout)
+    report = _summary(proc.stdout)
     result = report["results"]["ct1"]
     assert result["verdict"] == "no-gpu"
     assert "PyTorch not installed" in result["reason"] or "is_available() is False" in result["reason"]
