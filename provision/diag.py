@@ -67,9 +67,12 @@ def diag(
     include_hosts: bool = False,
     runs_dir: Path = Path(".provision/runs"),
     console: Console | None = None,
+    host_key_checking: bool = True,
+    vault: inventory_mod.VaultOptions | None = None,
 ) -> DiagReport:
     console = console or Console(stderr=True)
-    inv = inventory_mod.load(inventory)
+    inv = inventory_mod.load(inventory, vault, host_key_checking)
+    secrets = inventory_mod.secret_values(inv)
     targets = inventory_mod.GPU_CONTAINERS + (f":{inventory_mod.PROXMOX_HOSTS}" if include_hosts else "")
     record = new_record_dir(runs_dir, "diag")
     run = run_playbook(
@@ -79,12 +82,15 @@ def diag(
         host_count=len(inv.hosts),
         limit=limit,
         extravars={"gpu_diag_targets": targets},
+        host_key_checking=host_key_checking,
+        vault=vault,
+        secrets=secrets,
         progress=LiveProgress(console, f"provision diag --inventory {inventory}"),
     )
     report = DiagReport(results=results_from_events(record), run=run)
     for host, result in report.results.items():
         (record / f"diag-{host}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    write_summary(record, {"command": "diag", "inventory": str(inv.path), **report.to_dict()})
+    write_summary(record, {"command": "diag", "inventory": str(inv.path), **report.to_dict()}, secrets)
     return report
 
 

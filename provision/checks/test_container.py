@@ -142,10 +142,10 @@ def test_smoke_answer(target):
 
 def test_capacity_report(target):
     """Serving capacity from /server_info and /v1/models, in sessions people plan with."""
-    from provision.capacity import compute
+    from provision.capacity import compute, parse_session_tokens
 
     wanted = os.environ.get("PROVISION_SESSION_TOKENS") or target.vars.get("verify_session_tokens") or "32768"
-    sizes = tuple(int(s) for s in str(wanted).split(",") if s.strip())
+    sizes = parse_session_tokens(wanted)
     (status, info), (_, models) = _answer(target, "server_info"), _answer(target, "models")
     assert status == 200, f"/server_info answered {status or 'nothing (no connection)'}"
     config = _sglang(target)["model_config"]

@@ -22,7 +22,7 @@ prepare_view() {  # $1 variant: mount the merged view at $WORK/$1/root and custo
   echo "UUID=$ROOT_UUID / ext4 errors=remount-ro 0 1" > "$M/etc/fstab"
   echo "lab-$v" > "$M/etc/hostname"
   : > "$M/etc/machine-id"
-  chroot "$M" systemctl enable lab-identity.service lab-fake-nvidia.service pve-guests.service >/dev/null 2>&1
+  chroot "$M" systemctl enable lab-identity.service lab-ops-user.service lab-fake-nvidia.service pve-guests.service >/dev/null 2>&1
 }
 
 fill_ext4() {  # $1 image, $2 byte offset, $3 size in MiB, $4 source dir

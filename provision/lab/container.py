@@ -153,6 +153,7 @@ class LabContainer(LabMachine):
         link = units / "sysinit.target.wants" / "lab-proc-driver.service"
         if not link.is_symlink():
             link.symlink_to("../lab-proc-driver.service")
+        self._install_ops_user(upper)
         (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.spec.name}\n")
         shutil.rmtree(self.dir / "dev", ignore_errors=True)
         for dev in self.devices():
@@ -161,6 +162,18 @@ class LabContainer(LabMachine):
             _sh("mount", "-t", "overlay", "overlay", "-o",
                 f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root))  # fmt: skip
         self._network_up()
+
+    @staticmethod
+    def _install_ops_user(upper: Path) -> None:
+        """The VMs' unprivileged ssh user `ops` with sudo (overlay/common: one script for both)."""
+        overlay = Path(__file__).resolve().parent / "overlay" / "common"
+        for rel in ("usr/local/lib/lab/ops-user.sh", "etc/systemd/system/lab-ops-user.service"):
+            (upper / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(overlay / rel, upper / rel)
+        wants = upper / "etc/systemd/system/multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        if not (wants / "lab-ops-user.service").is_symlink():
+            (wants / "lab-ops-user.service").symlink_to("../lab-ops-user.service")
 
     def _network_up(self) -> None:
         s = self.spec

@@ -398,7 +398,9 @@ class Lab:
         (inv / "hosts.yml").write_text(header + yaml.safe_dump(hosts, sort_keys=False))
         password_file = self.dir / "pve-password"
         group_vars = {
-            "ansible_user": "root",
+            # an unprivileged user with sudo, as sites that allow no root ssh (overlay/common/.../ops-user.sh)
+            "ansible_user": "ops",
+            "ansible_become": True,
             "ansible_ssh_private_key_file": str(self.client_key),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} -o IdentitiesOnly=yes",
             "ansible_python_interpreter": "/usr/bin/python3",

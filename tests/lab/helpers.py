@@ -26,8 +26,8 @@ def apply(inventory: Path, runs: Path, *extra: str, env: dict | None = None) -> 
     proc = run_provision("apply", "--inventory", str(inventory), "--yes", "--json", "--runs-dir", str(runs), *extra,
                          env=env, timeout=1800)  # fmt: skip
     try:
-        data = json.loads(proc.stdout)
-    except ValueError:
+        data = json.loads(proc.stdout)["result"]  # the command's payload, inside the envelope (docs/json.md)
+    except (ValueError, KeyError):
         data = {}
     return proc.returncode, data, proc.stderr
 

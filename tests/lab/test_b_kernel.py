@@ -232,7 +232,7 @@ def test_rollback_restores_the_previous_line_and_reboots_only_where_needed(hosts
     proc = run_provision("rollback", "--inventory", str(hosts["inventory"]), "--limit", "proxmox_hosts", "--yes",
                          "--json", "--runs-dir", str(runs), timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    reports = json.loads(proc.stdout)["reports"]
+    reports = json.loads(proc.stdout)["result"]["reports"]
     assert "lab_new=2" not in args_of(rebooted), f"{frozen} must reboot into the restored line"
     # the same rule as apply: reboot only when the running kernel differs from the restored line
     restored = next(m for m in reports[other] if m.startswith("restored ")).split("configured line now: ", 1)[1]

@@ -31,7 +31,7 @@ def converged(lab, lab_inventory, runs):
 def verify(inv, runs, *extra, env=None):
     proc = run_provision("verify", "--inventory", str(inv), "--json", "--runs-dir", str(runs), *extra,
                          env={**ENV, **(env or {})}, timeout=1800)  # fmt: skip
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}
 
 
 def failed(report) -> dict[tuple[str, str], str]:

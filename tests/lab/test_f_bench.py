@@ -41,7 +41,7 @@ def bench(inventory: Path, runs: Path, *extra: str):
         "bench", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), "--input-len", "64",
         "--output-len", "16", "--prompts-per-level", str(K), *extra, env=ENV, timeout=1800,
     )  # fmt: skip
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}, proc.stderr
 
 
 @pytest.fixture(scope="module")

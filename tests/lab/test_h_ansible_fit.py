@@ -1,0 +1,104 @@
+"""An existing Ansible shop's setup, on the lab: the user's ansible.cfg (a bastion ProxyCommand) carries
+every command's connections, and `plan` tells the truth in its exit code and on screen.
+
+The lab inventory connects as the unprivileged user `ops` with become (lab.py), so every lab test,
+these included, runs through sudo."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import run_provision
+from tests.lab.helpers import apply
+
+PROXY = """\
+import os, socket, sys, threading
+host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with open(log, "a") as f:
+    f.write(f"{host}:{port}\\n")
+s = socket.create_connection((host, port))
+def up():
+    while data := os.read(0, 65536):
+        s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := s.recv(65536):
+    os.write(1, data)
+"""
+UNIT = "/etc/systemd/system/sglang.service"
+
+
+def _bastion_dir(tmp_path: Path) -> tuple[Path, Path]:
+    """A working directory whose ansible.cfg sends every ssh connection through a logging ProxyCommand."""
+    work = tmp_path / "shop"
+    work.mkdir(mode=0o755)
+    (work / "proxy.py").write_text(PROXY)
+    log = work / "proxy.log"
+    (work / "ansible.cfg").write_text(
+        "[ssh_connection]\n"
+        f'ssh_args = -o ProxyCommand="python3 {work}/proxy.py %h %p {log}" '
+        "-o ControlMaster=auto -o ControlPersist=30s\n"
+    )
+    return work, log
+
+
+def _run(work: Path, *argv: str, timeout: int = 1200):
+    proc = run_provision(*argv, "--json", cwd=work, timeout=timeout)
+    return proc, json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def test_every_command_connects_through_the_users_ansible_cfg(lab, lab_inventory, tmp_path):
+    work, log = _bastion_dir(tmp_path)
+    runs = str(tmp_path / "runs")
+    ports = {f"127.0.0.1:{vm['port']}" for vm in lab.state()["vms"]}
+    container = yaml.safe_load((lab_inventory / "hosts.yml").read_text())["all"]["children"]["gpu_containers"]
+    ct_address = next(iter(container["hosts"].values()))["ansible_host"]
+    bench = ["--concurrency", "1", "--prompts-per-level", "1", "--input-len", "16", "--output-len", "16"]
+    for argv, wanted in (
+        (["plan"], ports | {f"{ct_address}:22"}),
+        (["apply", "--yes", "--tags", "verify"], ports | {f"{ct_address}:22"}),
+        (["verify"], ports | {f"{ct_address}:22"}),
+        (["diag"], {f"{ct_address}:22"}),
+        (["bench", *bench], {f"{ct_address}:22"}),
+    ):
+        log.unlink(missing_ok=True)
+        proc, data = _run(work, argv[0], "--inventory", str(lab_inventory), "--runs-dir", runs, *argv[1:])
+        assert data.get("command") == argv[0], proc.stderr[-2000:]
+        if argv[0] != "diag":  # the lab's GPUs are fakes: diag's verdict is no-gpu, exit 1
+            assert proc.returncode in (0, 4), (argv, proc.stderr[-2000:])
+        used = set(log.read_text().split()) if log.exists() else set()
+        assert wanted <= used, f"{argv[0]} did not connect through ansible.cfg's ProxyCommand: {used}"
+
+
+def test_plan_exit_codes_and_diff(lab, lab_inventory, tmp_path):
+    runs = str(tmp_path / "runs")
+    rc, _, err = apply(lab_inventory, tmp_path / "runs")
+    assert rc == 0, err[-2000:]
+    proc = run_provision("plan", "--inventory", str(lab_inventory), "--runs-dir", runs, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "up to date" in proc.stdout
+
+    ct = lab.containers()[0]
+    ct.ssh(f"sed -i 's/^Restart=.*/Restart=no/' {UNIT}")  # a change by hand
+    try:
+        proc = run_provision("plan", "--inventory", str(lab_inventory), "--runs-dir", runs, timeout=1200)
+        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "-Restart=no" in proc.stdout and f"{ct.spec.name}: changes pending" in proc.stdout
+    finally:
+        rc, _, err = apply(lab_inventory, tmp_path / "runs", "--tags", "sglang")
+        assert rc == 0, err[-2000:]
+
+    down = tmp_path / "down"
+    shutil.copytree(lab_inventory, down)
+    hosts = yaml.safe_load((down / "hosts.yml").read_text())
+    node = next(iter(hosts["all"]["children"]["proxmox_hosts"]["hosts"]))
+    hosts["all"]["children"]["proxmox_hosts"]["hosts"][node]["ansible_port"] = 9  # nothing listens: down
+    (down / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    proc, data = _run(tmp_path, "plan", "--inventory", str(down), "--runs-dir", runs)
+    assert proc.returncode == 1 and data["hosts"][node] == "unreachable", proc.stderr[-2000:]
+    others = {h: s for h, s in data["hosts"].items() if h != node}
+    assert others and set(others.values()) <= {"up to date", "not reached"}, data["hosts"]
