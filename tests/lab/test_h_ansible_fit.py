@@ -92,13 +92,24 @@ def test_plan_exit_codes_and_diff(lab, lab_inventory, tmp_path):
         rc, _, err = apply(lab_inventory, tmp_path / "runs", "--tags", "sglang")
         assert rc == 0, err[-2000:]
 
-    down = tmp_path / "down"
-    shutil.copytree(lab_inventory, down)
+    # a node that hosts no container is down: it is unreachable, every other host is up to date
+    spare = lab.state()["vms"][1]["name"]
+    proc, data = _plan_with_node_down(tmp_path, lab_inventory, spare, runs)
+    assert proc.returncode == 1 and data["hosts"][spare] == "unreachable", proc.stderr[-2000:]
+    assert set(data["hosts"].values()) == {"unreachable", "up to date"}, data["hosts"]
+    # the container's node is down: the container fails naming it, the other node stays up to date
+    node = lab.state()["vms"][0]["name"]
+    proc, data = _plan_with_node_down(tmp_path, lab_inventory, node, runs)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert data["hosts"] == {node: "unreachable", spare: "up to date", ct.spec.name: "failed"}, data["hosts"]
+    failure = next(f for f in data["result"]["failures"] if f["host"] == ct.spec.name)
+    assert f"its node {node} is unreachable" in failure["message"]
+
+
+def _plan_with_node_down(tmp_path: Path, inventory: Path, node: str, runs: str):
+    down = tmp_path / f"down-{node}"
+    shutil.copytree(inventory, down)
     hosts = yaml.safe_load((down / "hosts.yml").read_text())
-    node = next(iter(hosts["all"]["children"]["proxmox_hosts"]["hosts"]))
-    hosts["all"]["children"]["proxmox_hosts"]["hosts"][node]["ansible_port"] = 9  # nothing listens: down
+    hosts["all"]["children"]["proxmox_hosts"]["hosts"][node]["ansible_port"] = 9  # nothing listens there
     (down / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    proc, data = _run(tmp_path, "plan", "--inventory", str(down), "--runs-dir", runs)
-    assert proc.returncode == 1 and data["hosts"][node] == "unreachable", proc.stderr[-2000:]
-    others = {h: s for h, s in data["hosts"].items() if h != node}
-    assert others and set(others.values()) <= {"up to date", "not reached"}, data["hosts"]
+    return _run(tmp_path, "plan", "--inventory", str(down), "--runs-dir", runs)
