@@ -36,7 +36,6 @@ PIPELINING = Setting(("ssh_connection", "connection"), "pipelining", "ANSIBLE_PI
 SSH_ARGS = Setting(("ssh_connection",), "ssh_args", "ANSIBLE_SSH_ARGS")
 CONTROL_PATH_DIR = Setting(("ssh_connection",), "control_path_dir", "ANSIBLE_SSH_CONTROL_PATH_DIR")
 SSH_RETRIES = Setting(("ssh_connection",), "retries", "ANSIBLE_SSH_RETRIES")
-SSH_EXTRA_ARGS = Setting(("ssh_connection",), "ssh_extra_args", "ANSIBLE_SSH_EXTRA_ARGS")
 
 OUR_SSH_ARGS = (
     "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15 -o ServerAliveCountMax=4 "
@@ -121,7 +120,9 @@ def environment(
             env[setting.env] = value
     env["ANSIBLE_HOST_KEY_CHECKING"] = str(host_key_checking)
     if not host_key_checking:
+        # ssh takes the first value of an option: ssh_args come before the inventory's ssh_common_args
+        # (which may name a known_hosts file), so /dev/null goes first in them, the rest as they were
         env["ANSIBLE_PARAMIKO_RECORD_HOST_KEYS"] = "False"
-        extra = _user_value(SSH_EXTRA_ARGS, parser, environ) or ""
-        env[SSH_EXTRA_ARGS.env] = f"{extra} {UNVERIFIED_KEYS_NOWHERE}".strip()
+        args = _user_value(SSH_ARGS, parser, environ) or env.get(SSH_ARGS.env, "")
+        env[SSH_ARGS.env] = f"{UNVERIFIED_KEYS_NOWHERE} {args}".strip()
     return env

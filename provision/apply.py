@@ -158,8 +158,11 @@ def print_result(console: Console, result: RunResult, title: str, show_diff: boo
         where = f"{failure['host']}: " if failure["host"] else ""
         task = f"[{failure['task']}] " if failure["task"] else ""
         console.print(f"[red]FAILED[/] {escape(where + task + failure['message'])}", highlight=False)
+    pending = plan_summary(result) if result.check else {}
     for host, state in sorted(result.host_states.items()):
         console.print(f"{escape(host)}: {state}", highlight=False)
+        for task in pending.get(host, []):
+            console.print(f"  ~ {task}", highlight=False, markup=False)
     console.print(f"run record: {result.record_dir}", highlight=False)
 
 

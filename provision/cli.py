@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     _full(p)
     _runs_dir(p)
 
-    p = sub.add_parser("verify", help="prove the deployment with testinfra checks")
+    p = sub.add_parser("verify", help="prove the deployment: every host read once through Ansible, then the checks")
     _common(p)
     p.add_argument("--junit", type=_output_file, help="write JUnit XML here")
     p.add_argument("--checks", help="only the checks matching this pytest -k expression (e.g. 'smoke or health')")

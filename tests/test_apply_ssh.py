@@ -72,8 +72,8 @@ def test_check_mode_changes_nothing(ssh_lab, inv, runs):
 
 def test_plan_lists_pending_tasks_per_host(ssh_lab, inv, runs):
     proc = run_provision("plan", "--inventory", str(inv), "--tags", "verify", "--runs-dir", str(runs))
-    assert proc.returncode == 0, proc.stderr
-    assert "node1:" in proc.stdout and "change(s) pending" in proc.stdout
+    assert proc.returncode == 4, proc.stderr  # changes pending
+    assert "node1: changes pending" in proc.stdout
     assert "~ Record the converged phase in the state directory" in proc.stdout
     assert _state(ssh_lab["targets"]["node1"]) == []
 
@@ -202,6 +202,14 @@ def test_unknown_host_key_is_refused(ssh_lab, tmp_path, runs):
     assert vproc.returncode == 1
     failed = {c["reason"] for c in _summary(vproc.stdout)["checks"] if c["host"] == "node1" and not c["passed"]}
     assert failed and all("unreachable" in r and "host key" in r.lower() for r in failed), failed
+    # the one opt-out connects, and writes the unverified key nowhere later runs would trust
+    home_known_hosts = Path.home() / ".ssh" / "known_hosts"
+    before = home_known_hosts.read_bytes() if home_known_hosts.exists() else None
+    proc = run_provision("apply", "--inventory", str(inv3), "--yes", "--json", "--tags", "verify", "--runs-dir",
+                         str(runs), "--limit", "node1", "--no-host-key-checking")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert empty_known_hosts.read_text() == ""
+    assert (home_known_hosts.read_bytes() if home_known_hosts.exists() else None) == before
 
 
 def test_verify_connects_to_a_templated_ansible_host(ssh_lab, tmp_path, runs):

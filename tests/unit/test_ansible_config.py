@@ -66,7 +66,8 @@ def test_mitogen_unless_switched_off(in_dir, monkeypatch):
 
 
 def test_host_key_checking_off_records_no_key(in_dir):
-    (in_dir / "ansible.cfg").write_text("[ssh_connection]\nssh_extra_args = -o ForwardAgent=no\n")
+    (in_dir / "ansible.cfg").write_text('[ssh_connection]\nssh_args = -o ProxyCommand="nc bastion %h %p"\n')
     env = ansible_config.environment(1, False, in_dir, environ={})
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "False" and env["ANSIBLE_PARAMIKO_RECORD_HOST_KEYS"] == "False"
-    assert env["ANSIBLE_SSH_EXTRA_ARGS"] == "-o ForwardAgent=no -o UserKnownHostsFile=/dev/null"
+    # first, so that it wins over a UserKnownHostsFile in the inventory's ssh_common_args; the user's args kept
+    assert env["ANSIBLE_SSH_ARGS"] == '-o UserKnownHostsFile=/dev/null -o ProxyCommand="nc bastion %h %p"'
