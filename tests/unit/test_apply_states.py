@@ -38,4 +38,4 @@ def test_diff_lines_unified_and_prepared():
     lines = diff_lines({"before": "a\nb\n", "after": "a\nc\n", "before_header": "/etc/x"})
     assert lines[:2] == ["--- /etc/x", "+++ after"] and "-b" in lines and "+c" in lines
     assert diff_lines({"prepared": "line1\nline2"}) == ["line1", "line2"]
-    assert "+  \"k\": 2" in diff_lines({"before": {"k": 1}, "after": {"k": 2}})
+    assert '+  "k": 2' in diff_lines({"before": {"k": 1}, "after": {"k": 2}})
