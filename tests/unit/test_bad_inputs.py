@@ -17,21 +17,9 @@ from pathlib import Path
 import pytest
 
 from provision import cli
+from tests.unit.test_inventory import GOOD_HOSTS
 
-GOOD = """\
-all:
-  children:
-    proxmox_hosts:
-      hosts:
-        pve1:
-          ansible_host: 192.0.2.10
-    gpu_containers:
-      hosts:
-        ct1:
-          ansible_host: 192.0.2.110
-          proxmox_host: pve1
-          proxmox_vmid: 110
-"""
+GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
 CT2 = "        ct2:\n          proxmox_host: pve1\n          proxmox_vmid: 110\n"
 GV = "group_vars/all.yml"
 
