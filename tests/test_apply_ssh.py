@@ -330,3 +330,44 @@ def test_diag_reports_no_gpu_cleanly(ssh_lab, inv, runs):
     gone = ssh_lab["targets"]["ct1"].ssh("test -e /var/lib/provision/gpu-diag.json", check=False)
     assert gone.returncode == 1
     assert (Path(report["record_dir"]) / "diag-ct1.json").is_file()
+
+
+def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, tmp_path, runs):
+    """The shape an existing Ansible repository has: INI with host ranges, Ansible's vars/vault split
+    (group_vars/all/vars.yml names what group_vars/all/vault.yml, encrypted whole, holds). The ssh key
+    path is in the vault: the hosts are reachable only if the vault was read."""
+    t = ssh_lab["targets"]
+    root = tmp_path / "ini"
+    (root / "group_vars" / "all").mkdir(parents=True)
+    (root / "host_vars").mkdir()
+    (root / "hosts").write_text(
+        "[proxmox_hosts]\nnode[1:1]\n\n[gpu_containers]\nct[1:1] proxmox_host=node1 proxmox_vmid=100\n\n"
+        "[all:vars]\nansible_host=127.0.0.1\nansible_user=root\nansible_python_interpreter=/usr/bin/python3\n"
+    )
+    for name in ("node1", "ct1"):
+        (root / "host_vars" / f"{name}.yml").write_text(f"ansible_port: {t[name].port}\n")
+    common = t["node1"].inventory_vars()["ansible_ssh_common_args"]
+    (root / "group_vars" / "all" / "vars.yml").write_text(
+        f'ansible_ssh_private_key_file: "{{{{ vault_ssh_key }}}}"\nansible_ssh_common_args: "{common}"\n'
+    )
+    vault = root / "group_vars" / "all" / "vault.yml"
+    vault.write_text(f"vault_ssh_key: {t['node1'].client_key}\n")
+    password = tmp_path / "vault-pass"
+    password.write_text("pw-ini-123\n")
+    ansible_vault = Path(sys.executable).parent / "ansible-vault"
+    subprocess.run(
+        [ansible_vault, "encrypt", "--vault-password-file", password, vault], check=True, capture_output=True
+    )
+    vault_args = ("--vault-password-file", str(password))
+    check = run_provision("inventory", "check", "--inventory", str(root), *vault_args)
+    assert check.returncode == 0 and "ok (1 proxmox_hosts, 1 gpu_containers)" in check.stdout, check.stderr
+    no_vault = run_provision("inventory", "check", "--inventory", str(root))
+    assert no_vault.returncode == 2 and "vault.yml: cannot decrypt" in no_vault.stderr
+    proc = run_provision("apply", "--inventory", str(root), "--yes", "--json", "--tags", "verify", "--runs-dir",
+                         str(runs), *vault_args)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    states = json.loads(proc.stdout)["hosts"]
+    assert states.keys() == {"node1", "ct1"} and set(states.values()) <= {"changed", "ok"}, states
+    vproc = run_provision("verify", "--inventory", str(root), "--json", "--checks", CHECKS, "--runs-dir", str(runs),
+                          *vault_args)  # fmt: skip
+    assert vproc.returncode == 0, vproc.stdout[-2000:]
