@@ -3,39 +3,50 @@
 provision never replaces the user's configuration: a bastion `ProxyCommand` in `ssh_args`,
 callbacks (ARA, profile_tasks), vault identities, become settings and collections paths all
 keep working. What provision wants for speed (Mitogen, pipelining, ControlPersist, forks) is
-given as `ANSIBLE_*` environment variables, and only for settings that neither the user's file
-nor the user's environment sets. Host key checking is the one exception: it is always given,
-on unless the caller turns it off, and then nothing unverified is written to a known_hosts file.
+given as `ANSIBLE_*` environment variables, and only for settings whose value Ansible's own
+ConfigManager reports as its default (neither the user's file nor the user's environment sets
+them). Host key checking is the one exception: it is always given, on unless the caller turns
+it off, and then nothing unverified is written to a known_hosts file.
 """
 
 from __future__ import annotations
 
-import configparser
-import contextlib
+import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-
-@dataclass(frozen=True)
-class Setting:
-    """One Ansible setting: where a user sets it (ini section/key, environment variable)."""
-
-    sections: tuple[str, ...]
-    key: str
-    env: str
-
-
-FORKS = Setting(("defaults",), "forks", "ANSIBLE_FORKS")
-STRATEGY = Setting(("defaults",), "strategy", "ANSIBLE_STRATEGY")
-STRATEGY_PLUGINS = Setting(("defaults",), "strategy_plugins", "ANSIBLE_STRATEGY_PLUGINS")
-INTERPRETER = Setting(("defaults",), "interpreter_python", "ANSIBLE_PYTHON_INTERPRETER")
-RETRY_FILES = Setting(("defaults",), "retry_files_enabled", "ANSIBLE_RETRY_FILES_ENABLED")
-TIMEOUT = Setting(("defaults",), "timeout", "ANSIBLE_TIMEOUT")
-PIPELINING = Setting(("ssh_connection", "connection"), "pipelining", "ANSIBLE_PIPELINING")
-SSH_ARGS = Setting(("ssh_connection",), "ssh_args", "ANSIBLE_SSH_ARGS")
-CONTROL_PATH_DIR = Setting(("ssh_connection",), "control_path_dir", "ANSIBLE_SSH_CONTROL_PATH_DIR")
-SSH_RETRIES = Setting(("ssh_connection",), "retries", "ANSIBLE_SSH_RETRIES")
+# (setting, connection plugin or None for a base setting) -> the environment variable provision sets
+SSH = "ssh"
+FORKS = ("DEFAULT_FORKS", None)
+STRATEGY = ("DEFAULT_STRATEGY", None)
+STRATEGY_PLUGINS = ("DEFAULT_STRATEGY_PLUGIN_PATH", None)
+CALLBACK_PLUGINS = ("DEFAULT_CALLBACK_PLUGIN_PATH", None)
+INTERPRETER = ("INTERPRETER_PYTHON", None)
+RETRY_FILES = ("RETRY_FILES_ENABLED", None)
+TIMEOUT = ("timeout", SSH)
+PIPELINING = ("pipelining", SSH)
+SSH_ARGS = ("ssh_args", SSH)
+CONTROL_PATH_DIR = ("control_path_dir", SSH)
+SSH_RETRIES = ("reconnection_retries", SSH)
+ENV = {
+    FORKS: "ANSIBLE_FORKS",
+    STRATEGY: "ANSIBLE_STRATEGY",
+    STRATEGY_PLUGINS: "ANSIBLE_STRATEGY_PLUGINS",
+    CALLBACK_PLUGINS: "ANSIBLE_CALLBACK_PLUGINS",
+    INTERPRETER: "ANSIBLE_PYTHON_INTERPRETER",
+    RETRY_FILES: "ANSIBLE_RETRY_FILES_ENABLED",
+    TIMEOUT: "ANSIBLE_TIMEOUT",
+    PIPELINING: "ANSIBLE_PIPELINING",
+    SSH_ARGS: "ANSIBLE_SSH_ARGS",
+    CONTROL_PATH_DIR: "ANSIBLE_SSH_CONTROL_PATH_DIR",
+    SSH_RETRIES: "ANSIBLE_SSH_RETRIES",
+}
+# Every name Ansible reads host key checking from, base and per plugin: all get the same value.
+HOST_KEY_CHECKING_ENV = (
+    "ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_SSH_HOST_KEY_CHECKING", "ANSIBLE_PARAMIKO_HOST_KEY_CHECKING",
+)  # fmt: skip
+CONNECTION_PLUGINS = ("ssh", "paramiko_ssh")
 
 OUR_SSH_ARGS = (
     "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15 -o ServerAliveCountMax=4 "
@@ -54,22 +65,36 @@ def user_config_file() -> Path | None:
     return Path(found).resolve() if found else None
 
 
-def _read(path: Path | None) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    if path is not None:
-        # a broken file: Ansible reports it itself, with its own message
-        with contextlib.suppress(configparser.Error, OSError, UnicodeDecodeError):
-            parser.read(path, encoding="utf-8")
-    return parser
+@functools.cache
+def plugin_definitions() -> dict[str, dict]:
+    """The connection plugins' own option definitions (their DOCUMENTATION), loaded once."""
+    from ansible import constants as C
+    from ansible.plugins.loader import connection_loader, init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+    if AnsibleCollectionConfig.collection_finder is None:  # once per process, as ansible's own CLIs do
+        init_plugin_loader()
+    for name in CONNECTION_PLUGINS:
+        connection_loader.get(name, class_only=True)
+    return {name: C.config.get_configuration_definitions("connection", name) for name in CONNECTION_PLUGINS}
 
 
-def _user_value(setting: Setting, parser: configparser.ConfigParser, environ: dict[str, str]) -> str | None:
-    if setting.env in environ:
-        return environ[setting.env]
-    for section in setting.sections:
-        if parser.has_option(section, setting.key):
-            return parser.get(section, setting.key)
-    return None
+def config_manager(path: Path | None) -> Any:
+    """Ansible's ConfigManager over the user's file, with the connection plugins' settings known."""
+    from ansible.config.manager import ConfigManager
+
+    manager = ConfigManager(str(path) if path else None)
+    for name, definitions in plugin_definitions().items():
+        manager.initialize_plugin_configuration_definitions("connection", name, definitions)
+    return manager
+
+
+def lookup(manager: Any, setting: tuple[str, str | None], variables: dict | None = None) -> tuple[Any, str]:
+    """(value, origin) as Ansible resolves it: origin is 'default' where the user says nothing."""
+    name, plugin = setting
+    if plugin is None:
+        return manager.get_config_value_and_origin(name, variables=variables)
+    return manager.get_config_value_and_origin(name, plugin_type="connection", plugin_name=plugin, variables=variables)
 
 
 def _mitogen_strategy_dir() -> Path | None:
@@ -81,7 +106,7 @@ def _mitogen_strategy_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
-def _wanted(forks: int, control_dir: Path) -> dict[Setting, str]:
+def _wanted(forks: int, control_dir: Path) -> dict[tuple[str, str | None], str]:
     """What provision would set: Mitogen keeps one interpreter per host for the whole run
     (docs/performance.md), pipelining and ControlPersist make each task one round trip."""
     wanted = {
@@ -102,27 +127,34 @@ def _wanted(forks: int, control_dir: Path) -> dict[Setting, str]:
     return wanted
 
 
-def environment(
-    forks: int, host_key_checking: bool, control_dir: Path, environ: dict[str, str] | None = None
-) -> dict[str, str]:
+def _paths(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)] if value else []
+
+
+def environment(forks: int, host_key_checking: bool, control_dir: Path) -> dict[str, str]:
     """The environment for ansible-playbook: the user's config file named explicitly (runner starts
     ansible-playbook in another directory), and provision's settings where the user is silent."""
-    environ = dict(os.environ if environ is None else environ)
     path = user_config_file()
-    parser = _read(path)
+    manager = config_manager(path)
     env: dict[str, str] = {"ANSIBLE_CONFIG": str(path)} if path else {}
-    wanted = _wanted(forks, control_dir)
-    user_strategy = _user_value(STRATEGY, parser, environ)
-    for setting, value in wanted.items():
-        if setting in (STRATEGY, STRATEGY_PLUGINS) and user_strategy is not None:
+    user_strategy = lookup(manager, STRATEGY)[1] != "default"
+    for setting, value in _wanted(forks, control_dir).items():
+        current, origin = lookup(manager, setting)
+        if setting in (STRATEGY, STRATEGY_PLUGINS) and user_strategy:
             continue  # the user's strategy, with the user's plugin path
-        if _user_value(setting, parser, environ) is None:
-            env[setting.env] = value
-    env["ANSIBLE_HOST_KEY_CHECKING"] = str(host_key_checking)
+        if setting == STRATEGY_PLUGINS and origin != "default":
+            value = os.pathsep.join([*_paths(current), value])  # the user's plugins, Mitogen's after them
+        elif origin != "default":
+            continue
+        env[ENV[setting]] = value
+    callbacks, origin = lookup(manager, CALLBACK_PLUGINS)
+    if origin != "default":  # runner appends its own callback to this variable: keep the user's (ARA) in it
+        env[ENV[CALLBACK_PLUGINS]] = os.pathsep.join(_paths(callbacks))
+    env.update(dict.fromkeys(HOST_KEY_CHECKING_ENV, str(host_key_checking)))
     if not host_key_checking:
-        # ssh takes the first value of an option: ssh_args come before the inventory's ssh_common_args
-        # (which may name a known_hosts file), so /dev/null goes first in them, the rest as they were
+        # ssh keeps an option's first value: ssh_args come before the inventory's ssh_common_args (which
+        # may name a known_hosts file), so /dev/null goes first in them, the rest as they were
         env["ANSIBLE_PARAMIKO_RECORD_HOST_KEYS"] = "False"
-        args = _user_value(SSH_ARGS, parser, environ) or env.get(SSH_ARGS.env, "")
-        env[SSH_ARGS.env] = f"{UNVERIFIED_KEYS_NOWHERE} {args}".strip()
+        args = env.get(ENV[SSH_ARGS]) or str(lookup(manager, SSH_ARGS)[0] or "")
+        env[ENV[SSH_ARGS]] = f"{UNVERIFIED_KEYS_NOWHERE} {args}".strip()
     return env

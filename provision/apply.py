@@ -97,7 +97,10 @@ def apply(
 
 def host_states(result: RunResult, scope: list[str]) -> dict[str, str]:
     """Per host the run was meant for: unreachable, failed, not reached (no play ran for it, or
-    Ansible stopped before its turn), changed (changes pending, in check mode) or ok (up to date)."""
+    Ansible stopped before its turn, or the run ended in error with no host to blame), changed
+    (changes pending, in check mode) or ok (up to date)."""
+    blamed = any(s.failed or s.unreachable for s in result.hosts.values())
+    broken = (result.rc != 0 or result.status != "successful") and not blamed
     states = {}
     for host in scope:
         stats = result.hosts.get(host)
@@ -105,7 +108,7 @@ def host_states(result: RunResult, scope: list[str]) -> dict[str, str]:
             states[host] = "unreachable"
         elif stats is not None and stats.failed:
             states[host] = "failed"
-        elif stats is None or (result.aborted and host not in result.last_play_hosts):
+        elif stats is None or broken or (result.aborted and host not in result.last_play_hosts):
             states[host] = "not reached"
         elif stats.changed:
             states[host] = "changes pending" if result.check else "changed"
@@ -164,7 +167,3 @@ def print_result(console: Console, result: RunResult, title: str, show_diff: boo
         for task in pending.get(host, []):
             console.print(f"  ~ {task}", highlight=False, markup=False)
     console.print(f"run record: {result.record_dir}", highlight=False)
-
-
-# TODO(this session): verify.py still imports this name; it goes once verify.py uses inventory.secret_values
-inventory_secrets = inventory_mod.secret_values

@@ -30,7 +30,7 @@ from provision.errors import (
     ProvisionError,
     UsageError,
 )
-from provision.runner import redact_text
+from provision.runner import redact_obj, secret_values
 
 JSON_SCHEMA_VERSION = 1
 
@@ -316,7 +316,7 @@ def _plan_exit(states: dict[str, str]) -> int:
 
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> Outcome:
     from provision import apply as apply_mod
-    from provision.inventory import secret_values
+    from provision import inventory as inventory_mod
 
     opts = _apply_options(args, plan)
     inv = _load(args)
@@ -327,7 +327,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     data = result.to_dict()
     if plan:
         data["would_change"] = apply_mod.plan_summary(result)
-    secrets = secret_values(inv)
+    secrets = secret_values(inventory_mod.secret_values(inv))  # the records' rule: env secrets too, 4+ chars
     if not args.json:
         title = "plan (check mode: nothing was changed)" if plan else "apply"
         apply_mod.print_result(out, result, title, show_diff=opts.diff, secrets=secrets)
@@ -481,6 +481,11 @@ def _command_name(argv: list[str]) -> str:
     return next((a for a in argv if a in COMMANDS), "provision")
 
 
+def _one_line(text: str) -> str:
+    """An error is one line: control characters (a host name's newline) shown escaped."""
+    return str(text).replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     want_json = "--json" in argv
@@ -495,11 +500,19 @@ def main(argv: list[str] | None = None) -> int:
         errors, outcome = [" ".join(str(exc).split("\n"))], Outcome(exc.exit_code)
     except KeyboardInterrupt:
         errors, outcome = ["interrupted"], Outcome(EXIT_FAILED)
+    except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
+        if os.environ.get("PROVISION_DEBUG"):
+            raise
+        detail = f"{type(exc).__name__}: {exc}"
+        errors = [f"internal error: {detail} (PROVISION_DEBUG=1 shows the traceback)"]
+        outcome = Outcome(EXIT_FAILED)
+    errors = [_one_line(line) for line in errors]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if want_json:
-        text = json.dumps(envelope(_command_name(argv), outcome, errors), indent=2, default=str)
-        print(redact_text(text, outcome.secrets) if outcome.secrets else text)
+        data = envelope(_command_name(argv), outcome, errors)
+        data = redact_obj(data, outcome.secrets) if outcome.secrets else data
+        print(json.dumps(data, indent=2, default=str))
     return outcome.exit_code
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
 from provision.errors import InventoryError, UsageError
 from provision.paths import example_inventory_dir
 
@@ -39,7 +40,9 @@ CONNECTION_SECRETS = (
 EXAMPLE_NAME = "example"
 # A host name Ansible accepts but no ssh, shell or file path should get: whitespace or control characters.
 _BAD_HOST_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
-_HOST_KEY_OFF_ARGS = re.compile(r"StrictHostKeyChecking[= ]+(no|off)|UserKnownHostsFile[= ]+/dev/null", re.I)
+_HOST_KEY_OFF_ARGS = re.compile(
+    r"StrictHostKeyChecking[= ]+(no|off|false|accept-new)\b|UserKnownHostsFile[= ]+/dev/null", re.I
+)
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,24 @@ class VaultOptions:
     password_files: tuple[Path, ...] = ()
     ids: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # absolute: ansible-playbook runs in another directory than the one these were given in
+        files = tuple(Path(f).absolute() for f in self.password_files)
+        ids = tuple(_absolute_vault_id(i) for i in self.ids)
+        object.__setattr__(self, "password_files", files)
+        object.__setattr__(self, "ids", ids)
+
     def playbook_args(self) -> list[str]:
         args = [a for f in self.password_files for a in ("--vault-password-file", str(f))]
         return args + [a for i in self.ids for a in ("--vault-id", i)]
+
+
+def _absolute_vault_id(vault_id: str) -> str:
+    """`label@source`: a source that is a file here becomes its absolute path (`prompt` stays)."""
+    label, at, source = vault_id.rpartition("@")
+    if source and Path(source).exists():
+        source = str(Path(source).absolute())
+    return f"{label}{at}{source}"
 
 
 @dataclass
@@ -227,6 +245,12 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
 
     ids = list(C.DEFAULT_VAULT_IDENTITY_LIST) + list(vault.ids)
     files = [str(f) for f in vault.password_files]
+    prompts = [i for i in ids if i.rpartition("@")[2] in ("prompt", "prompt_ask_vault_pass")]
+    if prompts:
+        raise UsageError(
+            f"--vault-id {prompts[0]}: provision cannot prompt for a vault password (its runs have no terminal); "
+            "give a password file or script instead"
+        )
     for f in files:
         if not Path(f).is_file():
             raise UsageError(f"--vault-password-file {f}: no such file")
@@ -255,6 +279,7 @@ def _ansible_load(source: Path, vault: VaultOptions) -> Inventory:
 
     if not context.CLIARGS:
         context.CLIARGS = ImmutableDict()
+    plugin_definitions()  # the collection loader: inventory plugins by FQCN (community.proxmox.proxmox)
     loader = DataLoader()
     try:
         _vault_secrets(loader, vault)
@@ -356,7 +381,8 @@ def _check_types(host: Host) -> list[tuple[str, str, str]]:
         value = host.vars.get(name)
         if value is None or _is_template(value) or _from_vault(value) or check(value):
             continue
-        found.append((host.where(name), host.name, f"{name}: expected {expected}, got {_describe(value)}"))
+        got = f"a value of type {type(value).__name__}" if name in SECRET_VARIABLES else _describe(value)
+        found.append((host.where(name), host.name, f"{name}: expected {expected}, got {got}"))
     return found
 
 
@@ -398,21 +424,54 @@ def _check_container(inv: Inventory, ct: Host, vmids: dict[tuple[str, int], str]
     return problems
 
 
-def host_key_checking_problems(inv: Inventory) -> list[str]:
-    """Where the user's ansible.cfg, environment or inventory turns ssh host key checking off."""
+def _setting_source(host: Host, origin: str) -> str:
+    """Where a setting came from, as a place: the inventory file for `var: NAME`, else Ansible's origin."""
+    if origin.startswith("var: "):
+        return host.where(origin.removeprefix("var: "))
+    return origin.removeprefix("env: ").strip() or origin
+
+
+def _host_key_findings(manager: Any, host: Host, checking: bool, said: str) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for each way this host's effective settings trust unknown keys."""
+    from ansible.module_utils.parsing.convert_bool import boolean
+
+    found = []
+    for plugin in CONNECTION_PLUGINS:
+        value, origin = lookup(manager, ("host_key_checking", plugin), host.vars)
+        if origin not in ("default", said) and not boolean(value, strict=False):
+            found.append((_setting_source(host, origin), host.name, f"{origin[5:]} turns host key checking off"))
+    value, origin = lookup(manager, ("host_key_auto_add", "paramiko_ssh"), host.vars)
+    if boolean(value, strict=False):
+        found.append((_setting_source(host, origin), host.name, "paramiko's host_key_auto_add trusts unknown keys"))
+    for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
+        value, origin = lookup(manager, (name, "ssh"), host.vars)
+        if _HOST_KEY_OFF_ARGS.search(str(value or "")):
+            found.append((_setting_source(host, origin), host.name, f"{name} turns ssh host key checking off"))
+    value, origin = lookup(manager, ("ssh_args", "ssh"), host.vars)
+    if not checking and origin.startswith("var: ") and "UserKnownHostsFile=/dev/null" not in str(value):
+        problem = (
+            f"{origin[5:]} replaces the ssh_args that keep unverified keys out of known_hosts under "
+            "--no-host-key-checking; add -o UserKnownHostsFile=/dev/null to it"
+        )
+        found.append((_setting_source(host, origin), host.name, problem))
+    return found
+
+
+def host_key_checking_problems(inv: Inventory, checking: bool = True) -> list[str]:
+    """Where the user's ansible.cfg, environment or inventory would trust an unknown ssh host key.
+    With checking on (the default) every such setting is a problem; with --no-host-key-checking only
+    an inventory ssh_args that would let ssh record the unverified keys."""
     from ansible import constants as C
 
+    manager = config_manager(user_config_file())
     problems = []
     value, origin = C.config.get_config_value_and_origin("HOST_KEY_CHECKING")
-    if not value:
+    if checking and not value:
         problems.append(f"{origin}: host_key_checking is off")
-    found = []
-    for host in sorted(inv.hosts.values(), key=lambda h: h.name):
-        if host.vars.get("ansible_host_key_checking") in (False, "false", "False", "no"):
-            found.append((host.where("ansible_host_key_checking"), host.name, "ansible_host_key_checking is off"))
-        for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args"):
-            if _HOST_KEY_OFF_ARGS.search(str(host.vars.get(name) or "")):
-                found.append((host.where(name), host.name, f"{name} turns ssh host key checking off"))
+    hosts = sorted(inv.hosts.values(), key=lambda h: h.name)
+    found = [f for host in hosts for f in _host_key_findings(manager, host, checking, origin)]
+    if not checking:
+        return _per_source([f for f in found if "--no-host-key-checking" in f[2]])
     hint = "; provision keeps it on: remove that setting, or pass --no-host-key-checking to accept any host key"
     return [p + hint for p in problems + _per_source(found)]
 
@@ -426,9 +485,7 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)
-    if host_key_checking:
-        problems += host_key_checking_problems(inv)
-    return problems
+    return problems + host_key_checking_problems(inv, host_key_checking)
 
 
 @functools.cache
@@ -465,20 +522,32 @@ def plain_text_secret_warnings(inv: Inventory) -> list[str]:
     return warnings
 
 
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
 def secret_values(inv: Inventory) -> set[str]:
     """Every literal secret the inventory holds, for the run records' scrubber: the secret-named
-    variables, the connection passwords, and every value that came out of a vault."""
+    variables, the connection passwords, and every value that came out of a vault (nested ones too)."""
     found: set[str] = set()
     for host in inv.hosts.values():
         for name, value in host.vars.items():
             if not (name in SECRET_VARIABLES or name in CONNECTION_SECRETS or _from_vault(value)):
                 continue
-            try:
-                text = str(value)  # an inline !vault value decrypts here, when its secret was given
-            except Exception:  # no secret for it: nothing readable to scrub
-                continue
-            if not _is_template(text):
-                found.add(text)
+            for leaf in _leaves(value):
+                try:
+                    text = str(leaf)  # an inline !vault value decrypts here, when its secret was given
+                except Exception:  # no secret for it: nothing readable to scrub
+                    continue
+                if leaf is not None and not _is_template(text):
+                    found.add(text)
     return found
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import ansible_config
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, UsageError
 from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
 
@@ -206,6 +206,17 @@ def redact_text(text: str, secrets: set[str]) -> str:
     return text
 
 
+def redact_obj(value: Any, secrets: set[str]) -> Any:
+    """A JSON-able value with every secret replaced in its strings (keys and numbers untouched)."""
+    if isinstance(value, str):
+        return redact_text(value, secrets)
+    if isinstance(value, dict):
+        return {k: redact_obj(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_obj(v, secrets) for v in value]
+    return value
+
+
 def redact_tree(root: Path, secrets: set[str]) -> int:
     """Replace every secret value in every file under root. Returns the files changed."""
     if not secrets:
@@ -244,14 +255,17 @@ def _keep_artifacts(artifact_root: Path, record_dir: Path, secrets: set[str]) ->
 
 def new_record_dir(runs_dir: Path, kind: str) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for n in range(1000):
-        candidate = runs_dir / (f"{stamp}-{kind}" + (f"-{n}" if n else ""))
-        try:
-            candidate.mkdir(mode=0o700)
-            return candidate
-        except FileExistsError:
-            continue
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for n in range(1000):
+            candidate = runs_dir / (f"{stamp}-{kind}" + (f"-{n}" if n else ""))
+            try:
+                candidate.mkdir(mode=0o700)
+                return candidate
+            except FileExistsError:
+                continue
+    except OSError as exc:  # a file, a dangling link, no permission: say so before any host is touched
+        raise UsageError(f"--runs-dir {runs_dir}: cannot create a run record there: {exc.strerror or exc}") from None
     raise ProvisionError(f"{runs_dir}: cannot create a run record directory")
 
 

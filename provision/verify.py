@@ -25,7 +25,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from provision import inventory as inventory_mod
-from provision.apply import inventory_secrets
 from provision.checks.support import HOST_VARS, probe_request
 from provision.job_events import task_outcomes
 from provision.progress import LiveProgress
@@ -181,7 +180,7 @@ def read_hosts(
         },
         host_key_checking=host_key_checking,
         vault=vault,
-        secrets=inventory_secrets(inv),
+        secrets=inventory_mod.secret_values(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify: reading every host"),
     )
     return {**spec, "readings": readings(record, list(wanted), run)}, run
@@ -231,7 +230,7 @@ def reboot_all(
         limit=limit,
         host_key_checking=host_key_checking,
         vault=vault,
-        secrets=inventory_secrets(inv),
+        secrets=inventory_mod.secret_values(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify --after-reboot: rebooting"),
     )
     report.reboots = result.reports
@@ -277,7 +276,7 @@ def verify(
             _write_junit(report, junit)
     (record / "verify.json").write_text(json.dumps(report.to_dict(), indent=2))
     summary = {"command": "verify", **report.to_dict(), "probe_run": run.to_dict() if run else None}
-    write_summary(record, summary, inventory_secrets(inv))
+    write_summary(record, summary, inventory_mod.secret_values(inv))
     return report
 
 

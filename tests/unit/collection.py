@@ -11,12 +11,17 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from ansible.plugins.loader import init_plugin_loader
+
 from provision.paths import collections_path
 
 # one directory that holds ansible_collections/provision/pve_sglang, a link to this checkout
 COLLECTIONS = Path(tempfile.mkdtemp(prefix="provision-collections-"))
 collections_path(COLLECTIONS)
 atexit.register(shutil.rmtree, COLLECTIONS, ignore_errors=True)
+# Ansible's collection finder, as its CLIs (and provision's inventory loading) install it, once per process:
+# with COLLECTIONS first, so that every later import of ansible_collections.* finds this checkout
+init_plugin_loader([str(COLLECTIONS)])
 
 # the prefix of every module's name; run a module file in a subprocess with COLLECTIONS first on sys.path
 PACKAGE = "ansible_collections.provision.pve_sglang.plugins"

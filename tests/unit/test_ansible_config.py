@@ -1,7 +1,8 @@
-"""The user's ansible.cfg is honoured: provision's settings only where it is silent."""
+"""The user's ansible.cfg is honoured: provision's settings only where Ansible reports its default."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -15,59 +16,82 @@ def in_dir(tmp_path, monkeypatch):
     """A private (not world-writable) working directory with no ANSIBLE_* in the environment."""
     tmp_path.chmod(0o755)
     monkeypatch.chdir(tmp_path)
-    for name in list(__import__("os").environ):
+    for name in list(os.environ):
         if name.startswith("ANSIBLE_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return tmp_path
 
 
-def test_silent_user_gets_provisions_settings(in_dir, monkeypatch):
-    monkeypatch.setattr(ansible_config, "user_config_file", lambda: None)
-    env = ansible_config.environment(7, True, in_dir / "cp", environ={})
+def _cfg(root: Path, text: str) -> None:
+    (root / "ansible.cfg").write_text(textwrap.dedent(text))
+
+
+def test_silent_user_gets_provisions_settings(in_dir):
+    env = ansible_config.environment(7, True, in_dir / "cp")
     assert "ANSIBLE_CONFIG" not in env
     assert env["ANSIBLE_FORKS"] == "7" and env["ANSIBLE_PIPELINING"] == "True"
-    assert "ControlPersist" in env["ANSIBLE_SSH_ARGS"] and env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    assert "ControlPersist" in env["ANSIBLE_SSH_ARGS"]
+    assert all(env[name] == "True" for name in ansible_config.HOST_KEY_CHECKING_ENV)
 
 
 def test_users_cfg_in_working_directory_wins(in_dir):
-    (in_dir / "ansible.cfg").write_text(
-        textwrap.dedent(
-            """\
-            [defaults]
-            forks = 3
-            callbacks_enabled = ansible.posix.profile_tasks
-            [ssh_connection]
-            ssh_args = -o ProxyCommand="ssh -W %h:%p bastion"
-            """
-        )
+    _cfg(
+        in_dir,
+        """\
+        [defaults]
+        forks = 3
+        pipelining = False
+        callback_plugins = /opt/ara/plugins/callback
+        [ssh_connection]
+        ssh_args = -o ProxyCommand="ssh -W %h:%p bastion" ; the bastion
+        timeout = 60
+        [connection]
+        retries = 5
+        """,
     )
-    env = ansible_config.environment(7, True, in_dir / "cp", environ={})
+    env = ansible_config.environment(7, True, in_dir / "cp")
     assert env["ANSIBLE_CONFIG"] == str(in_dir / "ansible.cfg")
-    assert "ANSIBLE_FORKS" not in env and "ANSIBLE_SSH_ARGS" not in env  # the user's own values stand
-    assert env["ANSIBLE_PIPELINING"] == "True"  # silent there: provision's
+    for name in ("ANSIBLE_FORKS", "ANSIBLE_SSH_ARGS", "ANSIBLE_PIPELINING", "ANSIBLE_TIMEOUT", "ANSIBLE_SSH_RETRIES"):
+        assert name not in env, f"{name} overrides the user's own value"
+    assert env["ANSIBLE_CALLBACK_PLUGINS"] == "/opt/ara/plugins/callback"  # runner appends its own after it
+    assert env["ANSIBLE_SSH_CONTROL_PATH_DIR"] == str(in_dir / "cp")  # silent there: provision's
 
 
 def test_users_environment_wins(in_dir, monkeypatch):
-    monkeypatch.setattr(ansible_config, "user_config_file", lambda: None)
-    env = ansible_config.environment(7, True, in_dir / "cp", environ={"ANSIBLE_STRATEGY": "free"})
+    monkeypatch.setenv("ANSIBLE_STRATEGY", "free")
+    env = ansible_config.environment(7, True, in_dir / "cp")
     assert "ANSIBLE_STRATEGY" not in env and "ANSIBLE_STRATEGY_PLUGINS" not in env
 
 
-def test_mitogen_unless_switched_off(in_dir, monkeypatch):
-    monkeypatch.setattr(ansible_config, "user_config_file", lambda: None)
+def test_users_strategy_plugins_keep_mitogen_reachable(in_dir, monkeypatch):
     monkeypatch.delenv("PROVISION_ANSIBLE_STRATEGY", raising=False)
-    env = ansible_config.environment(3, True, in_dir, environ={})
+    _cfg(in_dir, "[defaults]\nstrategy_plugins = /opt/site/strategy\n")
+    env = ansible_config.environment(3, True, in_dir)
+    paths = env["ANSIBLE_STRATEGY_PLUGINS"].split(os.pathsep)
+    assert paths[0] == "/opt/site/strategy" and (Path(paths[-1]) / "mitogen_linear.py").is_file()
+    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
+
+
+def test_mitogen_unless_switched_off(in_dir, monkeypatch):
+    monkeypatch.delenv("PROVISION_ANSIBLE_STRATEGY", raising=False)
+    env = ansible_config.environment(3, True, in_dir)
     assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
     assert (Path(env["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_linear.py").is_file()
     monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
-    env = ansible_config.environment(3, True, in_dir, environ={})
+    env = ansible_config.environment(3, True, in_dir)
     assert env["ANSIBLE_STRATEGY"] == "linear" and "ANSIBLE_STRATEGY_PLUGINS" not in env
 
 
+def test_host_key_checking_is_forced_under_every_name(in_dir, monkeypatch):
+    monkeypatch.setenv("ANSIBLE_SSH_HOST_KEY_CHECKING", "False")  # would beat ANSIBLE_HOST_KEY_CHECKING
+    env = ansible_config.environment(1, True, in_dir)
+    assert [env[n] for n in ansible_config.HOST_KEY_CHECKING_ENV] == ["True"] * 3
+
+
 def test_host_key_checking_off_records_no_key(in_dir):
-    (in_dir / "ansible.cfg").write_text('[ssh_connection]\nssh_args = -o ProxyCommand="nc bastion %h %p"\n')
-    env = ansible_config.environment(1, False, in_dir, environ={})
+    _cfg(in_dir, '[ssh_connection]\nssh_args = -o ProxyCommand="nc bastion %h %p"\n')
+    env = ansible_config.environment(1, False, in_dir)
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "False" and env["ANSIBLE_PARAMIKO_RECORD_HOST_KEYS"] == "False"
     # first, so that it wins over a UserKnownHostsFile in the inventory's ssh_common_args; the user's args kept
     assert env["ANSIBLE_SSH_ARGS"] == '-o UserKnownHostsFile=/dev/null -o ProxyCommand="nc bastion %h %p"'

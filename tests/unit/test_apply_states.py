@@ -39,3 +39,10 @@ def test_diff_lines_unified_and_prepared():
     assert lines[:2] == ["--- /etc/x", "+++ after"] and "-b" in lines and "+c" in lines
     assert diff_lines({"prepared": "line1\nline2"}) == ["line1", "line2"]
     assert '+  "k": 2' in diff_lines({"before": {"k": 1}, "after": {"k": 2}})
+
+
+def test_a_run_that_ended_in_error_with_no_host_to_blame_reached_nobody():
+    r = RunResult("site.yml", "failed", 250, True, "now", 1.0)
+    r.hosts = {"a": HostStats(ok=3), "b": HostStats(ok=3)}
+    states = host_states(r, ["a", "b"])
+    assert states == {"a": "not reached", "b": "not reached"} and _plan_exit(states) == 1

@@ -70,6 +70,11 @@ INVENTORIES = [
     ("vaulted-file-without-password", {"hosts.yml": GOOD, "group_vars/all/vault.yml": "VAULT"}),
     ("host-key-checking-off-in-inventory", {"hosts.yml": GOOD, GV: "ansible_host_key_checking: false\n"}),
     ("strict-host-key-checking-off-in-args", {"hosts.yml": GOOD, GV: "ansible_ssh_args: -o StrictHostKeyChecking=no"}),
+    ("ssh-host-key-checking-var-off", {"hosts.yml": GOOD, GV: "ansible_ssh_host_key_checking: false\n"}),
+    ("host-key-checking-off-as-a-word", {"hosts.yml": GOOD, GV: "ansible_host_key_checking: 'off'\n"}),
+    ("accept-new-host-keys", {"hosts.yml": GOOD, GV: "ansible_ssh_extra_args: -o StrictHostKeyChecking=accept-new"}),
+    ("secret-of-the-wrong-type", {"hosts.yml": GOOD, GV: "proxmox_api_password: 98765432\n"}),
+    ("collection-plugin-not-installed", {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"}),
 ]  # fmt: skip
 
 FLAGS = [
@@ -95,6 +100,8 @@ FLAGS = [
     ("unknown-command", ["frobnicate"]),
     ("lab-hosts-3", ["lab", "up", "--hosts", "3"]),
     ("diag-unknown-flag", ["diag", "-i", "INV", "--frob"]),
+    ("vault-id-prompt", ["plan", "-i", "INV", "--vault-id", "dev@prompt"]),
+    ("runs-dir-dangling-link", ["plan", "-i", "INV", "--runs-dir", "DANGLING"]),
 ]
 
 
@@ -137,6 +144,7 @@ def _assert_usage_error(argv: list[str], capsys, runs: Path, one_line: bool = Tr
     assert code == 2 and envelope["exit_code"] == 2 and envelope["ok"] is False
     assert envelope["errors"] == [line.removeprefix("error: ") for line in err_json]
     assert not runs.exists(), "a run record was made for a bad input"
+    assert "98765432" not in "\n".join(err) + out, "a secret's value was printed"
 
 
 @pytest.fixture
@@ -157,7 +165,9 @@ def test_bad_inventory(workdir, capsys, files):
 def test_bad_flag(workdir, capsys, argv):
     _write(workdir / "inv", {"hosts.yml": GOOD})
     (workdir / "a-file").write_text("x")
-    argv = [str(workdir / "inv") if a == "INV" else str(workdir / "a-file") if a == "FILE" else a for a in argv]
+    (workdir / "dangling").symlink_to(workdir / "nowhere")
+    names = {"INV": workdir / "inv", "FILE": workdir / "a-file", "DANGLING": workdir / "dangling"}
+    argv = [str(names.get(a, a)) for a in argv]
     runs = workdir / "runs"
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
         argv += ["--runs-dir", str(runs)]
@@ -187,3 +197,54 @@ def test_ansible_cfg_that_turns_host_key_checking_off(tmp_path):
 
 def test_matrix_is_at_least_40():
     assert len(INVENTORIES) + len(FLAGS) + 1 >= 40
+
+
+def test_environment_that_turns_host_key_checking_off(workdir, capsys, monkeypatch):
+    _write(workdir / "inv", {"hosts.yml": GOOD})
+    monkeypatch.setenv("ANSIBLE_SSH_HOST_KEY_CHECKING", "False")
+    code, err, _ = _run(["inventory", "check", "-i", str(workdir / "inv")], capsys)
+    assert code == 2 and len(err) == 1 and "ANSIBLE_SSH_HOST_KEY_CHECKING" in err[0] and "host key" in err[0]
+
+
+STATIC_PLUGIN = '''\
+DOCUMENTATION = """
+name: static
+short_description: two fixed hosts, as a dynamic inventory plugin would return them
+description: [A test double for community.proxmox.proxmox.]
+options:
+  plugin: {required: true, choices: [site.inv.static]}
+"""
+from ansible.plugins.inventory import BaseInventoryPlugin
+
+
+class InventoryModule(BaseInventoryPlugin):
+    NAME = "site.inv.static"
+
+    def verify_file(self, path):
+        return path.endswith((".yml", ".yaml"))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        for group, host in (("proxmox_hosts", "pve1"), ("gpu_containers", "ct1")):
+            inventory.add_group(group)
+            inventory.add_host(host, group=group)
+        inventory.set_variable("ct1", "proxmox_host", "pve1")
+        inventory.set_variable("ct1", "proxmox_vmid", 110)
+'''
+
+
+def test_collection_inventory_plugin_is_loaded(tmp_path):
+    """An inventory plugin from a collection on the user's collections_path (ansible.cfg), by FQCN."""
+    tmp_path.chmod(0o755)
+    plugin = tmp_path / "coll" / "ansible_collections" / "site" / "inv" / "plugins" / "inventory" / "static.py"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_text(STATIC_PLUGIN)
+    (tmp_path / "ansible.cfg").write_text("[defaults]\ncollections_path = ./coll\n")
+    _write(tmp_path / "inv", {"pve.yml": "plugin: site.inv.static\n"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv"],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "(1 proxmox_hosts, 1 gpu_containers)" in proc.stdout, proc.stderr

@@ -206,7 +206,7 @@ def test_ini_inventory_with_a_host_range_and_a_vaulted_group_vars_file(tmp_path)
     )
     (root / "group_vars" / "all" / "vars.yml").write_text('proxmox_api_password: "{{ vault_proxmox_api_password }}"\n')
     vault = root / "group_vars" / "all" / "vault.yml"
-    vault.write_text("vault_proxmox_api_password: s3cret-from-vault\n")
+    vault.write_text("vault_proxmox_api_password: s3cret-from-vault\nvault_nested: {token: NestedTok777}\n")
     password = tmp_path / "pass"
     password.write_text("pw-123456\n")
     ansible_vault = Path(sys.executable).parent / "ansible-vault"
@@ -217,4 +217,4 @@ def test_ini_inventory_with_a_host_range_and_a_vaulted_group_vars_file(tmp_path)
     inv = inventory.load(root, inventory.VaultOptions((password,)))
     assert [h.name for h in inv.proxmox_hosts] == ["pve-gpu-01", "pve-gpu-02"]
     assert inv.hosts["ct1"].value("proxmox_vmid") == 110
-    assert inventory.secret_values(inv) == {"s3cret-from-vault"} and inv.warnings == []
+    assert inventory.secret_values(inv) == {"s3cret-from-vault", "NestedTok777"} and inv.warnings == []

@@ -59,3 +59,11 @@ def test_collector_keeps_diffs_and_sees_an_aborted_playbook():
     c.handle({"event": "playbook_on_no_hosts_remaining", "event_data": {}})
     assert c.changed_tasks[0]["diff"] == [diff]
     assert c.aborted and c.play_hosts == {"h1"}
+
+
+def test_redact_obj_scrubs_strings_only():
+    from provision.runner import redact_obj
+
+    data = {"exit_code": 4000, "hosts": {"ops-node": "ok"}, "msg": ["pw s3cret-x here"]}
+    assert redact_obj(data, {"s3cret-x", "4000"}) == {"exit_code": 4000, "hosts": {"ops-node": "ok"},
+                                                      "msg": [f"pw {REDACTED} here"]}  # fmt: skip
