@@ -75,13 +75,6 @@ def _output_file(text: str) -> Path:
     return path
 
 
-def _readable_file(text: str) -> Path:
-    path = Path(text)
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise argparse.ArgumentTypeError(f"{text}: no such readable file")
-    return path
-
-
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
     p.add_argument(
         "--inventory", "-i", required=True,
@@ -105,7 +98,7 @@ def _runs_dir(p: argparse.ArgumentParser) -> None:
 
 def _ansible_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--vault-password-file", type=_readable_file, action="append", default=[],
+        "--vault-password-file", type=Path, action="append", default=[],
         help="as ansible-playbook's (repeatable); the inventory is read with it too",
     )  # fmt: skip
     p.add_argument(

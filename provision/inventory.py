@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -252,8 +253,8 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
             "give a password file or script instead"
         )
     for f in files:
-        if not Path(f).is_file():
-            raise UsageError(f"--vault-password-file {f}: no such file")
+        if not os.access(f, os.R_OK) or not Path(f).is_file():
+            raise UsageError(f"--vault-password-file {f}: no such readable file")
     try:
         with _captured_warnings():  # each bad source is also raised: say it once
             secrets = CLI.setup_vault_secrets(
