@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,24 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from provision import interrupts, locks
 from provision import inventory as inventory_mod
-from provision.errors import UsageError
+from provision.errors import Interrupted, ProvisionError, UsageError
 from provision.progress import LiveProgress, summary_table
-from provision.runner import RunResult, new_record_dir, redact_text, run_playbook, write_summary
+from provision.runner import (
+    RunResult,
+    new_record_dir,
+    redact_obj,
+    redact_text,
+    run_playbook,
+    secret_values,
+    write_summary,
+)
 
 PHASES = ("kernel", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
+UNLOCK_PLAYBOOK = "unlock.yml"
 
 
 @dataclass
@@ -33,6 +44,7 @@ class ApplyOptions:
     host_key_checking: bool = True
     vault: inventory_mod.VaultOptions = field(default_factory=inventory_mod.VaultOptions)
     full: bool = False  # run every phase's tasks, even where its recorded fingerprint still holds
+    break_lock: bool = False  # take every host's lock whoever holds it
 
 
 def parse_tags(text: str | None) -> list[str]:
@@ -59,46 +71,97 @@ def _extravars(opts: ApplyOptions) -> dict[str, Any]:
 def apply(
     opts: ApplyOptions, console: Console | None = None, kind: str = "apply", playbook: str = SITE_PLAYBOOK
 ) -> RunResult:
-    """Validate the inventory, run the playbook (site.yml), write the run record and return the result."""
+    """Validate the inventory, take the inventory's lock and each host's (not in check mode), run the playbook
+    (site.yml), give the host locks back, write the run record and return the result.
+
+    Raises LockHeld when another run holds the inventory, and Interrupted, once the record is written, when
+    SIGINT or SIGTERM stopped the run."""
     console = console or Console(stderr=True)
     inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     scope = inv.scope(opts.limit)
     for warning in inv.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    extravars = _extravars(opts)
     record = new_record_dir(opts.runs_dir, kind)
+    with ExitStack() as stack:
+        request = None if opts.check else _lock(stack, opts, inv, record, kind)
+        return _converge(opts, inv, scope, record, console, kind, playbook, request)
+
+
+def _lock(stack: ExitStack, opts: ApplyOptions, inv, record, kind: str) -> dict[str, Any]:
+    """Hold the inventory's controller lock for the rest of the stack; the host lock request for the run."""
+    holder = locks.Holder.for_run(record.name, f"provision {kind} --inventory {opts.inventory}")
+    try:
+        stack.enter_context(locks.controller_lock(inv.path, holder))
+    except ProvisionError:
+        record.rmdir()  # nothing ran: no record
+        raise
+    return locks.host_lock_request(holder, opts.break_lock)
+
+
+def _converge(opts, inv, scope, record, console, kind, playbook, request) -> RunResult:
+    extravars = {**_extravars(opts), **({"provision_lock": request} if request else {})}
     secrets = inventory_mod.secret_values(inv)
     result = run_playbook(
-        playbook,
-        inv.path,
-        record_dir=record,
-        host_count=len(inv.hosts),
-        limit=opts.limit,
-        tags=opts.tags,
-        check=opts.check,
-        diff=opts.diff,
-        extravars=extravars,
-        host_key_checking=opts.host_key_checking,
-        vault=opts.vault,
-        secrets=secrets,
+        playbook, inv.path, record_dir=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
+        check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
+        vault=opts.vault, secrets=secrets, raise_interrupt=False,
         progress=LiveProgress(console, f"provision {kind} --inventory {opts.inventory}"),
-    )
+    )  # fmt: skip
     result.host_states = host_states(result, scope)
-    summary = {
-        "command": kind,
-        "inventory": str(inv.path),
-        "limit": opts.limit,
-        "tags": opts.tags,
-        **result.to_dict(),
-    }
+    summary = {"command": kind, "inventory": str(inv.path), "limit": opts.limit, "tags": opts.tags, **result.to_dict()}
+    if request:
+        summary["host_locks_left"] = _release_left(opts, inv, record, request, secrets)
+        for host in summary["host_locks_left"]:
+            console.print(f"[yellow]warning:[/] {host}: {HOST_LOCK_LEFT}", highlight=False)
+    if result.interrupted:
+        summary["stopped_at"] = stopped_at(result)
     write_summary(record, summary, secrets)
+    if result.interrupted:
+        message = f"interrupted by {result.interrupted}: run record {record} (where each host stopped: summary.json)"
+        raise Interrupted(message, signum(result.interrupted), redact_obj(summary, secret_values(secrets)),
+                          result.host_states)  # fmt: skip
     return result
 
 
+HOST_LOCK_LEFT = (
+    "this run's host lock is left there: the next run from this controller takes it over; "
+    "others wait for its lease or pass --break-lock"
+)
+
+
+def _release_left(opts: ApplyOptions, inv, record, request: dict[str, Any], secrets) -> list[str]:
+    """Give back the host locks that the run's last play did not (a failed host, a playbook Ansible stopped, a
+    signal): unlock.yml again, on those hosts alone. Returns the hosts still locked."""
+    left = locks.left_locked(record)
+    if not left:
+        return []
+    again = record / "unlock"
+    run_playbook(
+        UNLOCK_PLAYBOOK, inv.path, record_dir=again, host_count=len(left), limit=",".join(left),
+        extravars={"provision_lock": request}, host_key_checking=opts.host_key_checking, vault=opts.vault,
+        secrets=secrets, raise_interrupt=False,
+    )  # fmt: skip
+    return sorted(set(left) - locks.released(again))
+
+
+def signum(name: str) -> int:
+    import signal
+
+    return int(signal.Signals[name])
+
+
+def stopped_at(result: RunResult) -> dict[str, dict[str, Any]]:
+    """Per host, the last task that started, whether it finished, and what that leaves on the host."""
+    return {
+        host: {**last, "leaves": interrupts.left_behind(last["task"], last["role"], last["finished"])}
+        for host, last in sorted(result.last_tasks.items())
+    }
+
+
 def host_states(result: RunResult, scope: list[str]) -> dict[str, str]:
-    """Per host the run was meant for: unreachable, failed, not reached (no play ran for it, or
-    Ansible stopped before its turn, or the run ended in error with no host to blame), changed
-    (changes pending, in check mode) or ok (up to date)."""
+    """Per host the run was meant for: unreachable, failed, interrupted (a signal stopped the run), not reached
+    (no play ran for it, or Ansible stopped before its turn, or the run ended in error with no host to blame),
+    changed (changes pending, in check mode) or ok (up to date)."""
     blamed = any(s.failed or s.unreachable for s in result.hosts.values())
     broken = (result.rc != 0 or result.status != "successful") and not blamed
     states = {}
@@ -108,6 +171,8 @@ def host_states(result: RunResult, scope: list[str]) -> dict[str, str]:
             states[host] = "unreachable"
         elif stats is not None and stats.failed:
             states[host] = "failed"
+        elif result.interrupted:
+            states[host] = "interrupted"
         elif stats is None or broken or (result.aborted and host not in result.last_play_hosts):
             states[host] = "not reached"
         elif stats.changed:

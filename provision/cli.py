@@ -1,9 +1,9 @@
 """Command line: parses flags, calls the Python API, prints the result. Nothing else.
 
 Exit codes: 0 every host succeeded (`plan`: nothing would change); 1 a host failed or was
-unreachable; 2 usage or inventory error (nothing was contacted); 3 `bench` found a regression
-against its baseline; 4 `plan`: changes are pending. `--json` prints one envelope for every
-command, errors included (docs/json.md).
+unreachable, or another run holds a lock; 2 usage or inventory error (nothing was contacted); 3 `bench`
+found a regression against its baseline; 4 `plan`: changes are pending; 130 / 143 SIGINT / SIGTERM stopped
+the run (its record written). `--json` prints one envelope for every command, errors included (docs/json.md).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +20,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from provision import __version__
+from provision import __version__, locks
 from provision.errors import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PENDING,
     EXIT_REGRESSION,
+    EXIT_SIGNAL_BASE,
     EXIT_USAGE,
+    Interrupted,
     InventoryError,
     ProvisionError,
     UsageError,
@@ -128,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     _full(p)
+    _break_lock(p)
     _runs_dir(p)
 
     p = sub.add_parser("rollback", help="restore the previous kernel command line of nodes and reboot them")
@@ -135,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reboot", choices=("auto", "never"), help="reboot the nodes whose command line was restored")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.set_defaults(check=False, diff=False, tags=None)
+    _break_lock(p)
     _runs_dir(p)
 
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
@@ -231,6 +236,7 @@ class Outcome:
     result: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)
     secrets: set[str] = field(default_factory=set, repr=False)  # scrubbed from what is printed
+    errors: list[str] = field(default_factory=list)  # one line each, printed after `error: `
 
 
 def _vault(args: argparse.Namespace):
@@ -277,6 +283,7 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
         "host_key_checking": args.host_key_checking,
         "vault": _vault(args),
         "full": getattr(args, "full", False),
+        "break_lock": getattr(args, "break_lock", False),
     }
     return apply_mod.ApplyOptions(**{**fields, **overrides})
 
@@ -292,7 +299,15 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
     result = apply_mod.apply(opts, console=err, kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
     if not args.json:
         apply_mod.print_result(out, result, "rollback")
-    return Outcome(EXIT_OK if result.succeeded else EXIT_FAILED, result.to_dict(), result.host_states)
+    code = EXIT_OK if result.succeeded else EXIT_FAILED
+    return Outcome(code, result.to_dict(), result.host_states, errors=locks.held_errors(result))
+
+
+def _break_lock(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--break-lock", action="store_true",
+        help="take every host's lock whoever holds it, and say whose it was (only when that run is gone)",
+    )  # fmt: skip
 
 
 def _full(p: argparse.ArgumentParser) -> None:
@@ -325,7 +340,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
         title = "plan (check mode: nothing was changed)" if plan else "apply"
         apply_mod.print_result(out, result, title, show_diff=opts.diff, secrets=secrets)
     code = _plan_exit(result.host_states) if plan else (EXIT_OK if result.succeeded else EXIT_FAILED)
-    return Outcome(code, data, result.host_states, secrets)
+    return Outcome(code, data, result.host_states, secrets, locks.held_errors(result))
 
 
 def _checks_hosts(checks) -> dict[str, str]:
@@ -487,12 +502,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         outcome = COMMANDS[args.command](args, out, err)
+        errors = outcome.errors
     except InventoryError as exc:
         errors, outcome = exc.problems, Outcome(EXIT_USAGE)
+    except Interrupted as exc:  # the run record is written; the envelope carries its summary
+        errors, outcome = [str(exc)], Outcome(exc.exit_code, exc.result, exc.hosts)
     except ProvisionError as exc:
         errors, outcome = [" ".join(str(exc).split("\n"))], Outcome(exc.exit_code)
-    except KeyboardInterrupt:
-        errors, outcome = ["interrupted"], Outcome(EXIT_FAILED)
+    except KeyboardInterrupt:  # Ctrl-C outside a run (a run traps it: Interrupted)
+        errors, outcome = ["interrupted"], Outcome(EXIT_SIGNAL_BASE + signal.SIGINT)
     except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
         if os.environ.get("PROVISION_DEBUG"):
             raise

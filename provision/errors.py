@@ -5,6 +5,8 @@ EXIT_FAILED = 1  # a host failed or was unreachable, or a check did not pass
 EXIT_USAGE = 2  # bad flags or a bad inventory: nothing was contacted
 EXIT_REGRESSION = 3  # provision bench: a level fell below the baseline by more than the threshold
 EXIT_PENDING = 4  # provision plan: changes are pending (nothing was changed)
+# SIGINT or SIGTERM stopped a run: 128 + the signal's number, as a shell reports it (130, 143)
+EXIT_SIGNAL_BASE = 128
 
 
 class ProvisionError(Exception):
@@ -28,3 +30,14 @@ class InventoryError(UsageError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+class Interrupted(ProvisionError):
+    """SIGINT or SIGTERM stopped a run; its record was written. Exits 128 + the signal's number. `result` and
+    `hosts` are what the --json envelope carries (the run's summary and each host's state), when known."""
+
+    def __init__(self, message: str, signum: int, result: dict | None = None, hosts: dict | None = None):
+        super().__init__(message)
+        self.exit_code = EXIT_SIGNAL_BASE + signum
+        self.result = result or {}
+        self.hosts = hosts or {}

@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from provision import ansible_config
-from provision.errors import ProvisionError, UsageError
+from provision import ansible_config, interrupts
+from provision.errors import Interrupted, ProvisionError, UsageError
 from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
 
@@ -75,6 +75,9 @@ class RunResult:
     aborted: bool = False
     last_play_hosts: list[str] = field(default_factory=list)
     host_states: dict[str, str] = field(default_factory=dict)  # apply.host_states, for the hosts in scope
+    # per host, the last task that started on it: {"task", "role", "finished"}
+    last_tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interrupted: str = ""  # SIGINT or SIGTERM when a signal stopped the run (status "interrupted")
 
     @property
     def succeeded(self) -> bool:
@@ -110,6 +113,7 @@ class EventCollector:
         # hosts that answered in the play running when Ansible gave up ("NO MORE HOSTS LEFT")
         self.play_hosts: set[str] = set()
         self.aborted = False
+        self.last_tasks: dict[str, dict[str, Any]] = {}
         self._on_update = on_update
 
     def _report(self, host: str, res: dict[str, Any]) -> None:
@@ -126,7 +130,10 @@ class EventCollector:
             self.aborted = True
         elif kind == "playbook_on_task_start":
             self.current_task = data.get("task", "")
-        elif kind.startswith("runner_on_") and host and kind not in ("runner_on_start", "runner_on_async_poll"):
+        elif kind == "runner_on_start" and host:
+            self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": False}
+        elif kind.startswith("runner_on_") and host and kind != "runner_on_async_poll":
+            self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": True}
             stats = self.live.setdefault(host, HostStats())
             self.play_hosts.add(host)
             res = data.get("res") or {}
@@ -293,6 +300,32 @@ def base_extravars() -> dict[str, Any]:
     }
 
 
+def _environment(pdd: Path, host_count: int, host_key_checking: bool) -> dict[str, str]:
+    """ansible-playbook's environment for a run in this private data dir."""
+    control_dir = pdd / "cp"
+    control_dir.mkdir(mode=0o700)
+    return {
+        **ansible_config.environment(max(1, min(host_count, 50)), host_key_checking, control_dir),
+        # runner finds ansible-playbook through PATH: use the one beside our interpreter
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
+        "PROVISION_PYTHON": sys.executable,
+        # every process of the run inherits it: interrupts.stop_run finds them all by it
+        interrupts.RUN_MARKER: str(pdd),
+        # the playbooks name their roles and modules as the collection provision.pve_sglang: this one
+        "ANSIBLE_COLLECTIONS_PATH": collections_path(pdd / "collections"),
+    }
+
+
+def _prepare(pdd: Path) -> None:
+    """runner's settings file: look at the cancel callback every second, not every 5 (its default), so that a
+    signal stops the run at once. (runner drops a `settings` argument when this file is missing.)"""
+    (pdd / "env").mkdir()
+    (pdd / "env" / "settings").write_text(json.dumps({"pexpect_timeout": 1}))
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -308,11 +341,15 @@ def run_playbook(
     vault: VaultOptions | None = None,
     secrets: Iterable[str] = (),
     progress: Any = None,
+    raise_interrupt: bool = True,
 ) -> RunResult:
     """Run one packaged playbook against an inventory directory and return what happened.
 
     Secrets must never be in `extravars` (they would be on ansible-playbook's command
     line): inventories read them from the environment or vault.
+
+    SIGINT or SIGTERM while it runs stops every process of the run (provision/interrupts.py); the artifacts are
+    kept, and then Interrupted is raised, or with `raise_interrupt=False` the result says `interrupted`.
     """
     import ansible_runner
 
@@ -324,74 +361,70 @@ def run_playbook(
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     collector = EventCollector(on_update=progress.update if progress else None)
     try:
-        control_dir = pdd / "cp"
-        control_dir.mkdir(mode=0o700)
-        bin_dir = str(Path(sys.executable).parent)
-        envvars = {
-            **ansible_config.environment(max(1, min(host_count, 50)), host_key_checking, control_dir),
-            # runner finds ansible-playbook through PATH: use the one beside our interpreter
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            "ANSIBLE_FORCE_COLOR": "0",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
-            "PROVISION_PYTHON": sys.executable,
-        }
-        cmdline = []
-        if check:
-            cmdline.append("--check")
-        if diff:
-            cmdline.append("--diff")
+        envvars = _environment(pdd, host_count, host_key_checking)
+        _prepare(pdd)
+        cmdline = (["--check"] if check else []) + (["--diff"] if diff else [])
         cmdline += (vault or VaultOptions()).playbook_args()
         if progress:
             progress.start()
-        runner = ansible_runner.run(
-            private_data_dir=str(pdd),
-            project_dir=str(playbooks_dir()),
-            playbook=str(playbook_path),
-            inventory=str(inventory),
-            # the playbooks name their roles and modules as the collection provision.pve_sglang: this one
-            envvars={**envvars, "ANSIBLE_COLLECTIONS_PATH": collections_path(pdd / "collections")},
-            extravars={**base_extravars(), **(extravars or {})},
-            limit=limit,
-            tags=",".join(tags) if tags else None,
-            cmdline=shlex.join(cmdline) or None,  # runner splits it with shlex
-            suppress_env_files=True,
-            quiet=True,
-            event_handler=collector.handle,
-            ident="run",
-        )
-        hosts = _final_stats(runner.stats, collector)
-        result = RunResult(
-            playbook=playbook,
-            status=runner.status,
-            rc=runner.rc,
-            check=check,
-            started=started_at,
-            duration_s=round(time.monotonic() - started, 2),
-            hosts=hosts,
-            changed_tasks=collector.changed_tasks,
-            failures=collector.failures,
-            warnings=collector.warnings,
-            reports=collector.reports,
-            host_durations_s={h: round(s, 2) for h, s in collector.host_seconds.items()},
-            record_dir=str(record_dir),
-            aborted=collector.aborted,
-            last_play_hosts=sorted(collector.play_hosts),
-        )
-        if runner.status != "successful" and not result.failures:
-            stdout = (
-                (pdd / "artifacts" / "run" / "stdout").read_text(errors="replace")[-2000:]
-                if (pdd / "artifacts" / "run" / "stdout").is_file()
-                else ""
+        with interrupts.SignalTrap() as trap:
+            runner = ansible_runner.run(
+                private_data_dir=str(pdd),
+                project_dir=str(playbooks_dir()),
+                playbook=str(playbook_path),
+                inventory=str(inventory),
+                envvars=envvars,
+                extravars={**base_extravars(), **(extravars or {})},
+                limit=limit,
+                tags=",".join(tags) if tags else None,
+                cmdline=shlex.join(cmdline) or None,  # runner splits it with shlex
+                suppress_env_files=True,
+                quiet=True,
+                event_handler=collector.handle,
+                cancel_callback=trap.cancel_callback(str(pdd)),
+                ident="run",
             )
-            result.failures.append({"host": "", "task": "", "message": _strip_ansi(stdout).strip() or runner.status})
-        all_secrets = secret_values(secrets)
-        _keep_artifacts(pdd / "artifacts", record_dir, all_secrets)
+        result = _result(playbook, runner, collector, check, started, started_at, record_dir)
+        result.interrupted = trap.name
+        if trap.signum is not None:
+            result.status = "interrupted"
+        elif runner.status != "successful" and not result.failures:
+            result.failures.append({"host": "", "task": "", "message": _stdout_tail(pdd) or runner.status})
+        _keep_artifacts(pdd / "artifacts", record_dir, secret_values(secrets))
+        if trap.signum is not None and raise_interrupt:
+            raise Interrupted(f"interrupted by {trap.name}: run record {record_dir}", trap.signum)
         return result
     finally:
+        interrupts.stop_run(str(pdd))  # what a cancel left, and ssh's ControlPersist masters
         if progress:
             progress.stop()
         shutil.rmtree(pdd, ignore_errors=True)
+
+
+def _result(playbook, runner, collector, check, started, started_at, record_dir) -> RunResult:
+    return RunResult(
+        playbook=playbook,
+        status=runner.status,
+        rc=runner.rc,
+        check=check,
+        started=started_at,
+        duration_s=round(time.monotonic() - started, 2),
+        hosts=_final_stats(runner.stats, collector),
+        changed_tasks=collector.changed_tasks,
+        failures=collector.failures,
+        warnings=collector.warnings,
+        reports=collector.reports,
+        host_durations_s={h: round(s, 2) for h, s in collector.host_seconds.items()},
+        record_dir=str(record_dir),
+        aborted=collector.aborted,
+        last_play_hosts=sorted(collector.play_hosts),
+        last_tasks=collector.last_tasks,
+    )
+
+
+def _stdout_tail(pdd: Path) -> str:
+    stdout = pdd / "artifacts" / "run" / "stdout"
+    return _strip_ansi(stdout.read_text(errors="replace")[-2000:]).strip() if stdout.is_file() else ""
 
 
 def _final_stats(stats: dict[str, dict[str, int]] | None, collector: EventCollector) -> dict[str, HostStats]:

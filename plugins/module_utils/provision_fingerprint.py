@@ -1,22 +1,30 @@
-"""The state fingerprint of a phase on one host: a digest over the paths its role watches.
+"""The state fingerprint of a phase on one host (a digest over the paths its role watches), and the run's
+host lock.
 
 One file, two uses, so that the record and the check read a host the same way:
 - module_utils of the provision_state module, which records a fingerprint after a phase converged;
 - a standalone script (standard library only) that tasks/facts.yml runs on each host with
-  `python3 -c <this file> read <dir>` through ansible.builtin.raw before the next run: it recomputes every
-  recorded fingerprint and prints `{"fingerprints": {name: {"inputs", "current"}}, "boot_id"}`. Nothing is
-  written. A module would cost Ansible's module runtime start on each host (about 3 s on the lab's emulated
-  CPUs against 1 s for this script, measured), on every run, for a read.
+  `python3 -c <this file> read <dir> [<lock request>]` through ansible.builtin.raw before the next run: it
+  recomputes every recorded fingerprint and prints `{"fingerprints": {name: {"inputs", "current"}}, "boot_id"}`.
+  Nothing is written, unless the run asks for the host lock (`provision apply` passes `provision_lock`): then,
+  in the same process, it takes `<dir>/lock.json` or names who holds it (`"lock"` in the output). A module
+  would cost Ansible's module runtime start on each host (about 3 s on the lab's emulated CPUs against 1 s for
+  this script, measured), on every run, for a read; the lock rides on the same ssh command for the same reason.
+  `lock <dir> <request>` takes it alone (a run of this controller that is gone, taken over) and
+  `release <dir> <holder>` gives it back at the end of a run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import json
 import os
 import stat
 import sys
+import tempfile
+import time
 
 # /proc and /sys files report size 0: read them, but never more than this from any file
 READ_LIMIT = 1 << 20
@@ -85,5 +93,119 @@ def _boot_id():
         return None
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["read"]:
-    print(json.dumps(dict(fingerprints=read_all(sys.argv[2]), boot_id=_boot_id())))
+# The host lock: <state dir>/lock.json (0600), holding who runs: run id, controller, pid, since, the pid's
+# namespace on the controller, and when (host clock) and for how long (lease) it was taken.
+LOCK_FILE = "lock.json"
+DEFAULT_LEASE_S = 4 * 3600
+_IDENTITY = ("run_id", "controller", "pid")
+
+
+def same_run(a, b):
+    return all(a.get(key) == b.get(key) for key in _IDENTITY)
+
+
+def describe_holder(holder):
+    """One line naming a lock's holder: run id, pid, controller and since when."""
+    return "run {} (pid {} on {}, since {})".format(
+        holder.get("run_id", "?"), holder.get("pid", "?"), holder.get("controller", "?"), holder.get("since", "?")
+    )
+
+
+def lock_decision(current, request, now):
+    """May the run of `request` take the host lock that `current` records (None: nobody)? One of:
+    free; ours (this run holds it already); stale (a run of this controller found gone, named by the request's
+    take_over); expired (older than the lease it was taken with); broken (--break-lock); held (it may not)."""
+    if not current:
+        return "free"
+    if same_run(current, request):
+        return "ours"
+    if request.get("take_over") and same_run(current, request["take_over"]):
+        return "stale"
+    try:
+        expires = float(current.get("taken_at", 0)) + float(current.get("lease_s", DEFAULT_LEASE_S))
+    except (TypeError, ValueError):
+        expires = 0
+    if now >= expires:
+        return "expired"
+    return "broken" if request.get("break") else "held"
+
+
+def _read_lock(path):
+    try:
+        with open(path) as f:
+            current = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        # unreadable: held by nobody we can name, until its lease runs out (counted from the file's time)
+        return dict(run_id="unreadable " + path, taken_at=os.stat(path).st_mtime)
+    return current if isinstance(current, dict) else dict(run_id="unreadable " + path)
+
+
+def _write_lock(path, record):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".lock-")  # 0600, root's under become
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _locked_dir(state_dir):
+    """The state directory, flock()ed: a decision and its write happen with no other run in between."""
+    if not os.path.isdir(state_dir):
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    fd = os.open(state_dir, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def take_lock(state_dir, request, now=None):
+    """Take the host lock for the run of `request`, or say who holds it:
+    {"decision", "taken", "holder": the lock's previous or current holder, "holder_text"}."""
+    now = time.time() if now is None else now
+    path = os.path.join(state_dir, LOCK_FILE)
+    fd = _locked_dir(state_dir)
+    try:
+        current = _read_lock(path)
+        decision = lock_decision(current, request, now)
+        if decision != "held":
+            record = {k: request.get(k) for k in (*_IDENTITY, "since", "pid_ns", "command")}
+            record.update(taken_at=now, lease_s=request.get("lease_s", DEFAULT_LEASE_S))
+            _write_lock(path, record)
+    finally:
+        os.close(fd)
+    holder = current if decision not in ("free", "ours") else None
+    text = describe_holder(holder) if holder else ""
+    return dict(decision=decision, taken=decision != "held", holder=holder, holder_text=text)
+
+
+def release_lock(state_dir, holder):
+    """Remove the host lock if `holder`'s run holds it: {"released", "holder": whoever holds it now}."""
+    path = os.path.join(state_dir, LOCK_FILE)
+    if not os.path.isdir(state_dir):
+        return dict(released=False, holder=None)
+    fd = _locked_dir(state_dir)
+    try:
+        current = _read_lock(path)
+        mine = current is not None and same_run(current, holder)
+        if mine:
+            os.unlink(path)
+    finally:
+        os.close(fd)
+    return dict(released=mine, holder=None if mine else current)
+
+
+def main(argv):
+    command, state_dir, args = argv[0], argv[1], [json.loads(a) for a in argv[2:]]
+    if command == "read":
+        out = dict(fingerprints=read_all(state_dir), boot_id=_boot_id())
+        if args:
+            out["lock"] = take_lock(state_dir, args[0])
+    elif command == "lock":
+        out = dict(lock=take_lock(state_dir, args[0]))
+    else:
+        out = dict(lock=release_lock(state_dir, args[0]))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__" and sys.argv[1:2] in (["read"], ["lock"], ["release"]):
+    main(sys.argv[1:])

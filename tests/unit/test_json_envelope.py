@@ -72,3 +72,30 @@ def test_plan_envelope_from_a_run(monkeypatch, capsys, tmp_path):
     data = _envelope(["plan", "-i", GOOD], capsys)
     assert data["exit_code"] == 4 and data["hosts"] == {"pve-gpu-01": "changes pending", "sglang-01": "up to date"}
     assert data["result"]["would_change"] == {"pve-gpu-01": ["Write X"], "sglang-01": []}
+
+
+def test_interrupted_and_locked_envelopes(monkeypatch, capsys, tmp_path):
+    """SIGINT during a run: exit 130, the run's summary and one error line naming the record; another run
+    holding the inventory: exit 1 and the error line naming it (the runs themselves are in tests/test_apply_ssh.py)."""
+    from provision import apply as apply_mod
+    from provision.errors import Interrupted
+    from provision.locks import LockHeld
+
+    def interrupted(opts, console=None, kind="apply", playbook=""):
+        raise Interrupted("interrupted by SIGINT: run record R", 2, {"stopped_at": {}}, {"pve-gpu-01": "interrupted"})
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(apply_mod, "apply", interrupted)
+    data = _envelope(["apply", "-i", GOOD, "--yes"], capsys)
+    assert (data["exit_code"], data["errors"], data["result"]) == (130, ["interrupted by SIGINT: run record R"],
+                                                                     {"stopped_at": {}})  # fmt: skip
+    assert data["hosts"] == {"pve-gpu-01": "interrupted"}
+
+    def locked(opts, console=None, kind="apply", playbook=""):
+        raise LockHeld("inventory X is locked by run R (pid 1 on c, since t): wait for it to end")
+
+    monkeypatch.setattr(apply_mod, "apply", locked)
+    data = _envelope(["apply", "-i", GOOD, "--yes"], capsys)
+    assert data["exit_code"] == 1 and data["errors"] == [
+        "inventory X is locked by run R (pid 1 on c, since t): wait for it to end"
+    ]

@@ -1,0 +1,190 @@
+"""SIGINT and SIGTERM during a run: stop every process of the run, and say what each host was left in.
+
+ansible-runner starts ansible-playbook through pexpect, on a pty of its own: it leads its own session, so the
+terminal's Ctrl-C never reaches it, and runner's own cancel SIGKILLs that one process group only. Mitogen's ssh
+processes on a pty and ssh's ControlPersist masters start sessions of their own too, and outlive it.
+
+So runner.run_playbook traps both signals while runner runs (`SignalTrap`) and gives runner its
+`cancel_callback`: once a signal came, the callback stops the run (`stop_run`): TERM to every process group that
+holds a process of the run, up to GRACE_S seconds for them to go, then KILL. A process is the run's when its
+environment carries RUN_MARKER=<the run's private data dir>, which every process the run starts inherits, or when
+its command line names a path in that directory (an ssh ControlPersist master's title names its socket there, and
+its title overwrites its environment). The same sweep after every run ends those masters, which would otherwise
+idle on for their timeout.
+
+What each host was left in is read from the last task that started on it: `left_behind`, from LEFT_BY_TASK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RUN_MARKER = "PROVISION_RUN"
+GRACE_S = 5.0
+
+
+class SignalTrap:
+    """While entered (in the main thread), SIGINT and SIGTERM are remembered instead of acted on: the first one
+    makes `cancel_callback` stop the run. Nested traps restore the outer one's handlers on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        self._stopped = False
+
+    def __enter__(self) -> SignalTrap:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._caught) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _caught(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def cancel_callback(self, marker: str) -> Callable[[], bool]:
+        """runner's cancel_callback: once a signal came, stop the run's processes (once) and say so."""
+
+        def cancel() -> bool:
+            if self.signum is None:
+                return False
+            if not self._stopped:
+                self._stopped = True
+                stop_run(marker)
+            return True
+
+        return cancel
+
+
+def _is_the_runs(proc: Path, marker: bytes, inside: bytes) -> bool:
+    if marker in (proc / "environ").read_bytes().split(b"\0"):
+        return True
+    # ssh's ControlPersist master writes its title ("ssh: <control path> [mux]") over its environment
+    return inside in (proc / "cmdline").read_bytes()
+
+
+def run_processes(marker: str) -> dict[int, int]:
+    """pid -> process group of every process of the run: its environment carries RUN_MARKER=marker, or its
+    command line names a path inside the marker's directory."""
+    wanted, inside = f"{RUN_MARKER}={marker}".encode(), f"{marker}/".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if _is_the_runs(proc, wanted, inside):
+                found[int(proc.name)] = os.getpgid(int(proc.name))
+        except OSError:
+            continue  # gone, or not ours to read (then not the run's either)
+    return found
+
+
+def _signal_all(processes: dict[int, int], signum: int) -> None:
+    own_group = os.getpgrp()
+    for pgid in set(processes.values()) - {own_group}:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signum)
+    for pid in (pid for pid, pgid in processes.items() if pgid == own_group):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)  # one by one in our own group: killpg would signal provision itself
+
+
+def stop_run(marker: str, grace_s: float = GRACE_S) -> None:
+    """TERM every process group holding a process of the run, wait up to grace_s, then KILL what is left."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        processes = run_processes(marker)
+        if not processes:
+            return
+        _signal_all(processes, signum)
+        deadline = time.monotonic() + grace_s
+        while run_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+# What a host is left in when the run stops in a task: (while the task ran, once it had finished). One table for
+# every phase; a task not named here is described by its phase. tests/unit/test_interrupts.py checks that every
+# task named here exists.
+LEFT_BY_TASK: dict[str, tuple[str, str]] = {
+    "Read the recorded phase fingerprints on the host, and take the run's host lock": (
+        "nothing changed; the host lock may be this run's (the next run from this controller takes it over)",
+        "nothing changed",
+    ),
+    "Merge the wanted arguments into the bootloader's kernel command line": (
+        "kernel command line being written (a backup is kept), boot config not regenerated, not rebooted",
+        "kernel command line written, boot config not regenerated, not rebooted",
+    ),
+    "Regenerate the boot configuration for this bootloader": (
+        "boot config being regenerated, not rebooted: run apply again to regenerate it",
+        "boot config written, not rebooted",
+    ),
+    "Check that the generated boot configuration carries the new arguments": (
+        "boot config written, not checked, not rebooted",
+        "boot config written, not rebooted",
+    ),
+    "Reboot into the new kernel command line": (
+        "reboot under way or done: the node may be booting the new line, its findings not recorded",
+        "rebooted into the new line, its findings not recorded",
+    ),
+    "Check the running kernel's arguments and record this boot's IOMMU and SEV-SNP findings": (
+        "rebooted, findings being recorded",
+        "rebooted, findings recorded, phase not recorded",
+    ),
+    "Restore the previous kernel command line from the latest backup": (
+        "previous kernel command line being restored, boot config not regenerated, not rebooted",
+        "previous kernel command line restored, boot config not regenerated, not rebooted",
+    ),
+    "Regenerate the boot configuration with the restored line": (
+        "boot config being regenerated with the restored line, not rebooted",
+        "boot config written with the restored line, not rebooted",
+    ),
+    "Reboot into the restored kernel command line": (
+        "reboot into the restored line under way or done",
+        "rebooted into the restored line",
+    ),
+    "Pass the GPU device nodes into the container through the Proxmox API": (
+        "the container's devN entries being changed through the API: the container may be restarting",
+        "devN entries set, NVIDIA userspace not checked",
+    ),
+    "Run the NVIDIA installer without the kernel module": (
+        "NVIDIA userspace install cut short: the container may hold a partial install",
+        "NVIDIA userspace installed, not checked",
+    ),
+    "Install SGLang into its venv": ("SGLang venv partly installed", "SGLang installed, service not configured"),
+    "Install the SGLang systemd unit": ("SGLang unit being written", "SGLang unit written, service not restarted"),
+    "Restart the service if its unit, environment, version or flags changed": (
+        "SGLang service restarting",
+        "SGLang service restarted, readiness not checked",
+    ),
+    "Record the converged phase in the state directory": (
+        "phase done, its record being written: the next run does the phase again",
+        "phase done and recorded",
+    ),
+    "Release the run's host lock": ("run done, host lock being given back", "run done, host lock given back"),
+}
+PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "gpu_passthrough": "gpu", "sglang": "sglang"}
+
+
+def left_behind(task: str, role: str = "", finished: bool = False) -> str:
+    """What stopping in (or just after) `task` leaves on a host."""
+    if task in LEFT_BY_TASK:
+        return LEFT_BY_TASK[task][1 if finished else 0]
+    phase = PHASE_OF_ROLE.get(role.rsplit(".", 1)[-1], "")
+    where = f"the {phase} phase" if phase else "the run"
+    if finished:
+        return f"{where} stopped after {task!r}: run apply again to finish it"
+    return f"{where} stopped in {task!r}: run apply again to finish it"

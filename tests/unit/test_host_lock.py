@@ -1,0 +1,106 @@
+"""The host lock as the facts step takes it on each host (plugins/module_utils/provision_fingerprint.py): the
+decision, the file it writes, and the script as the raw command runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision.paths import module_util
+
+script = module_util("provision_fingerprint")
+SCRIPT = Path(script.__file__)
+NOW = 1_000_000.0
+
+
+def _holder(run_id="20250101T000000-apply", controller="ctl-a", pid=4242, **more):
+    return {"run_id": run_id, "controller": controller, "pid": pid, "since": "2025-01-01T00:00:00+00:00",
+            "pid_ns": "boot/1", "command": "provision apply", **more}  # fmt: skip
+
+
+def _record(taken_at=NOW - 60, lease_s=3600, **more):
+    return {**_holder(**more), "taken_at": taken_at, "lease_s": lease_s}
+
+
+OTHER = _holder(run_id="20250101T010101-apply", controller="ctl-b", pid=7)
+
+
+@pytest.mark.parametrize(
+    ("current", "request_", "decision"),
+    [
+        (None, OTHER, "free"),
+        (_record(), _holder(), "ours"),
+        (_record(), OTHER, "held"),
+        (_record(), {**OTHER, "break": True}, "broken"),
+        (_record(taken_at=NOW - 3601), OTHER, "expired"),
+        (_record(taken_at=NOW - 3601), {**OTHER, "break": True}, "expired"),
+        (_record(), {**OTHER, "take_over": _holder()}, "stale"),
+        # a take-over names the run it found gone: a lock that changed hands since is not taken
+        (_record(), {**OTHER, "take_over": _holder(pid=1)}, "held"),
+        # the same run id from another controller is another run
+        (_record(), _holder(controller="ctl-b"), "held"),
+        # the lease is the holder's own, not the asker's
+        (_record(taken_at=NOW - 100, lease_s=60), {**OTHER, "lease_s": 99999}, "expired"),
+        ({"run_id": "unreadable /x", "taken_at": NOW - 10}, OTHER, "held"),
+    ],
+    ids=["free", "ours", "held", "broken", "expired", "expired-not-broken", "stale", "stale-changed-hands",
+         "other-controller", "holders-lease", "unreadable"],
+)  # fmt: skip
+def test_lock_decision(current, request_, decision):
+    assert script.lock_decision(current, request_, NOW) == decision
+
+
+def test_take_writes_a_root_only_record_and_names_the_holder_to_the_next_run(tmp_path):
+    state = tmp_path / "state"
+    first = script.take_lock(str(state), {**_holder(), "lease_s": 3600}, now=NOW)
+    assert first == {"decision": "free", "taken": True, "holder": None, "holder_text": ""}
+    lock = state / "lock.json"
+    assert oct(lock.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(lock.read_text()) == {**_holder(), "taken_at": NOW, "lease_s": 3600}
+    second = script.take_lock(str(state), OTHER, now=NOW + 1)
+    assert (second["decision"], second["taken"]) == ("held", False)
+    assert second["holder_text"] == "run 20250101T000000-apply (pid 4242 on ctl-a, since 2025-01-01T00:00:00+00:00)"
+    assert json.loads(lock.read_text())["run_id"] == "20250101T000000-apply", "a held lock was overwritten"
+
+
+def test_break_takes_it_and_names_whose_it_was(tmp_path):
+    script.take_lock(str(tmp_path), _holder(), now=NOW)
+    out = script.take_lock(str(tmp_path), {**OTHER, "break": True}, now=NOW + 1)
+    assert (out["decision"], out["taken"], out["holder"]["run_id"]) == ("broken", True, "20250101T000000-apply")
+    assert json.loads((tmp_path / "lock.json").read_text())["controller"] == "ctl-b"
+
+
+def test_release_removes_only_the_callers_lock(tmp_path):
+    script.take_lock(str(tmp_path), _holder(), now=NOW)
+    assert script.release_lock(str(tmp_path), OTHER)["released"] is False
+    assert (tmp_path / "lock.json").exists()
+    assert script.release_lock(str(tmp_path), _holder()) == {"released": True, "holder": None}
+    assert not (tmp_path / "lock.json").exists()
+    assert script.release_lock(str(tmp_path / "none"), _holder())["released"] is False
+
+
+def _run_script(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_raw_command_reads_and_locks_in_one_process(tmp_path):
+    """What tasks/facts.yml runs: without a request nothing is written; with one, the lock rides along."""
+    state = tmp_path / "state"
+    state.mkdir()
+    assert set(_run_script("read", str(state))) == {"fingerprints", "boot_id"}
+    assert os.listdir(state) == []
+    out = _run_script("read", str(state), json.dumps(_holder()))
+    assert out["lock"]["taken"] is True and "fingerprints" in out
+    held = _run_script("read", str(state), json.dumps(OTHER))["lock"]
+    assert held["taken"] is False and "pid 4242 on ctl-a" in held["holder_text"]
+    stale = _run_script("lock", str(state), json.dumps({**OTHER, "take_over": _holder()}))["lock"]
+    assert stale["decision"] == "stale"
+    assert _run_script("release", str(state), json.dumps(OTHER))["lock"]["released"] is True
+    assert os.listdir(state) == []

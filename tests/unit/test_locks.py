@@ -1,0 +1,140 @@
+"""provision/locks.py: the controller's per-inventory lock, and which hosts a run left locked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision import locks
+from provision.runner import RunResult
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _holder(run_id="20250101T000000-apply") -> locks.Holder:
+    return locks.Holder.for_run(run_id, "provision apply --inventory prod")
+
+
+def test_the_lock_file_is_named_after_the_resolved_inventory(tmp_path, cache, monkeypatch):
+    (tmp_path / "inventory" / "prod").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    path = locks.controller_lock_path(Path("inventory/prod"))
+    assert path == locks.controller_lock_path(tmp_path / "inventory" / ".." / "inventory" / "prod")
+    assert path.parent == cache / "provision" / "locks" and path.name.startswith("prod-")
+    assert path != locks.controller_lock_path(tmp_path / "inventory")
+
+
+def test_a_second_run_is_refused_naming_the_holder_and_the_lock(tmp_path):
+    first = _holder()
+    with locks.controller_lock(tmp_path, first) as path:
+        assert json.loads(path.read_text())["run_id"] == first.run_id
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        with pytest.raises(locks.LockHeld) as caught, locks.controller_lock(tmp_path, _holder("20250101T000001-apply")):
+            pytest.fail("two runs held one inventory")
+    message = str(caught.value)
+    for part in (first.run_id, f"pid {os.getpid()}", first.controller, first.since, str(path), "provision apply"):
+        assert part in message
+    with locks.controller_lock(tmp_path, _holder("20250101T000002-apply")):
+        pass  # given back when the first one ended
+
+
+def test_the_lock_goes_with_a_holder_that_dies(tmp_path, cache):
+    """A crashed run leaves no stale controller lock: the kernel drops the flock with the process."""
+    code = (
+        "import sys, time; from pathlib import Path; from provision import locks\n"
+        "with locks.controller_lock(Path(sys.argv[1]), locks.Holder.for_run('r1', 'c')):\n"
+        "    print('held', flush=True); time.sleep(60)\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(locks.LockHeld, match=f"pid {proc.pid} "), locks.controller_lock(tmp_path, _holder()):
+            pass
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        with locks.controller_lock(tmp_path, _holder()):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_request_for_host_locks_names_this_run():
+    holder = _holder()
+    request = locks.host_lock_request(holder, break_lock=True)
+    assert request["break"] is True and request["pid"] == os.getpid() and request["run_id"] == holder.run_id
+    assert request["pid_ns"] and request["pid_ns"] == locks.pid_namespace()
+
+
+def _event(counter, kind, host, task, stdout=None):
+    data = {"host": host, "task": task}
+    if stdout is not None:
+        data["res"] = {"stdout": json.dumps(stdout)}
+    return {"counter": counter, "event": kind, "event_data": data}
+
+
+def _record(tmp_path, events) -> Path:
+    folder = tmp_path / "rec" / "artifacts" / "run" / "job_events"
+    folder.mkdir(parents=True)
+    for event in events:
+        (folder / f"{event['counter']}.json").write_text(json.dumps(event))
+    return tmp_path / "rec"
+
+
+def test_left_locked_names_hosts_whose_lock_was_taken_or_may_be_and_not_given_back(tmp_path):
+    taken, held = {"lock": {"taken": True}}, {"lock": {"taken": False}}
+    record = _record(tmp_path, [
+        _event(1, "runner_on_start", "done", locks.READ_TASK),
+        _event(2, "runner_on_ok", "done", locks.READ_TASK, taken),
+        _event(3, "runner_on_ok", "failed-later", locks.READ_TASK, taken),
+        _event(4, "runner_on_ok", "other-run", locks.READ_TASK, held),
+        _event(5, "runner_on_ok", "taken-over", locks.READ_TASK, held),
+        _event(6, "runner_on_ok", "taken-over", locks.TAKE_OVER_TASK, taken),
+        _event(7, "runner_on_start", "cut-short", locks.READ_TASK),
+        _event(8, "runner_on_unreachable", "down", locks.READ_TASK),
+        _event(9, "runner_on_ok", "done", locks.RELEASE_TASK, {"lock": {"released": True}}),
+    ])  # fmt: skip
+    assert locks.left_locked(record) == ["cut-short", "failed-later", "taken-over"]
+    assert locks.released(record) == {"done"}
+
+
+def test_held_errors_are_one_line_per_host():
+    result = RunResult("site.yml", "failed", 2, False, "now", 1.0)
+    result.failures = [
+        {"host": "node1", "task": locks.HELD_TASK, "message": "host lock held by run r (pid 1 on c, since t): ..."},
+        {"host": "node2", "task": "Something else", "message": "boom"},
+    ]
+    assert locks.held_errors(result) == ["node1: host lock held by run r (pid 1 on c, since t): ..."]
+
+
+def _task_names(*files: Path) -> set[str]:
+    names: set[str] = set()
+    for path in files:
+        for task in yaml.safe_load(path.read_text()) or []:
+            names.add(task.get("name", ""))
+    return names
+
+
+def test_the_task_names_provision_reads_are_the_roles():
+    tasks = REPO / "roles" / "provision_state" / "tasks"
+    names = _task_names(tasks / "facts.yml", tasks / "unlock.yml")
+    assert {locks.READ_TASK, locks.TAKE_OVER_TASK, locks.HELD_TASK, locks.RELEASE_TASK} <= names
+
+
+def test_describe_is_the_scripts_own():
+    holder = _holder()
+    assert holder.describe() == f"run {holder.run_id} (pid {holder.pid} on {holder.controller}, since {holder.since})"
