@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import signal
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,10 @@ PHASES = ("kernel", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
 UNLOCK_PLAYBOOK = "unlock.yml"
+HOST_LOCK_LEFT = (
+    "this run's host lock is left there: the next run from this controller takes it over; "
+    "others wait for its lease or pass --break-lock"
+)
 
 
 @dataclass
@@ -118,15 +123,9 @@ def _converge(opts, inv, scope, record, console, kind, playbook, request) -> Run
     write_summary(record, summary, secrets)
     if result.interrupted:
         message = f"interrupted by {result.interrupted}: run record {record} (where each host stopped: summary.json)"
-        raise Interrupted(message, signum(result.interrupted), redact_obj(summary, secret_values(secrets)),
+        raise Interrupted(message, signal.Signals[result.interrupted], redact_obj(summary, secret_values(secrets)),
                           result.host_states)  # fmt: skip
     return result
-
-
-HOST_LOCK_LEFT = (
-    "this run's host lock is left there: the next run from this controller takes it over; "
-    "others wait for its lease or pass --break-lock"
-)
 
 
 def _release_left(opts: ApplyOptions, inv, record, request: dict[str, Any], secrets) -> list[str]:
@@ -142,12 +141,6 @@ def _release_left(opts: ApplyOptions, inv, record, request: dict[str, Any], secr
         secrets=secrets, raise_interrupt=False,
     )  # fmt: skip
     return sorted(set(left) - locks.released(again))
-
-
-def signum(name: str) -> int:
-    import signal
-
-    return int(signal.Signals[name])
 
 
 def stopped_at(result: RunResult) -> dict[str, dict[str, Any]]:

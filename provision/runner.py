@@ -4,7 +4,9 @@ Every run gets a fresh private data dir (runner's env/ files are sticky, §a.6 o
 ecosystem notes), the user's own ansible.cfg with provision's settings only where it is
 silent (provision/ansible_config.py), and the `ansible-playbook` of the interpreter running
 us. What is kept afterwards goes to a run record directory, copied from the private data dir
-with secrets redacted; the private data dir is removed.
+with secrets redacted; the private data dir is removed, and no process of the run outlives it:
+SIGINT or SIGTERM stops them all, and ssh's ControlPersist masters end with the run
+(provision/interrupts.py).
 """
 
 from __future__ import annotations

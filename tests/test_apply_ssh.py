@@ -11,9 +11,14 @@ written), then the first apply, then the idempotent second apply.
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +52,14 @@ def inv(ssh_lab, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def controller_locks(tmp_path_factory):
+    """apply's inventory locks in a directory of these tests' own, not ~/.cache (provision/locks.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 def _state(target, path="/var/lib/provision") -> str:
@@ -371,3 +384,225 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
     vproc = run_provision("verify", "--inventory", str(root), "--json", "--checks", CHECKS, "--runs-dir", str(runs),
                           *vault_args)  # fmt: skip
     assert vproc.returncode == 0, vproc.stdout[-2000:]
+
+
+# Locks and interrupts (#16). The slow inventory's python waits at a gate before the verify phase's first task
+# (a Mitogen connection's interpreter); the facts script's read, lock and release pass straight through.
+SLOW_PYTHON = """#!/bin/sh
+case "$3" in read|lock|release) exec /usr/bin/python3 "$@";; esac
+touch {gate}.started
+while [ -e {gate} ]; do sleep 0.2; done
+exec /usr/bin/python3 "$@"
+"""
+
+
+def _slow_inventory(ssh_lab, root: Path) -> tuple[Path, Path]:
+    gate = root / "gate"
+    gate.parent.mkdir(parents=True)
+    gate.touch()
+    python = root / "slow-python"
+    python.write_text(SLOW_PYTHON.format(gate=gate))
+    python.chmod(0o755)
+    t = ssh_lab["targets"]
+    slow = {"ansible_python_interpreter": str(python)}
+    inv = lab_inventory(ssh_lab, root / "inv", extra_hosts={
+        "proxmox_hosts": {"node1": {**t["node1"].inventory_vars(), **slow}},
+        "gpu_containers": {"ct1": {**t["ct1"].inventory_vars(), **slow, "proxmox_host": "node1", "proxmox_vmid": 100}},
+    })  # fmt: skip
+    return inv, gate
+
+
+def _start_apply(inv: Path, runs: Path, gate: Path, out: Path) -> subprocess.Popen:
+    """`provision apply --full --tags verify` in the background, once it waits at the gate (its host locks taken)."""
+    argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inv), "--yes", "--json", "--full",
+            "--tags", "verify", "--runs-dir", str(runs)]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w")
+    )
+    deadline = time.monotonic() + 180
+    while not Path(f"{gate}.started").exists():
+        assert proc.poll() is None, out.with_suffix(".err").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run never reached the verify phase"
+        time.sleep(0.2)
+    return proc
+
+
+def _tree(root_pid: int) -> dict[int, str]:
+    """pid -> command line of root_pid's descendants."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = {}, list(children.get(root_pid, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = _cmdline(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _live() -> dict[int, tuple[int, str]]:
+    """pid -> (process group, command line) of every process that is not a zombie."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found[int(stat.parent.name)] = (int(fields[2]), _cmdline(int(stat.parent.name)))
+    return found
+
+
+def _the_runs_processes(proc: subprocess.Popen) -> tuple[str, set[int]]:
+    """The run's private data dir (from ansible-playbook's environment) and the process groups of everything
+    provision started, ssh's ControlPersist masters included (they name the private dir)."""
+    tree = _tree(proc.pid)
+    playbook = next(pid for pid, cmd in tree.items() if "ansible-playbook" in cmd)
+    environ = (Path("/proc") / str(playbook) / "environ").read_bytes().split(b"\0")
+    private = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"ANSIBLE_LOCAL_TEMP="))
+    private = str(Path(private).parent)
+    live = _live()
+    groups = {live[pid][0] for pid in tree if pid in live} | {g for g, cmd in live.values() if private + "/" in cmd}
+    assert any(private + "/cp/" in cmd for _, cmd in live.values()), "no ControlPersist master: the check is blind"
+    return private, groups - {os.getpgrp()}
+
+
+def _assert_nothing_left(private: str, groups: set[int]) -> None:
+    deadline = time.monotonic() + 5  # init reaps what was reparented
+    while True:
+        left = {pid: cmd for pid, (group, cmd) in _live().items() if group in groups or private + "/" in cmd}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes of the run left: {left}"
+
+
+def _lock_on(target) -> str:
+    return target.ssh("cat /var/lib/provision/lock.json 2>/dev/null || true").stdout
+
+
+def test_a_second_apply_is_refused_while_the_first_holds_the_inventory_and_sigterm_stops_the_first(ssh_lab, tmp_path):
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow")
+    runs = tmp_path / "runs"
+    first = _start_apply(inv, runs, gate, tmp_path / "first.json")
+    try:
+        run_id = next(runs.iterdir()).name
+        second = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir",
+                               str(runs))  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, second.stderr
+        for part in (f"inventory {inv} is locked by run {run_id}", f"pid {first.pid} on {socket.gethostname()}",
+                     "since 20"):  # fmt: skip
+            assert part in errors[0]
+        assert json.loads(second.stdout)["errors"] == [errors[0][len("error: ") :]]
+        assert [p.name for p in runs.iterdir()] == [run_id], "the refused run left a record"
+        assert run_id in _lock_on(ssh_lab["targets"]["node1"]), "the first run holds no host lock"
+        private, groups = _the_runs_processes(first)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 143
+    finally:
+        gate.unlink(missing_ok=True)
+        first.kill()
+    _assert_nothing_left(private, groups)
+    summary = json.loads((runs / run_id / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted"]) == ("interrupted", "SIGTERM")
+    for target in ssh_lab["targets"].values():
+        assert _lock_on(target) == "", f"the interrupted run left its host lock on {target.name}"
+
+
+def test_sigint_stops_every_process_records_where_each_host_stopped_and_a_rerun_converges(ssh_lab, tmp_path):
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow")
+    runs = tmp_path / "runs"
+    proc = _start_apply(inv, runs, gate, tmp_path / "apply.json")
+    try:
+        private, groups = _the_runs_processes(proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        gate.unlink(missing_ok=True)
+        proc.kill()
+    _assert_nothing_left(private, groups)
+    stderr = (tmp_path / "apply.err").read_text()
+    (record,) = runs.iterdir()
+    assert f"error: interrupted by SIGINT: run record {record}" in stderr, stderr[-2000:]
+    envelope = json.loads((tmp_path / "apply.json").read_text())
+    assert envelope["exit_code"] == 130 and envelope["hosts"] == {"node1": "interrupted", "ct1": "interrupted"}
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["host_locks_left"] == []
+    for host in ("node1", "ct1"):
+        stopped = summary["stopped_at"][host]
+        assert (stopped["task"], stopped["finished"]) == ("Record the converged phase in the state directory", False)
+        assert stopped["leaves"] == "phase done, its record being written: the next run does the phase again"
+    for target in ssh_lab["targets"].values():
+        assert _lock_on(target) == "", f"the interrupted run left its host lock on {target.name}"
+    rerun = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify",
+                          "--runs-dir", str(runs))  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    states = json.loads(rerun.stdout)["hosts"]
+    assert states.keys() == {"node1", "ct1"} and set(states.values()) <= {"ok", "changed"}, states
+    for target in ssh_lab["targets"].values():
+        assert "verify.json" in _state(target) and _lock_on(target) == ""
+
+
+def test_a_host_lock_held_by_another_controller_stops_its_host_until_break_lock(ssh_lab, inv, tmp_path):
+    node = ssh_lab["targets"]["node1"]
+    other = {"run_id": "20250101T000000-apply", "controller": "other-controller", "pid": 4242,
+             "since": "2025-01-01T00:00:00+00:00", "pid_ns": "elsewhere", "taken_at": time.time(),
+             "lease_s": 3600}  # fmt: skip
+    node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
+    runs = tmp_path / "runs"
+    proc = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs)
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    holder = "run 20250101T000000-apply (pid 4242 on other-controller, since 2025-01-01T00:00:00+00:00)"
+    assert errors == [f"error: node1: host lock held by {holder}: wait for that run to end, or pass --break-lock "
+                      "if it is gone"], proc.stderr[-2000:]  # fmt: skip
+    envelope = json.loads(proc.stdout)
+    assert envelope["errors"] == [errors[0][len("error: ") :]]
+    assert envelope["hosts"]["node1"] == "failed"
+    assert json.loads(_lock_on(node))["controller"] == "other-controller", "the other run's lock was touched"
+    assert _lock_on(ssh_lab["targets"]["ct1"]) == "", "ct1's lock was not given back"
+
+    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs),
+                         "--break-lock")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"node1: --break-lock: broke the host lock held by {holder}" in proc.stdout
+    assert _lock_on(node) == "", "the run that broke the lock did not give it back"
+
+
+def test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expired_lease(ssh_lab, inv, tmp_path):
+    from provision.locks import pid_namespace
+
+    node, runs = ssh_lab["targets"]["node1"], tmp_path / "runs"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    mine = {"run_id": "20250101T000000-apply", "controller": socket.gethostname(), "pid": os.getpid(),
+            "since": "2025-01-01T00:00:00+00:00", "pid_ns": pid_namespace(), "taken_at": time.time(),
+            "lease_s": 3600}  # fmt: skip
+    cases = [
+        (mine, 1, "host lock held by run 20250101T000000-apply"),  # its process is alive: not taken
+        ({**mine, "pid": gone.pid}, 0, "took over the host lock of a run of this controller that is gone: run"),
+        ({**mine, "controller": "elsewhere", "pid_ns": "x", "taken_at": time.time() - 3601}, 0,
+         "took the host lock whose lease had run out, held by run 20250101T000000-apply"),
+    ]  # fmt: skip
+    for planted, code, said in cases:
+        node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(planted))} > /var/lib/provision/lock.json")
+        proc = run_provision("apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs))
+        assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert said in proc.stdout + proc.stderr
+        assert json.loads(_lock_on(node) or "{}").get("pid") == (os.getpid() if code else None)
+    node.ssh("rm -f /var/lib/provision/lock.json")
