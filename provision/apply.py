@@ -17,15 +17,8 @@ from provision import interrupts, locks
 from provision import inventory as inventory_mod
 from provision.errors import Interrupted, ProvisionError, UsageError
 from provision.progress import LiveProgress, summary_table
-from provision.runner import (
-    RunResult,
-    new_record_dir,
-    redact_obj,
-    redact_text,
-    run_playbook,
-    secret_values,
-    write_summary,
-)
+from provision.record import SUMMARY, RunRecord
+from provision.runner import RunResult, run_playbook
 
 PHASES = ("kernel", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
@@ -84,63 +77,58 @@ def apply(
     console = console or Console(stderr=True)
     inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     scope = inv.scope(opts.limit)
-    for warning in inv.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    record = new_record_dir(opts.runs_dir, kind)
-    with ExitStack() as stack:
+    with RunRecord(opts.runs_dir, kind, inv) as record, ExitStack() as stack:
         request = None if opts.check else _lock(stack, opts, inv, record, kind)
         return _converge(opts, inv, scope, record, console, kind, playbook, request)
 
 
-def _lock(stack: ExitStack, opts: ApplyOptions, inv, record, kind: str) -> dict[str, Any]:
+def _lock(stack: ExitStack, opts: ApplyOptions, inv, record: RunRecord, kind: str) -> dict[str, Any]:
     """Hold the inventory's controller lock for the rest of the stack; the host lock request for the run."""
     holder = locks.Holder.for_run(record.name, f"provision {kind} --inventory {opts.inventory}")
     try:
         stack.enter_context(locks.controller_lock(inv.path, holder))
     except ProvisionError:
-        record.rmdir()  # nothing ran: no record
+        record.discard()  # nothing ran: no record
         raise
     return locks.host_lock_request(holder, opts.break_lock)
 
 
-def _converge(opts, inv, scope, record, console, kind, playbook, request) -> RunResult:
+def _converge(opts, inv, scope, record: RunRecord, console, kind, playbook, request) -> RunResult:
     extravars = {**_extravars(opts), **({"provision_lock": request} if request else {})}
-    secrets = inventory_mod.secret_values(inv)
     result = run_playbook(
-        playbook, inv.path, record_dir=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
+        playbook, inv.path, record=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
         check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
-        vault=opts.vault, secrets=secrets, raise_interrupt=False,
+        vault=opts.vault, raise_interrupt=False,
         progress=LiveProgress(console, f"provision {kind} --inventory {opts.inventory}"),
     )  # fmt: skip
     result.host_states = host_states(result, scope)
     summary = {"command": kind, "inventory": str(inv.path), "limit": opts.limit, "tags": opts.tags, **result.to_dict()}
     if request:
-        summary["host_locks_left"] = _release_left(opts, inv, record, request, secrets)
+        summary["host_locks_left"] = _release_left(opts, inv, record, request)
         for host in summary["host_locks_left"]:
             console.print(f"[yellow]warning:[/] {host}: {HOST_LOCK_LEFT}", highlight=False)
     if result.interrupted:
         summary["stopped_at"] = stopped_at(result)
-    write_summary(record, summary, secrets)
+    record.write_summary(summary)
     if result.interrupted:
-        message = f"interrupted by {result.interrupted}: run record {record} (where each host stopped: summary.json)"
-        raise Interrupted(message, signal.Signals[result.interrupted], redact_obj(summary, secret_values(secrets)),
-                          result.host_states)  # fmt: skip
+        message = f"interrupted by {result.interrupted}: run record {record.path} (where each host stopped: {SUMMARY})"
+        raise Interrupted(message, signal.Signals[result.interrupted], record.redact(summary), result.host_states)
     return result
 
 
-def _release_left(opts: ApplyOptions, inv, record, request: dict[str, Any], secrets) -> list[str]:
+def _release_left(opts: ApplyOptions, inv, record: RunRecord, request: dict[str, Any]) -> list[str]:
     """Give back the host locks that the run's last play did not (a failed host, a playbook Ansible stopped, a
     signal): unlock.yml again, on those hosts alone. Returns the hosts still locked."""
-    left = locks.left_locked(record)
+    left = locks.left_locked(record.path)
     if not left:
         return []
-    again = record / "unlock"
+    again = record.child("unlock")
     run_playbook(
-        UNLOCK_PLAYBOOK, inv.path, record_dir=again, host_count=len(left), limit=",".join(left),
+        UNLOCK_PLAYBOOK, inv.path, record=again, host_count=len(left), limit=",".join(left),
         extravars={"provision_lock": request}, host_key_checking=opts.host_key_checking, vault=opts.vault,
-        secrets=secrets, raise_interrupt=False,
+        raise_interrupt=False,
     )  # fmt: skip
-    return sorted(set(left) - locks.released(again))
+    return sorted(set(left) - locks.released(again.path))
 
 
 def stopped_at(result: RunResult) -> dict[str, dict[str, Any]]:
@@ -198,23 +186,25 @@ def diff_lines(diff: dict[str, Any]) -> list[str]:
     )  # fmt: skip
 
 
-def print_diffs(console: Console, result: RunResult, secrets: set[str]) -> None:
-    """Each pending change's diff, per host and task, scrubbed of the inventory's secrets."""
+def print_diffs(console: Console, result: RunResult) -> None:
+    """Each pending change's diff, per host and task (scrubbed of secrets by the run)."""
     for change in result.changed_tasks:
         for diff in change.get("diff", []):
             console.print(f"--- {escape(change['host'])}: {escape(change['task'])}", highlight=False)
             for line in diff_lines(diff):
                 style = "green" if line.startswith("+") else "red" if line.startswith("-") else None
-                console.print(escape(redact_text(line, secrets)), style=style, highlight=False)
+                console.print(escape(line), style=style, highlight=False)
 
 
-def print_result(console: Console, result: RunResult, title: str, show_diff: bool = False, secrets=()) -> None:
+def print_result(console: Console, result: RunResult, title: str, show_diff: bool = False) -> None:
     if show_diff:
-        print_diffs(console, result, set(secrets))
+        print_diffs(console, result)
     console.print(summary_table(result, title))
     for host, messages in sorted(result.reports.items()):
         for message in messages:
             console.print(f"{escape(host)}: {escape(message)}", highlight=False)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     for failure in result.failures:
         where = f"{failure['host']}: " if failure["host"] else ""
         task = f"[{failure['task']}] " if failure["task"] else ""

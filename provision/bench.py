@@ -25,7 +25,8 @@ from provision import inventory as inventory_mod
 from provision.bench_report import format_ms
 from provision.errors import UsageError
 from provision.progress import LiveProgress
-from provision.runner import RunResult, new_record_dir, run_playbook, write_summary
+from provision.record import RunRecord
+from provision.runner import RunResult, run_playbook
 
 BENCH_PLAYBOOK = "bench.yml"
 DEFAULT_CONCURRENCY = (1, 4, 16, 32, 64, 128)
@@ -162,20 +163,29 @@ def _extravars(opts: BenchOptions, run_id: str, fetch_dir: Path) -> dict[str, An
     }
 
 
-def scrub_jsonl(text: str) -> str:
-    """The client copies the server's /server_info into each line; drop its credentials."""
-    lines = []
-    for line in text.splitlines():
+def scrub_jsonl(text: str) -> tuple[str, list[int]]:
+    """The client's JSONL without the server's credentials (it copies /server_info into each line), and the
+    numbers of the lines that are not JSON (a truncated last line): those are dropped, since a line that cannot
+    be parsed cannot have its credentials taken out."""
+    lines, bad = [], []
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
-        info = row.get("server_info")
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad.append(number)
+            continue
+        info = row.get("server_info") if isinstance(row, dict) else None
         if isinstance(info, dict):
             for key in SECRET_SERVER_INFO_KEYS:
                 if info.get(key):
                     info[key] = "<redacted>"
-        lines.append(json.dumps(row))
-    return "\n".join(lines) + ("\n" if lines else "")
+        if isinstance(row, dict):
+            lines.append(json.dumps(row))
+        else:
+            bad.append(number)
+    return "\n".join(lines) + ("\n" if lines else ""), bad
 
 
 COMPARED_SETTINGS = ("sglang_version", "p2p_policy", "input_len", "output_len", "dataset")
@@ -197,7 +207,7 @@ def _capacity(opts: BenchOptions) -> dict[str, str]:
     limit = opts.limit or inventory_mod.GPU_CONTAINERS
     report = verify.verify(
         opts.inventory, limit=limit, runs_dir=opts.runs_dir, select="test_capacity_report",
-        host_key_checking=opts.host_key_checking, vault=opts.vault,
+        host_key_checking=opts.host_key_checking, vault=opts.vault, kind="capacity",
     )  # fmt: skip
     return {host: cap["summary"] for host, cap in report.capacity.items()}
 
@@ -211,13 +221,18 @@ def build_host_report(
     if not summary_file.is_file():
         hb.problems.append("the benchmark wrote no summary (levels.json): the run stopped before the sweep")
         return hb
-    summary = json.loads(summary_file.read_text())
+    try:
+        summary = json.loads(summary_file.read_text())
+    except ValueError:
+        hb.problems.append("the benchmark's summary (levels.json) is not JSON: the run stopped while writing it")
+        return hb
     hb.meta = {**summary, "host": hb.host}
     sent = hb.sent_per_level = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
-    text = results_file.read_text() if results_file.is_file() else ""
+    text = results_file.read_text(errors="replace") if results_file.is_file() else ""
     if text:
-        text = scrub_jsonl(text)
+        text, bad = scrub_jsonl(text)
         results_file.write_text(text)
+        hb.problems += [f"results.jsonl line {n} is not JSON (cut short?): left out" for n in bad]
     hb.levels = bench_report.levels_from_jsonl(text, sent)
     hb.missing = bench_report.missing_levels(hb.levels, sent)
     hb.max_running_requests = bench_report.server_max_running_requests(text)
@@ -255,29 +270,27 @@ def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
     inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     if not inv.gpu_containers:
         raise UsageError(f"{inv.path}: no hosts in group gpu_containers: nothing to benchmark")
-    record = new_record_dir(opts.runs_dir, "bench")
-    console.print("collecting capacity (provision verify, capacity check)...", highlight=False)
-    capacity = _capacity(opts)
-    fetch_dir = record / "hosts"
-    run = run_playbook(
-        BENCH_PLAYBOOK,
-        inv.path,
-        record_dir=record,
-        host_count=len(inv.hosts),
-        limit=opts.limit,
-        extravars=_extravars(opts, record.name, fetch_dir.resolve()),
-        host_key_checking=opts.host_key_checking,
-        vault=opts.vault,
-        secrets=inventory_mod.secret_values(inv),
-        progress=LiveProgress(console, f"provision bench --inventory {opts.inventory}"),
-    )
-    result = BenchResult(run=run, record_dir=str(record))
-    for host_dir in sorted(p for p in fetch_dir.glob("*") if p.is_dir()):
-        result.hosts[host_dir.name] = build_host_report(host_dir, opts, baseline, capacity.get(host_dir.name))
-    # redacts the whole record (results, reports, job events) of the inventory's secrets
-    write_summary(
-        record, {"command": "bench", "inventory": str(inv.path), **result.to_dict()}, inventory_mod.secret_values(inv)
-    )
+    with RunRecord(opts.runs_dir, "bench", inv) as record:
+        console.print("collecting capacity (provision verify, capacity check)...", highlight=False)
+        capacity = _capacity(opts)
+        fetch_dir = record.path / "hosts"
+        run = run_playbook(
+            BENCH_PLAYBOOK,
+            inv.path,
+            record=record,
+            host_count=len(inv.hosts),
+            limit=opts.limit,
+            extravars=_extravars(opts, record.name, fetch_dir.resolve()),
+            host_key_checking=opts.host_key_checking,
+            vault=opts.vault,
+            progress=LiveProgress(console, f"provision bench --inventory {opts.inventory}"),
+        )
+        result = BenchResult(run=run, record_dir=str(record.path))
+        for host_dir in sorted(p for p in fetch_dir.glob("*") if p.is_dir()):
+            hb = build_host_report(host_dir, opts, baseline, capacity.get(host_dir.name))
+            hb.problems = record.redact(hb.problems)  # the client's output tails
+            result.hosts[host_dir.name] = hb
+        record.write_summary({"command": "bench", "inventory": str(inv.path), **result.to_dict()})
     return result
 
 

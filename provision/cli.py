@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from provision import __version__, locks
+from provision import __version__, locks, secrets
 from provision.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -33,7 +33,6 @@ from provision.errors import (
     ProvisionError,
     UsageError,
 )
-from provision.runner import redact_obj, secret_values
 
 JSON_SCHEMA_VERSION = 1
 
@@ -235,7 +234,6 @@ class Outcome:
     exit_code: int
     result: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)
-    secrets: set[str] = field(default_factory=set, repr=False)  # scrubbed from what is printed
     errors: list[str] = field(default_factory=list)  # one line each, printed after `error: `
 
 
@@ -245,16 +243,20 @@ def _vault(args: argparse.Namespace):
     return VaultOptions(tuple(args.vault_password_file), tuple(args.vault_id))
 
 
-def _load(args: argparse.Namespace):
-    from provision import inventory
+def _load(args: argparse.Namespace, err: Console):
+    """The inventory, validated, before anything runs: its warnings printed now, and its secrets (with the
+    environment's) kept for main() to scrub the error lines and the JSON envelope with."""
+    from provision import inventory, secrets
 
-    return inventory.load(args.inventory, _vault(args), args.host_key_checking)
+    inv = inventory.load(args.inventory, _vault(args), args.host_key_checking)
+    for warning in inv.warnings:
+        err.print(f"warning: {warning}", highlight=False, markup=False)
+    args.secrets = secrets.values(inv)
+    return inv
 
 
 def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
-    inv = _load(args)
-    for warning in inv.warnings:
-        err.print(f"warning: {warning}", highlight=False, markup=False)
+    inv = _load(args, err)
     if not args.json:
         out.print(
             f"{inv.path}: ok ({len(inv.proxmox_hosts)} proxmox_hosts, {len(inv.gpu_containers)} gpu_containers)",
@@ -294,7 +296,7 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
     if not args.limit:
         raise UsageError("rollback needs --limit HOST: roll back the nodes you mean, by name or pattern")
     opts = _apply_options(args)
-    _load(args).scope(args.limit)  # validate before asking anything
+    _load(args, err).scope(args.limit)  # validate before asking anything
     _confirm(args, err)
     result = apply_mod.apply(opts, console=err, kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
     if not args.json:
@@ -324,10 +326,9 @@ def _plan_exit(states: dict[str, str]) -> int:
 
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> Outcome:
     from provision import apply as apply_mod
-    from provision import inventory as inventory_mod
 
     opts = _apply_options(args, plan)
-    inv = _load(args)
+    inv = _load(args, err)
     inv.scope(args.limit)  # validate before asking anything
     if not plan:
         _confirm(args, err)
@@ -335,12 +336,11 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     data = result.to_dict()
     if plan:
         data["would_change"] = apply_mod.plan_summary(result)
-    secrets = secret_values(inventory_mod.secret_values(inv))  # the records' rule: env secrets too, 4+ chars
     if not args.json:
         title = "plan (check mode: nothing was changed)" if plan else "apply"
-        apply_mod.print_result(out, result, title, show_diff=opts.diff, secrets=secrets)
+        apply_mod.print_result(out, result, title, show_diff=opts.diff)
     code = _plan_exit(result.host_states) if plan else (EXIT_OK if result.succeeded else EXIT_FAILED)
-    return Outcome(code, data, result.host_states, secrets, locks.held_errors(result))
+    return Outcome(code, data, result.host_states, locks.held_errors(result))
 
 
 def _checks_hosts(checks) -> dict[str, str]:
@@ -354,7 +354,7 @@ def _checks_hosts(checks) -> dict[str, str]:
 def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import verify
 
-    inv = _load(args)
+    inv = _load(args, err)
     inv.scope(args.limit)
     if args.after_reboot:
         args.check = False
@@ -379,11 +379,11 @@ def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> Outco
     from provision.capacity import parse_session_tokens
 
     sizes = parse_session_tokens(args.session_tokens)
-    _load(args).scope(args.limit)
+    _load(args, err).scope(args.limit)
     report = verify.verify(
         args.inventory, limit=args.limit, runs_dir=args.runs_dir, select="test_capacity_report",
         session_tokens=",".join(str(n) for n in sizes),
-        host_key_checking=args.host_key_checking, vault=_vault(args),
+        host_key_checking=args.host_key_checking, vault=_vault(args), kind="capacity",
     )  # fmt: skip
     if not args.json:
         verify.print_capacity(out, report)
@@ -404,7 +404,7 @@ def _console(stderr: bool) -> Console:
 def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import diag
 
-    _load(args).scope(args.limit)
+    _load(args, err).scope(args.limit)
     report = diag.diag(
         args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, console=err,
         host_key_checking=args.host_key_checking, vault=_vault(args),
@@ -419,7 +419,7 @@ def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import bench
 
     concurrency = bench.parse_concurrency(args.concurrency)
-    _load(args).scope(args.limit)
+    _load(args, err).scope(args.limit)
     opts = bench.BenchOptions(
         inventory=args.inventory,
         concurrency=concurrency,
@@ -499,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     want_json = "--json" in argv
     out, err = _console(stderr=False), _console(stderr=True)
     errors: list[str] = []
+    args = argparse.Namespace()
     try:
         args = build_parser().parse_args(argv)
         outcome = COMMANDS[args.command](args, out, err)
@@ -517,12 +518,12 @@ def main(argv: list[str] | None = None) -> int:
         detail = f"{type(exc).__name__}: {exc}"
         errors = [f"internal error: {detail} (PROVISION_DEBUG=1 shows the traceback)"]
         outcome = Outcome(EXIT_FAILED)
-    errors = [_one_line(line) for line in errors]
+    redactor = secrets.Redactor(getattr(args, "secrets", ()))  # what the inventory's load found
+    errors = [redactor.text(_one_line(line)) for line in errors]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if want_json:
-        data = envelope(_command_name(argv), outcome, errors)
-        data = redact_obj(data, outcome.secrets) if outcome.secrets else data
+        data = redactor.obj(envelope(_command_name(argv), outcome, errors))
         print(json.dumps(data, indent=2, default=str))
     return outcome.exit_code
 

@@ -20,7 +20,8 @@ from rich.table import Table
 from provision import inventory as inventory_mod
 from provision.job_events import task_outcomes
 from provision.progress import LiveProgress
-from provision.runner import RunResult, new_record_dir, run_playbook, write_summary
+from provision.record import RunRecord
+from provision.runner import RunResult, run_playbook
 
 DIAG_TASK = "Run the GPU peer-to-peer diagnostic"
 
@@ -72,25 +73,23 @@ def diag(
 ) -> DiagReport:
     console = console or Console(stderr=True)
     inv = inventory_mod.load(inventory, vault, host_key_checking)
-    secrets = inventory_mod.secret_values(inv)
     targets = inventory_mod.GPU_CONTAINERS + (f":{inventory_mod.PROXMOX_HOSTS}" if include_hosts else "")
-    record = new_record_dir(runs_dir, "diag")
-    run = run_playbook(
-        "diag.yml",
-        inv.path,
-        record_dir=record,
-        host_count=len(inv.hosts),
-        limit=limit,
-        extravars={"gpu_diag_targets": targets},
-        host_key_checking=host_key_checking,
-        vault=vault,
-        secrets=secrets,
-        progress=LiveProgress(console, f"provision diag --inventory {inventory}"),
-    )
-    report = DiagReport(results=results_from_events(record), run=run)
-    for host, result in report.results.items():
-        (record / f"diag-{host}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    write_summary(record, {"command": "diag", "inventory": str(inv.path), **report.to_dict()}, secrets)
+    with RunRecord(runs_dir, "diag", inv) as record:
+        run = run_playbook(
+            "diag.yml",
+            inv.path,
+            record=record,
+            host_count=len(inv.hosts),
+            limit=limit,
+            extravars={"gpu_diag_targets": targets},
+            host_key_checking=host_key_checking,
+            vault=vault,
+            progress=LiveProgress(console, f"provision diag --inventory {inventory}"),
+        )
+        report = DiagReport(results=record.redact(results_from_events(record.path)), run=run)
+        for host, result in report.results.items():
+            record.write_json(f"diag-{host}.json", result)
+        record.write_summary({"command": "diag", "inventory": str(inv.path), **report.to_dict()})
     return report
 
 

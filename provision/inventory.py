@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provision import secrets
 from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
 from provision.errors import InventoryError, UsageError
 from provision.paths import example_inventory_dir
@@ -31,13 +32,6 @@ from provision.paths import example_inventory_dir
 PROXMOX_HOSTS = "proxmox_hosts"
 GPU_CONTAINERS = "gpu_containers"
 VMID_MIN, VMID_MAX = 100, 999_999_999
-# Variables whose values are secrets wherever they come from (plain text is warned about).
-SECRET_VARIABLES = ("proxmox_api_password", "proxmox_api_token_secret", "sglang_api_key")
-# Connection secrets: scrubbed from records like the others, never warned about (Ansible's own names).
-CONNECTION_SECRETS = (
-    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
-    "ansible_become_pass", "ansible_sudo_pass",
-)  # fmt: skip
 EXAMPLE_NAME = "example"
 # A host name Ansible accepts but no ssh, shell or file path should get: whitespace or control characters.
 _BAD_HOST_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
@@ -101,11 +95,12 @@ class Inventory:
     vault: VaultOptions = field(default_factory=VaultOptions)
     host_key_checking: bool = True
     manager: Any = field(default=None, repr=False)  # ansible's InventoryManager, for host patterns
+    loader: Any = field(default=None, repr=False)  # ansible's DataLoader (with the vault secrets), for templating
 
     def match(self, limit: str | None, pattern: str = f"{PROXMOX_HOSTS}:{GPU_CONTAINERS}") -> list[str]:
         """The hosts a play on `pattern` reaches under `--limit`, by Ansible's own pattern rules."""
         try:
-            with _captured_warnings():  # "Could not match supplied host pattern": scope() says it once
+            with captured_warnings():  # "Could not match supplied host pattern": scope() says it once
                 self.manager.subset(limit)
                 return sorted(str(h.name) for h in self.manager.get_hosts(pattern=pattern))
         except Exception as exc:  # AnsibleError for a malformed pattern
@@ -166,7 +161,7 @@ def _origin(value: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def _captured_warnings() -> Iterator[list[tuple[str, BaseException | None]]]:
+def captured_warnings() -> Iterator[list[tuple[str, BaseException | None]]]:
     """Ansible reports each plugin's parse failure as a warning on stderr; collect them instead."""
     from ansible.utils.display import Display
 
@@ -256,18 +251,18 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
         if not os.access(f, os.R_OK) or not Path(f).is_file():
             raise UsageError(f"--vault-password-file {f}: no such readable file")
     try:
-        with _captured_warnings():  # each bad source is also raised: say it once
-            secrets = CLI.setup_vault_secrets(
+        with captured_warnings():  # each bad source is also raised: say it once
+            found = CLI.setup_vault_secrets(
                 loader, vault_ids=ids, vault_password_files=files, auto_prompt=False, initialize_context=False
             )
     except Exception as exc:
         raise UsageError(f"--vault-id {' '.join(ids)}: {_one_line(getattr(exc, 'message', None) or exc)}") from None
-    loader.set_vault_secrets(secrets)
+    loader.set_vault_secrets(found)
     try:  # ansible-core 2.19+: inline !vault values decrypt through this process-wide context
         from ansible.parsing.vault import VaultSecretsContext
     except ImportError:
         return
-    VaultSecretsContext._current = VaultSecretsContext(secrets)  # set, not initialize(): load() may run twice
+    VaultSecretsContext._current = VaultSecretsContext(found)  # set, not initialize(): load() may run twice
 
 
 def _ansible_load(source: Path, vault: VaultOptions) -> Inventory:
@@ -284,13 +279,13 @@ def _ansible_load(source: Path, vault: VaultOptions) -> Inventory:
     loader = DataLoader()
     try:
         _vault_secrets(loader, vault)
-        with _captured_warnings() as caught:
+        with captured_warnings() as caught:
             manager = InventoryManager(loader=loader, sources=[str(source)])
         problems = _parse_failure(source, caught) if caught or not manager.hosts else []
         if problems and not manager.hosts:
             raise InventoryError(problems)
         variables = VariableManager(loader=loader, inventory=manager)
-        inv = Inventory(path=source, vault=vault, manager=manager)
+        inv = Inventory(path=source, vault=vault, manager=manager, loader=loader)
         for host in manager.get_hosts():
             hostvars = variables.get_vars(host=host, include_hostvars=False)
             groups = {g.name for g in host.get_groups()}
@@ -353,7 +348,7 @@ def _describe(value: Any) -> str:
     return f"{plain!r} ({kind.__name__})"
 
 
-def _is_template(value: Any) -> bool:
+def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
@@ -380,9 +375,9 @@ def _check_types(host: Host) -> list[tuple[str, str, str]]:
     found = []
     for name, (check, expected) in VARIABLE_TYPES.items():
         value = host.vars.get(name)
-        if value is None or _is_template(value) or _from_vault(value) or check(value):
+        if value is None or is_template(value) or from_vault(value) or check(value):
             continue
-        got = f"a value of type {type(value).__name__}" if name in SECRET_VARIABLES else _describe(value)
+        got = f"a value of type {type(value).__name__}" if name in secrets.declared_secrets() else _describe(value)
         found.append((host.where(name), host.name, f"{name}: expected {expected}, got {got}"))
     return found
 
@@ -404,7 +399,7 @@ def _check_container(inv: Inventory, ct: Host, vmids: dict[tuple[str, int], str]
     problems = []
     if node is None:
         problems.append(f"{ct.where()}: host {ct.name}: proxmox_host: missing (name its PVE node)")
-    elif isinstance(node, str) and not _is_template(node) and node not in nodes:
+    elif isinstance(node, str) and not is_template(node) and node not in nodes:
         problems.append(
             f"{ct.where('proxmox_host')}: host {ct.name}: proxmox_host: {node!r} is not a host in {PROXMOX_HOSTS}"
         )
@@ -412,7 +407,7 @@ def _check_container(inv: Inventory, ct: Host, vmids: dict[tuple[str, int], str]
     where = f"{ct.where('proxmox_vmid')}: host {ct.name}: proxmox_vmid"
     if vmid is None:
         return [*problems, f"{ct.where()}: host {ct.name}: proxmox_vmid: missing (the container's VMID)"]
-    if _is_template(vmid):
+    if is_template(vmid):
         return problems
     if not isinstance(vmid, int) or isinstance(vmid, bool):
         return [*problems, f"{where}: expected an integer, got {_describe(vmid)}"]
@@ -498,7 +493,7 @@ def _vaulted_file(path: str) -> bool:
         return False
 
 
-def _from_vault(value: Any) -> bool:
+def from_vault(value: Any) -> bool:
     """An inline `!vault` value, or any value read from a whole-file vaulted vars file."""
     if type(value).__name__ == "EncryptedString":
         return True
@@ -510,10 +505,10 @@ def plain_text_secret_warnings(inv: Inventory) -> list[str]:
     warnings = []
     seen: set[tuple[str, str]] = set()
     for host in inv.hosts.values():
-        for name in SECRET_VARIABLES:
+        for name in secrets.declared_secrets():
             value = host.vars.get(name)
             where = host.where(name)
-            if _from_vault(value) or not value or _is_template(value) or (where, name) in seen:
+            if from_vault(value) or not value or is_template(value) or (where, name) in seen:
                 continue
             seen.add((where, name))
             warnings.append(
@@ -521,35 +516,6 @@ def plain_text_secret_warnings(inv: Inventory) -> list[str]:
                 f"\"{{{{ lookup('ansible.builtin.env', 'NAME') }}}}\""
             )
     return warnings
-
-
-def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _leaves(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _leaves(item)
-    else:
-        yield value
-
-
-def secret_values(inv: Inventory) -> set[str]:
-    """Every literal secret the inventory holds, for the run records' scrubber: the secret-named
-    variables, the connection passwords, and every value that came out of a vault (nested ones too)."""
-    found: set[str] = set()
-    for host in inv.hosts.values():
-        for name, value in host.vars.items():
-            if not (name in SECRET_VARIABLES or name in CONNECTION_SECRETS or _from_vault(value)):
-                continue
-            for leaf in _leaves(value):
-                try:
-                    text = str(leaf)  # an inline !vault value decrypts here, when its secret was given
-                except Exception:  # no secret for it: nothing readable to scrub
-                    continue
-                if leaf is not None and not _is_template(text):
-                    found.add(text)
-    return found
 
 
 def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_checking: bool = True) -> Inventory:

@@ -21,21 +21,17 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from provision import ansible_config, interrupts
-from provision.errors import Interrupted, ProvisionError, UsageError
+from provision.errors import Interrupted, ProvisionError
 from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
-
-REDACTED = "********"
-# Environment variables whose values are secrets wherever they appear.
-_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|VAULT)", re.IGNORECASE)
-_MIN_SECRET_LEN = 4  # never "redact" tiny values such as "1" everywhere
+from provision.record import RunRecord
 
 
 @dataclass
@@ -121,6 +117,16 @@ class EventCollector:
     def _report(self, host: str, res: dict[str, Any]) -> None:
         self.reports.setdefault(host, []).extend(_report_messages(res))
 
+    def _module_warnings(self, host: str, res: dict[str, Any]) -> None:
+        """A module's warnings (module.warn) travel in its result, not as events of their own."""
+        items = res.get("results") if isinstance(res.get("results"), list) else []
+        for item in [res, *items]:
+            warnings = item.get("warnings") if isinstance(item, dict) else None
+            for warning in warnings if isinstance(warnings, list) else ():
+                line = f"{host}: {' '.join(str(warning).split())}"
+                if line not in self.warnings:
+                    self.warnings.append(line)
+
     def handle(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
@@ -139,6 +145,7 @@ class EventCollector:
             stats = self.live.setdefault(host, HostStats())
             self.play_hosts.add(host)
             res = data.get("res") or {}
+            self._module_warnings(host, res)
             self.host_seconds[host] = self.host_seconds.get(host, 0.0) + float(data.get("duration") or 0)
             task = data.get("task", "")
             if kind in ("runner_on_ok", "runner_on_async_ok"):
@@ -198,86 +205,6 @@ def _strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def secret_values(extra: Iterable[str] = ()) -> set[str]:
-    """The values to scrub: secret-looking environment variables plus any given ones."""
-    values = {v for k, v in os.environ.items() if _SECRET_ENV.search(k)}
-    values.update(extra)
-    return {v for v in values if v and len(v) >= _MIN_SECRET_LEN}
-
-
-def redact_text(text: str, secrets: set[str]) -> str:
-    """Every secret value (and its JSON-escaped form) replaced by REDACTED, longest first."""
-    for secret in sorted(secrets, key=len, reverse=True):  # a secret may contain another
-        text = text.replace(secret, REDACTED)
-        escaped = json.dumps(secret)[1:-1]
-        if escaped != secret:
-            text = text.replace(escaped, REDACTED)
-    return text
-
-
-def redact_obj(value: Any, secrets: set[str]) -> Any:
-    """A JSON-able value with every secret replaced in its strings (keys and numbers untouched)."""
-    if isinstance(value, str):
-        return redact_text(value, secrets)
-    if isinstance(value, dict):
-        return {k: redact_obj(v, secrets) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_obj(v, secrets) for v in value]
-    return value
-
-
-def redact_tree(root: Path, secrets: set[str]) -> int:
-    """Replace every secret value in every file under root. Returns the files changed."""
-    if not secrets:
-        return 0
-    changed = 0
-    for path in root.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8", errors="surrogateescape")
-        except OSError:
-            continue
-        scrubbed = redact_text(text, secrets)
-        if scrubbed != text:
-            path.write_text(scrubbed, encoding="utf-8", errors="surrogateescape")
-            changed += 1
-    return changed
-
-
-def _keep_artifacts(artifact_root: Path, record_dir: Path, secrets: set[str]) -> None:
-    """Copy runner's artifacts into the run record, without the environment dump and redacted."""
-    dest = record_dir / "artifacts"
-    for ident_dir in artifact_root.iterdir() if artifact_root.is_dir() else ():
-        target = dest / ident_dir.name
-        shutil.copytree(ident_dir, target, ignore=shutil.ignore_patterns("fact_cache", "command"))
-        command = ident_dir / "command"
-        if command.is_file():
-            # runner stores the whole environment here; keep the command line only
-            try:
-                data = json.loads(command.read_text())
-                (target / "command").write_text(json.dumps({"command": data.get("command"), "cwd": data.get("cwd")}))
-            except (OSError, ValueError):
-                pass
-    redact_tree(dest, secrets)
-
-
-def new_record_dir(runs_dir: Path, kind: str) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for n in range(1000):
-            candidate = runs_dir / (f"{stamp}-{kind}" + (f"-{n}" if n else ""))
-            try:
-                candidate.mkdir(mode=0o700)
-                return candidate
-            except FileExistsError:
-                continue
-    except OSError as exc:  # a file, a dangling link, no permission: say so before any host is touched
-        raise UsageError(f"--runs-dir {runs_dir}: cannot create a run record there: {exc.strerror or exc}") from None
-    raise ProvisionError(f"{runs_dir}: cannot create a run record directory")
-
-
 @functools.cache
 def release() -> str:
     """This release and a digest of the code the playbooks run (playbooks, roles, plugins, the package's
@@ -332,7 +259,7 @@ def run_playbook(
     playbook: str,
     inventory: Path,
     *,
-    record_dir: Path,
+    record: RunRecord,
     host_count: int,
     limit: str | None = None,
     tags: list[str] | None = None,
@@ -341,14 +268,14 @@ def run_playbook(
     extravars: dict[str, Any] | None = None,
     host_key_checking: bool = True,
     vault: VaultOptions | None = None,
-    secrets: Iterable[str] = (),
     progress: Any = None,
     raise_interrupt: bool = True,
 ) -> RunResult:
     """Run one packaged playbook against an inventory directory and return what happened.
 
     Secrets must never be in `extravars` (they would be on ansible-playbook's command
-    line): inventories read them from the environment or vault.
+    line): inventories read them from the environment or vault. What the run said (failures, reports,
+    diffs, warnings) comes back scrubbed by the record's redactor, and its artifacts are kept in the record.
 
     SIGINT or SIGTERM while it runs stops every process of the run (provision/interrupts.py); the artifacts are
     kept, and then Interrupted is raised, or with `raise_interrupt=False` the result says `interrupted`.
@@ -386,15 +313,16 @@ def run_playbook(
                 cancel_callback=trap.cancel_callback(str(pdd)),
                 ident="run",
             )
-        result = _result(playbook, runner, collector, check, started, started_at, record_dir)
+        result = _result(playbook, runner, collector, check, started, started_at, record)
         result.interrupted = trap.name
         if trap.signum is not None:
             result.status = "interrupted"
         elif runner.status != "successful" and not result.failures:
-            result.failures.append({"host": "", "task": "", "message": _stdout_tail(pdd) or runner.status})
-        _keep_artifacts(pdd / "artifacts", record_dir, secret_values(secrets))
+            message = record.redact(_stdout_tail(pdd)) or runner.status
+            result.failures.append({"host": "", "task": "", "message": message})
+        record.keep_artifacts(pdd / "artifacts")
         if trap.signum is not None and raise_interrupt:
-            raise Interrupted(f"interrupted by {trap.name}: run record {record_dir}", trap.signum)
+            raise Interrupted(f"interrupted by {trap.name}: run record {record.path}", trap.signum)
         return result
     finally:
         interrupts.stop_run(str(pdd))  # what a cancel left, and ssh's ControlPersist masters
@@ -403,7 +331,8 @@ def run_playbook(
         shutil.rmtree(pdd, ignore_errors=True)
 
 
-def _result(playbook, runner, collector, check, started, started_at, record_dir) -> RunResult:
+def _result(playbook, runner, collector, check, started, started_at, record) -> RunResult:
+    """The run's result; every text that came from the hosts (failures built from their logs included) scrubbed."""
     return RunResult(
         playbook=playbook,
         status=runner.status,
@@ -412,15 +341,15 @@ def _result(playbook, runner, collector, check, started, started_at, record_dir)
         started=started_at,
         duration_s=round(time.monotonic() - started, 2),
         hosts=_final_stats(runner.stats, collector),
-        changed_tasks=collector.changed_tasks,
-        failures=collector.failures,
-        warnings=collector.warnings,
-        reports=collector.reports,
+        changed_tasks=record.redact(collector.changed_tasks),
+        failures=record.redact(collector.failures),
+        warnings=record.redact(collector.warnings),
+        reports=record.redact(collector.reports),
         host_durations_s={h: round(s, 2) for h, s in collector.host_seconds.items()},
-        record_dir=str(record_dir),
+        record_dir=str(record.path),
         aborted=collector.aborted,
         last_play_hosts=sorted(collector.play_hosts),
-        last_tasks=collector.last_tasks,
+        last_tasks=record.redact(collector.last_tasks),
     )
 
 
@@ -447,13 +376,3 @@ def _final_stats(stats: dict[str, dict[str, int]] | None, collector: EventCollec
             ignored=stats.get("ignored", {}).get(name, 0),
         )
     return hosts
-
-
-def write_summary(record_dir: Path, summary: dict[str, Any], secrets: Iterable[str] = ()) -> Path:
-    """Write summary.json atomically, redacted."""
-    path = record_dir / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    redact_tree(record_dir, secret_values(secrets))
-    return path

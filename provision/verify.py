@@ -28,7 +28,8 @@ from provision import inventory as inventory_mod
 from provision.checks.support import HOST_VARS, probe_request
 from provision.job_events import task_outcomes
 from provision.progress import LiveProgress
-from provision.runner import RunResult, new_record_dir, run_playbook, write_summary
+from provision.record import RunRecord
+from provision.runner import RunResult, run_playbook
 
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 # group -> suites run on its hosts
@@ -160,7 +161,7 @@ def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
 def read_hosts(
     inv: inventory_mod.Inventory,
     hosts: list[inventory_mod.Host],
-    record: Path,
+    record: RunRecord,
     *,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,
@@ -171,7 +172,7 @@ def read_hosts(
     run = run_playbook(
         PROBE_PLAYBOOK,
         inv.path,
-        record_dir=record,
+        record=record,
         host_count=len(wanted),
         extravars={
             "provision_verify_requests": {name: probe_request(suites) for name, suites in wanted.items()},
@@ -180,10 +181,9 @@ def read_hosts(
         },
         host_key_checking=host_key_checking,
         vault=vault,
-        secrets=inventory_mod.secret_values(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify: reading every host"),
     )
-    return {**spec, "readings": readings(record, list(wanted), run)}, run
+    return {**spec, "readings": readings(record.path, list(wanted), run)}, run
 
 
 def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None, extra_env=None):
@@ -215,7 +215,7 @@ def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | 
 def reboot_all(
     inv: inventory_mod.Inventory,
     limit: str | None,
-    record: Path,
+    record: RunRecord,
     report: VerifyReport,
     *,
     host_key_checking: bool = True,
@@ -225,12 +225,11 @@ def reboot_all(
     result = run_playbook(
         "reboot.yml",
         inv.path,
-        record_dir=record,
+        record=record,
         host_count=len(inv.hosts),
         limit=limit,
         host_key_checking=host_key_checking,
         vault=vault,
-        secrets=inventory_mod.secret_values(inv),
         progress=LiveProgress(Console(stderr=True), "provision verify --after-reboot: rebooting"),
     )
     report.reboots = result.reports
@@ -247,37 +246,51 @@ def verify(
     session_tokens: str | None = None,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,
+    kind: str = "verify",
 ) -> VerifyReport:
     """Run the suites on every host (each read once, all in parallel); `select` is a pytest -k expression.
 
-    The record holds the probe run's artifacts (artifacts/run), the reboot run's under reboot/
-    with --after-reboot, verify.json (the report) and summary.json, all scrubbed of secrets."""
+    The record (`kind`: verify, or capacity for `provision capacity`) holds the probe run's artifacts
+    (artifacts/run), the reboot run's under reboot/ with --after-reboot, verify.json (the report) and
+    summary.json; the report returned, the record and the JUnit file are scrubbed of secrets."""
     inv = inventory_mod.load(inventory, vault, host_key_checking)
     limited = set(inv.match(limit))  # Ansible's own pattern rules, as apply's --limit
     hosts = [h for h in inv.hosts.values() if h.name in limited and set(SUITES) & h.groups]
     report = VerifyReport(inventory=str(inv.path))
-    record = new_record_dir(runs_dir, "verify")
-    report.record_dir = str(record)
     connection = {"host_key_checking": host_key_checking, "vault": vault}
-    if after_reboot:
-        (record / "reboot").mkdir()
-        reboot_all(inv, limit, record / "reboot", report, **connection)
-    run = None
+    with RunRecord(runs_dir, kind, inv) as record:
+        report.record_dir = str(record.path)
+        if after_reboot:
+            reboot_all(inv, limit, record.child("reboot"), report, **connection)
+        run = _check(inv, hosts, record, report, select, session_tokens, connection)
+        _scrub(report, record)
+        record.write_json("verify.json", report.to_dict())
+        record.write_summary({"command": kind, **report.to_dict(), "probe_run": run.to_dict() if run else None})
+    if junit:
+        _write_junit(report, junit)
+    return report
+
+
+def _check(inv, hosts, record: RunRecord, report: VerifyReport, select, session_tokens, connection):
+    """Read the hosts, run the checks and collect the capacity reports into `report`; the probe run."""
+    if not hosts:
+        return None
     with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp:
-        if hosts:
-            spec, run = read_hosts(inv, hosts, record, **connection)
-            spec_file = Path(tmp) / "hosts.json"
-            spec_file.write_text(json.dumps(spec))
-            env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
-            report.checks.extend(_run_checks([h.name for h in hosts], spec_file, Path(tmp), select, env))
+        spec, run = read_hosts(inv, hosts, record, **connection)
+        spec_file = Path(tmp) / "hosts.json"
+        spec_file.write_text(json.dumps(spec))
+        env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
+        report.checks.extend(_run_checks([h.name for h in hosts], spec_file, Path(tmp), select, env))
         for path in Path(tmp).glob("*-capacity.json"):
             report.capacity[path.name.removesuffix("-capacity.json")] = json.loads(path.read_text())
-        if junit:
-            _write_junit(report, junit)
-    (record / "verify.json").write_text(json.dumps(report.to_dict(), indent=2))
-    summary = {"command": "verify", **report.to_dict(), "probe_run": run.to_dict() if run else None}
-    write_summary(record, summary, inventory_mod.secret_values(inv))
-    return report
+    return run
+
+
+def _scrub(report: VerifyReport, record: RunRecord) -> None:
+    """The checks decide from what the hosts returned: their reasons and the capacity go through the redactor."""
+    for check in report.checks:
+        check.reason = record.redact(check.reason)
+    report.capacity = record.redact(report.capacity)
 
 
 def _write_junit(report: VerifyReport, path: Path) -> None:

@@ -13,7 +13,8 @@ import yaml
 from provision import verify
 from provision.checks import support
 from provision.job_events import task_outcomes
-from provision.runner import RunResult, new_record_dir
+from provision.record import RunRecord
+from provision.runner import RunResult
 
 CHECKS_DIR = Path(verify.__file__).parent / "checks"
 
@@ -120,8 +121,9 @@ def test_the_probe_playbook_renders_only_the_named_variables(tmp_path, monkeypat
                                 "gpu_containers": {"hosts": {"ct1": hosts["ct1"]}}}}}  # fmt: skip
     (tmp_path / "inv" / "hosts.yml").write_text(yaml.safe_dump(doc))
     inv = verify.inventory_mod.load(str(tmp_path / "inv"))
-    record = new_record_dir(tmp_path / "runs", "verify")
-    spec, run = verify.read_hosts(inv, list(inv.hosts.values()), record)
+    with RunRecord(tmp_path / "runs", "verify", inv) as rec:
+        spec, run = verify.read_hosts(inv, list(inv.hosts.values()), rec)
+    record = rec.path
     assert run.succeeded, run.failures
     assert spec["readings"]["ct1"]["vars"] == {"verify_smoke_question": "What is 42?", "verify_smoke_expect": 42}
     assert spec["readings"]["node1"]["vars"] == {}

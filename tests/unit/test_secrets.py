@@ -1,0 +1,192 @@
+"""The secret set (one rule for every command) and the redactor (every spelling of a secret)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from urllib.parse import quote, quote_plus
+
+import pytest
+
+from provision import inventory, secrets
+from provision.secrets import REDACTED, Redactor
+
+# every character that makes an encoding differ from the plain text: quotes, a backslash, a space, /, + and =
+KEY = "sk-L3ak/K+y 'q\"uo\\te=" + "9f2c"
+
+
+def reveals(text: str, secret: str) -> bool:
+    """The secret, or its bytes inside any base64 run of the text at any alignment, in either alphabet."""
+    raw = secret.encode()
+    if secret in text:
+        return True
+    for run in re.findall(r"[A-Za-z0-9+/_=-]{6,}", text):
+        for start in range(4):
+            chunk = run[start:].rstrip("=")
+            chunk = chunk[: len(chunk) - len(chunk) % 4]
+            for alt in (b"+/", b"-_"):
+                try:
+                    decoded = base64.b64decode(chunk, altchars=alt, validate=False)
+                except ValueError:
+                    continue
+                if raw in decoded:
+                    return True
+    return False
+
+
+def spellings(secret: str) -> dict[str, str]:
+    b64 = base64.b64encode(secret.encode()).decode()
+    urlsafe = base64.urlsafe_b64encode(secret.encode()).decode()
+    return {
+        "plain": secret,
+        "json": json.dumps({"msg": f"login {secret} failed"}),
+        "repr": repr({"api_key": secret}),
+        "quote": "https://x/?k=" + quote(secret, safe=""),
+        "quote keeps /": "/v1/" + quote(secret),
+        "quote_plus": "k=" + quote_plus(secret),
+        "shlex": "sh -c " + shlex.quote(f"curl -H {shlex.quote(secret)}"),
+        "ansible quoting": f"'--api-key={secret}'".replace("'", "'\"'\"'"),
+        "base64": "Basic " + b64,
+        "base64 unpadded": b64.rstrip("="),
+        "urlsafe base64": urlsafe,
+        "urlsafe unpadded": urlsafe.rstrip("="),
+        "base64 in json": json.dumps({"argv": ["python3", b64]}),
+    }
+
+
+@pytest.mark.parametrize("case", list(spellings(KEY)))
+def test_every_spelling_of_a_secret_is_scrubbed(case):
+    text = spellings(KEY)[case]
+    out = Redactor({KEY}).text(text)
+    assert REDACTED in out and KEY not in out and not reveals(out, KEY), out
+
+
+@pytest.mark.parametrize("prefix", [b"", b"a", b"ab", b"abc", b'{"question": "'])
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode])
+def test_a_secret_inside_a_longer_base64_text_is_scrubbed_at_every_alignment(prefix, encode):
+    """What a probe request does: the secret inside a JSON document, the document base64-encoded on argv."""
+    text = encode(prefix + KEY.encode() + b'", "more": 1}').decode()
+    assert reveals(text, KEY)
+    out = Redactor({KEY}).text(f"argv: python3 - {text}")
+    assert not reveals(out, KEY), out
+
+
+def test_the_json_escaped_form_of_a_shell_quoted_secret_is_scrubbed():
+    doc = json.dumps({"cmd": "sh -c " + shlex.quote("x " + KEY)})
+    assert not reveals(Redactor({KEY}).text(doc), KEY)
+
+
+def test_short_values_are_never_secrets_and_numbers_stay_numbers():
+    redactor = Redactor({"abc", "4000", ""})
+    assert redactor.secrets == {"4000"}
+    data = {"exit_code": 4000, "hosts": {"ops-node": "ok"}, "msg": ["pw 4000 here", "abc"]}
+    assert redactor.obj(data) == {"exit_code": 4000, "hosts": {"ops-node": "ok"}, "msg": [f"pw {REDACTED} here", "abc"]}
+
+
+def test_a_secret_that_contains_another_is_scrubbed_whole():
+    assert Redactor({"abcd", "xxabcdyy"}).text("1 xxabcdyy 2 abcd") == f"1 {REDACTED} 2 {REDACTED}"
+
+
+def test_tree_scrubs_every_file_and_leaves_links(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "plain.txt").write_text(f"password={KEY}\n")
+    (tmp_path / "event.json").write_text(json.dumps({"res": {"msg": base64.b64encode(KEY.encode()).decode()}}))
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "plain.txt")
+    assert Redactor({KEY}).tree(tmp_path) == 2
+    for path in (tmp_path / "a" / "plain.txt", tmp_path / "event.json"):
+        assert not reveals(path.read_text(), KEY) and REDACTED in path.read_text()
+
+
+def test_the_declared_secrets_come_from_the_roles_argument_specs():
+    declared = set(secrets.declared_secrets())
+    assert {"sglang_api_key", "proxmox_api_password", "proxmox_api_token_secret"} <= declared
+    assert "sglang_model_path" not in declared and "proxmox_api_user" not in declared
+    assert {"ansible_password", "ansible_ssh_pass", "ansible_become_password", "ansible_become_pass"} <= (
+        secrets.secret_names()
+    )
+
+
+HOSTS = """\
+all:
+  children:
+    proxmox_hosts:
+      hosts:
+        pve1:
+          ansible_become_password: become-pw-1234
+          ansible_ssh_pass: "{{ lookup('ansible.builtin.env', 'SHIP_COLOUR') }}"
+    gpu_containers:
+      hosts:
+        ct1:
+          proxmox_host: pve1
+          proxmox_vmid: 110
+          sglang_api_key: "{{ lookup('ansible.builtin.env', 'WIDGET_SIZE') }}"
+          ansible_password: "{{ hostvars['nowhere'].x }}"
+          sglang_model_path: /models/qwen
+          widget_note: not-a-secret-value
+"""
+
+
+def test_the_secret_set_holds_vault_values_declared_and_connection_secrets_rendered(tmp_path, monkeypatch):
+    """Whatever the environment variable a secret is read from is called, the rendered value is in the set;
+    so is every value from a vault (here under a name that does not look secret), nested ones too."""
+    monkeypatch.setenv("WIDGET_SIZE", "key-from-an-odd-env-name")
+    monkeypatch.setenv("SHIP_COLOUR", "ssh-pass-from-env")
+    monkeypatch.setenv("MY_API_KEY", "k-123456")
+    root = tmp_path / "inv"
+    (root / "group_vars" / "all").mkdir(parents=True)
+    (root / "hosts.yml").write_text(HOSTS)
+    vault = root / "group_vars" / "all" / "vault.yml"
+    vault.write_text("colour_of_the_day: vaulted-1234\nnested: {deep: [NestedTok777]}\n")
+    password = tmp_path / "pass"
+    password.write_text("pw-123456\n")
+    ansible_vault = Path(sys.executable).parent / "ansible-vault"
+    encrypt = [ansible_vault, "encrypt", "--vault-password-file", password, vault]
+    subprocess.run(encrypt, check=True, capture_output=True)
+    inv = inventory.load(root, inventory.VaultOptions((password,)))
+    found = secrets.values(inv)
+    assert {"key-from-an-odd-env-name", "ssh-pass-from-env", "become-pw-1234", "vaulted-1234", "NestedTok777",
+            "k-123456"} <= found  # fmt: skip
+    assert not {"/models/qwen", "not-a-secret-value", "pw-123456"} & found
+    assert not [v for v in found if "{{" in v], "a template that cannot render here is no secret to scrub"
+
+
+def test_a_literal_secret_is_warned_about_by_variable_never_by_value(tmp_path):
+    root = tmp_path / "inv"
+    root.mkdir()
+    (root / "hosts.yml").write_text(HOSTS.replace("ansible_password", "proxmox_api_token_secret")
+                                    .replace("{{ hostvars['nowhere'].x }}", "tok-literal-999"))  # fmt: skip
+    inv = inventory.load(root)
+    assert [w for w in inv.warnings if "proxmox_api_token_secret is in plain text" in w]
+    assert not [w for w in inv.warnings if "tok-literal-999" in w]
+
+
+def test_environment_secrets_need_a_secret_looking_name():
+    env = {"PROXMOX_PASSWORD": "hunter2-long", "HOME_DIR": "/root"}
+    code = "from provision import secrets; print(sorted(secrets.values()))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+    assert "hunter2-long" in out.stdout and "'/root'" not in out.stdout, out.stderr
+
+
+def test_the_sglang_journal_scrubber_on_the_host_and_the_controller_agree():
+    """The host-side scrub (roles/sglang/files/journal_tail.py) knows only the key; whatever it leaves, the
+    controller's redactor takes out too."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("journal_tail", root / "roles/sglang/files/journal_tail.py")
+    journal_tail = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(journal_tail)
+    tail = textwrap.dedent(f"""\
+        server_args={{'api_key': {KEY!r}, 'port': 30000}}
+        launch_command: --api-key {shlex.quote(KEY)}
+        GET /v1/models?key={quote_plus(KEY)}
+    """)
+    assert not reveals(Redactor({KEY}).text(journal_tail.scrub(tail, [KEY])), KEY)
+    assert not reveals(Redactor({KEY}).text(tail), KEY)
