@@ -7,6 +7,8 @@ checked here is what `ansible-playbook` will see. The contract (README, "Invento
 - each container sets `proxmox_host` (a member of `proxmox_hosts`) and `proxmox_vmid`
   (an integer 100..999999999, unique per node);
 - the `proxmox_api_*` variables have fixed types;
+- no value the roles write into a systemd unit, a GRUB file or the kernel command line holds a control
+  character (plugins/module_utils/rendered_values.py, the rule the roles' preflight applies too);
 - ssh host key checking is not turned off (unless the caller passes `--no-host-key-checking`).
 
 Every problem is one line naming the file (and line, where Ansible knows it), the host and the
@@ -24,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from provision import secrets
 from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
 from provision.errors import InventoryError, UsageError
-from provision.paths import example_inventory_dir
+from provision.paths import example_inventory_dir, module_util, roles_dir
 
 PROXMOX_HOSTS = "proxmox_hosts"
 GPU_CONTAINERS = "gpu_containers"
@@ -35,6 +39,7 @@ VMID_MIN, VMID_MAX = 100, 999_999_999
 EXAMPLE_NAME = "example"
 # A host name Ansible accepts but no ssh, shell or file path should get: whitespace or control characters.
 _BAD_HOST_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
+RENDERED_INTO = "it would be written into a systemd unit, a GRUB file or the kernel command line"
 _HOST_KEY_OFF_ARGS = re.compile(
     r"StrictHostKeyChecking[= ]+(no|off|false|accept-new)\b|UserKnownHostsFile[= ]+/dev/null", re.I
 )
@@ -472,12 +477,39 @@ def host_key_checking_problems(inv: Inventory, checking: bool = True) -> list[st
     return [p + hint for p in problems + _per_source(found)]
 
 
+@functools.cache
+def rendered_variables() -> tuple[str, ...]:
+    """The variables the roles write into a systemd unit, its environment file, a GRUB file or the kernel command
+    line: the keys of each role's `_<role>_rendered_values` (roles/*/vars/main.yml), the lists their own preflight
+    checks on the host."""
+    names: set[str] = set()
+    for path in sorted(roles_dir().glob("*/vars/main.yml")):
+        for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if key.endswith("_rendered_values") and isinstance(value, dict):
+                names |= set(value)
+    return tuple(sorted(names))
+
+
+def _check_rendered(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for each control character in a value the roles would render (templates are
+    checked by the roles once rendered)."""
+    rule = module_util("rendered_values")
+    found = []
+    for name in rendered_variables():
+        value = host.vars.get(name)
+        if value is None or is_template(value):
+            continue
+        for problem in rule.value_problems({name: value}):
+            found.append((host.where(name), host.name, f"{problem}: {RENDERED_INTO}"))
+    return found
+
+
 def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     """Return one line per problem; an empty list means the inventory is usable."""
     problems = _check_groups(inv)
-    problems += _per_source(
-        [p for host in sorted(inv.hosts.values(), key=lambda h: h.name) for p in _check_types(host)]
-    )
+    hosts = sorted(inv.hosts.values(), key=lambda h: h.name)
+    problems += _per_source([p for host in hosts for p in _check_types(host)])
+    problems += _per_source([p for host in hosts for p in _check_rendered(host)])
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)
@@ -499,6 +531,19 @@ def from_vault(value: Any) -> bool:
         return True
     origin = _origin(value)
     return origin is not None and _vaulted_file(origin.rsplit(":", 1)[0] if origin.count(":") else origin)
+
+
+def unverified_tls_warnings(inv: Inventory) -> list[str]:
+    """Where proxmox_api_validate_certs is false for a container that talks to the PVE API over https: its
+    password or token goes to whoever answers there (said before anything runs, and again by the module)."""
+    found = [
+        (ct.where("proxmox_api_validate_certs"), ct.name, "proxmox_api_validate_certs is false: the PVE API's TLS "
+         "certificate is NOT verified, and the API password or token goes to whoever answers; set "
+         "proxmox_api_ca_file to the CA that signed it instead")
+        for ct in inv.gpu_containers
+        if ct.vars.get("proxmox_api_validate_certs") is False and ct.vars.get("gpu_passthrough_api_backend") != "ssh"
+    ]  # fmt: skip
+    return _per_source(found)
 
 
 def plain_text_secret_warnings(inv: Inventory) -> list[str]:
@@ -526,5 +571,5 @@ def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_c
     problems = validate(inv, host_key_checking)
     if problems:
         raise InventoryError(problems)
-    inv.warnings = plain_text_secret_warnings(inv)
+    inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv)
     return inv

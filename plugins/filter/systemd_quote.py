@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
-# A newline in a unit file starts a new directive (an injected ExecStartPre=, say); the other
-# control characters have no business in an argument, a path or an environment value either.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from ansible_collections.provision.pve_sglang.plugins.module_utils.rendered_values import value_problems
+
 # Flags that put a secret on argv (where `ps` shows it); argparse also takes a unique prefix
 _SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
@@ -38,26 +35,6 @@ def systemd_env_file_line(item) -> str:
     return f'{name}="{escaped}"'
 
 
-def unit_value_problems(values: Mapping) -> list[str]:
-    """One message per value that must not be rendered into a unit or its environment file:
-    {variable name: value (str, list or mapping of names to values)}. Messages name the variable
-    (and the list index or environment name), never the value, which may be a secret."""
-    problems = []
-    for var, value in values.items():
-        if isinstance(value, Mapping):
-            for name, item in value.items():
-                if not _ENV_NAME.match(str(name)):
-                    problems.append(f"{var}: {str(name)!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
-                elif _CONTROL.search(str(item)):
-                    problems.append(f"{var}.{name} holds a control character (newline, tab, ...)")
-        elif isinstance(value, (list, tuple)):
-            problems += [f"{var}[{i}] holds a control character (newline, tab, ...)"
-                         for i, item in enumerate(value) if _CONTROL.search(str(item))]  # fmt: skip
-        elif value is not None and _CONTROL.search(str(value)):
-            problems.append(f"{var} holds a control character (newline, tab, ...)")
-    return problems
-
-
 def secret_flags(args) -> list[str]:
     """The arguments that name --api-key or --admin-api-key (or a prefix argparse would expand to one)."""
     found = []
@@ -74,6 +51,7 @@ class FilterModule:
             "systemd_exec_arg": systemd_exec_arg,
             "systemd_env_assignment": systemd_env_assignment,
             "systemd_env_file_line": systemd_env_file_line,
-            "sglang_unit_value_problems": unit_value_problems,
+            # control characters in what reaches a unit, a GRUB file or a kernel command line (module_utils)
+            "rendered_value_problems": value_problems,
             "sglang_secret_flags": secret_flags,
         }

@@ -94,7 +94,10 @@ import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import canonical, merge, missing, split
+from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
+    assigned_word, assignments, canonical, literal_value, merge, missing, quote, set_assignment, split,
+)
+from ansible_collections.provision.pve_sglang.plugins.module_utils.rendered_values import value_problems
 from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import SEV_SNP_PARAM, before_reboot, newest_release, proof
 
 GRUB_MAIN = "/etc/default/grub"
@@ -127,23 +130,22 @@ def grub_files():
     return [GRUB_MAIN] + sorted(glob.glob(os.path.join(GRUB_SNIPPETS, "*.cfg")))
 
 
-def _assignment(var):
-    return re.compile(r"^(\s*(?:export\s+)?" + var + r"=)(.*)$")
+def read_file(path):
+    with open(path) as f:
+        return f.read()
 
 
-def last_assignment(var):
-    """(file, line index, raw value) of the last assignment of var across the grub files, or None."""
+def last_assignment(var, read=read_file):
+    """(file, where, value word) of the last assignment of var across the grub files, as `read` gives them (where:
+    as module_utils.kernel_cmdline.assignments gives it; the word None when it goes on past its line), or None."""
     found = None
     for path in grub_files():
         try:
-            with open(path) as f:
-                lines = f.read().splitlines()
+            text = read(path)
         except OSError:
             continue
-        for i, line in enumerate(lines):
-            m = _assignment(var).match(line)
-            if m:
-                found = (path, i, m.group(2))
+        for where in assignments(text, var):
+            found = (path, where, assigned_word(text, where))
     return found
 
 
@@ -154,27 +156,6 @@ def effective_grub_value(module, var):
     if rc != 0:
         module.fail_json(msg="cannot evaluate %s from %s: %s" % (var, ", ".join(grub_files()), err.strip()))
     return out
-
-
-def literal_value(raw):
-    """The string a plain literal assignment holds, or None if it is not one ($vars, $(...), `...`)."""
-    raw = raw.strip()
-    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
-        return raw[1:-1]
-    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-        inner = raw[1:-1]
-        if "$" in inner or "`" in inner or "\\" in inner:
-            return None
-        return inner
-    if re.match(r"^[^\s$`\"'\\]*$", raw):
-        return raw
-    return None
-
-
-def quote(value):
-    if '"' not in value and "$" not in value and "`" not in value and "\\" not in value:
-        return '"%s"' % value
-    return "'%s'" % value.replace("'", "'\\''")
 
 
 # ------------------------------------------------------------------ backups
@@ -241,23 +222,20 @@ def plan_grub(module, add, remove):
     changes, notes = {}, []
     contents = {}
 
-    def read(path):
+    def read(path):  # a file as edited so far: a second edit of the same line sees the first
         if path not in contents:
-            with open(path) as f:
-                contents[path] = f.read()
+            contents[path] = read_file(path)
         return contents[path]
 
     overrides = {}
     for var, res in ((DEFAULT_VAR, result), (LINUX_VAR, linux_result)):
         if not res["changed"]:
             continue
-        where = last_assignment(var)
-        if where is not None and literal_value(where[2]) is not None and where[0] != GRUB_OVERRIDE:
-            path, index, _ = where
-            lines = read(path).split("\n")
-            prefix = _assignment(var).match(lines[index]).group(1)
-            lines[index] = prefix + quote(res["line"])
-            contents[path] = "\n".join(lines)
+        where = last_assignment(var, read)
+        path, at, word = where or (None, None, None)
+        if word is not None and literal_value(word) is not None and path != GRUB_OVERRIDE:
+            # only the value's shell word changes: other statements and a comment on its line stay
+            contents[path] = set_assignment(read(path), at, res["line"])
             changes[path] = contents[path]
             notes.append("%s set in %s" % (var, path))
         else:
@@ -268,7 +246,7 @@ def plan_grub(module, add, remove):
             )
     if overrides:
         existing = read(GRUB_OVERRIDE) if os.path.exists(GRUB_OVERRIDE) else ""
-        lines = [ln for ln in existing.split("\n") if ln and not any(_assignment(v).match(ln) for v in overrides)]
+        lines = [ln for ln in existing.split("\n") if ln and not any(assignments(ln, v) for v in overrides)]
         if not lines:
             lines = ["# Written by provision (kernel_cmdline): the merged kernel arguments, applied last."]
         lines += ["%s=%s" % (var, quote(value)) for var, value in overrides.items()]
@@ -572,6 +550,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    problems = value_problems({"add": p["add"], "remove": p["remove"]})
+    if problems:  # a newline would start a new statement in /etc/default/grub, a new line in /etc/kernel/cmdline
+        module.fail_json(msg="; ".join(problems) + ": nothing was changed")
     if p["bootloader"] == "auto":
         bootloader, how = detect_bootloader(module)
     else:

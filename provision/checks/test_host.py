@@ -4,40 +4,23 @@ Each decides from the node's probe (conftest.py), read once per run."""
 from __future__ import annotations
 
 import json
-import shlex
 
 from provision.checks.support import STATE_DIR
+from provision.paths import module_util
 
 WANTED = f"{STATE_DIR}/kernel-cmdline/wanted.json"
 FINDINGS = f"{STATE_DIR}/kernel-findings.json"
-
-
-def canonical(arg: str) -> str:
-    """As the kernel reads an argument: `"a=b c"` and `a="b c"` are the same (GRUB re-quotes whole words).
-    The kernel_cmdline role's module_utils has the same rule for the nodes themselves."""
-    if len(arg) >= 2 and arg[0] == arg[-1] == '"':
-        arg = arg[1:-1]
-    k, sep, value = arg.partition("=")
-    if sep and len(value) >= 2 and value[0] == value[-1] == '"':
-        value = value[1:-1]
-    return k + sep + value
-
-
-def _cmdline(target) -> list[str]:
-    return [canonical(a) for a in shlex.split(target.data["proc_cmdline"] or "", posix=False)]
+# the rule the kernel_cmdline module decides a reboot by: arguments as the kernel reads them
+kernel_cmdline = module_util("kernel_cmdline")
 
 
 def test_kernel_arguments_in_running_kernel(target):
     """/proc/cmdline carries every wanted argument and none of those to remove."""
     wanted = target.json(WANTED)
     assert wanted is not None, "no record of the wanted kernel arguments: the kernel phase has not run here"
-    args = _cmdline(target)
-    absent = [a for a in wanted["add"] if canonical(a) not in args]
-    present = [
-        a for a in args for r in wanted["remove"] if a == canonical(r) or ("=" not in r and a.split("=", 1)[0] == r)
-    ]
-    assert not absent and not present, (
-        f"/proc/cmdline lacks {' '.join(absent) or '-'} and still has {' '.join(present) or '-'} "
+    gap = kernel_cmdline.missing(target.data["proc_cmdline"] or "", wanted["add"], wanted["remove"])
+    assert gap["ok"], (
+        f"/proc/cmdline lacks {' '.join(gap['absent']) or '-'} and still has {' '.join(gap['still_present']) or '-'} "
         f"(reboot pending, or a bootloader change that did not take)"
     )
 

@@ -218,3 +218,41 @@ def test_ini_inventory_with_a_host_range_and_a_vaulted_group_vars_file(tmp_path)
     assert [h.name for h in inv.proxmox_hosts] == ["pve-gpu-01", "pve-gpu-02"]
     assert inv.hosts["ct1"].value("proxmox_vmid") == 110
     assert {"s3cret-from-vault", "NestedTok777"} <= secrets.values(inv) and inv.warnings == []
+
+
+def test_control_characters_in_what_reaches_a_unit_grub_or_the_kernel_are_inventory_errors(tmp_path):
+    """Caught on the controller, before any host: each line names file:line, the hosts and the variable (never the
+    value); the roles check the same after rendering (plugins/module_utils/rendered_values.py)."""
+    root = make(tmp_path, GOOD_HOSTS, {
+        "proxmox_hosts": 'kernel_cmdline_extra_args: [iommu=nopt, "quiet\\nGRUB_TIMEOUT=0"]\n',
+        "gpu_containers": textwrap.dedent("""\
+            sglang_model_path: "/m\\nExecStartPre=/bin/sh -c id"
+            sglang_environment: {HF_TOKEN: "s3cret\\r", OK: fine}
+            sglang_served_model_name: "{{ 'templated' }}"
+        """),
+    })  # fmt: skip
+    found = problems(root)
+    suffix = "it would be written into a systemd unit, a GRUB file or the kernel command line"
+    assert found == [
+        f"{root}/group_vars/gpu_containers.yml:2: host ct1: sglang_environment.HF_TOKEN holds a control character "
+        f"(newline, tab, ...): {suffix}",
+        f"{root}/group_vars/gpu_containers.yml:1: host ct1: sglang_model_path holds a control character "
+        f"(newline, tab, ...): {suffix}",
+        f"{root}/group_vars/proxmox_hosts.yml:1: host pve1: kernel_cmdline_extra_args[1] holds a control character "
+        f"(newline, tab, ...): {suffix}",
+    ]
+    assert not [p for p in found if "s3cret" in p or "ExecStartPre" in p]
+
+
+def test_unverified_tls_to_the_proxmox_api_is_warned_about_before_anything_runs(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS, {"all": "proxmox_api_validate_certs: false\n"})
+    inv = inventory.load(root)
+    assert inv.warnings == [  # Ansible keeps no origin for true/false: the inventory is named
+        f"{root}: host ct1: proxmox_api_validate_certs is false: the PVE API's TLS certificate "
+        "is NOT verified, and the API password or token goes to whoever answers; set proxmox_api_ca_file to the CA "
+        "that signed it instead"
+    ]
+    (tmp_path / "ssh").mkdir()
+    ssh = make(tmp_path / "ssh", GOOD_HOSTS, {"all": "proxmox_api_validate_certs: false\n"
+                                                     "gpu_passthrough_api_backend: ssh\n"})  # fmt: skip
+    assert inventory.load(ssh).warnings == [], "the ssh backend does not use the API's TLS"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from provision.paths import module_util
+from tests.unit import collection
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "kernel_cmdline"
 kc = module_util("kernel_cmdline")
@@ -147,3 +150,117 @@ def test_running_kernel_comparison_ignores_grubs_requoting():
     # GRUB writes dyndbg="a b" into grub.cfg; the kernel then shows "dyndbg=a b" in /proc/cmdline
     assert kc.missing('ro "dyndbg=module iommu +p" quiet', ['dyndbg="module iommu +p"'], [])["ok"]
     assert kc.canonical('"dyndbg=a b"') == kc.canonical('dyndbg="a b"') == "dyndbg=a b"
+
+
+# ----------------------------------------------------------------- arguments with quoted whitespace
+DYNDBG = ["dyndbg=module iommu +p", 'dyndbg="module iommu +p"', '"dyndbg=module iommu +p"']
+
+
+def grub_passes(configured: str) -> str:
+    """/proc/cmdline after a boot through GRUB 2.06: grub.cfg carries the configured line as written, GRUB's
+    parser takes the quotes off each word, and its loader puts double quotes around a whole argument that has a
+    space (grub-core/lib/cmdline.c)."""
+    words = shlex.split(configured)
+    return "BOOT_IMAGE=/vmlinuz root=UUID=1 ro " + " ".join(f'"{w}"' if " " in w else w for w in words)
+
+
+@pytest.mark.parametrize("wanted", DYNDBG, ids=["unquoted", "value-quoted", "whole-quoted"])
+def test_an_argument_with_whitespace_converges_in_one_reboot(wanted):
+    """However the inventory writes it, the argument is written as one (its value quoted), the next merge changes
+    nothing, and the running kernel has it after one boot, whichever way GRUB quoted it: no second reboot."""
+    first = kc.merge("quiet", [wanted], [])
+    assert first["changed"] and kc.split(first["line"]) == ["quiet", 'dyndbg="module iommu +p"']
+    again = kc.merge(first["line"], [wanted], [])
+    assert not again["changed"] and again["line"] == first["line"]
+    assert not kc.missing("ro quiet", [wanted], [])["ok"], "before the reboot it is due"
+    for running in (grub_passes(first["line"]), "ro " + first["line"]):  # GRUB 2.06; the line as written
+        assert kc.missing(running, [wanted], [])["ok"], running
+
+
+def test_a_quoted_argument_replaces_its_key_in_place_and_is_removed_by_key():
+    r = kc.merge('quiet "dyndbg=file x.c +p" splash', ["dyndbg=module iommu +p"], [])
+    assert r["line"] == 'quiet dyndbg="module iommu +p" splash' and r["replaced"]
+    r = kc.merge('quiet "dyndbg=file x.c +p" acpi_osi="Windows 2020"', [], ["dyndbg", "acpi_osi=Windows 2020"])
+    assert r["line"] == "quiet" and len(r["removed"]) == 2
+    assert kc.missing('quiet "dyndbg=a b"', [], ["dyndbg"])["still_present"] == ["dyndbg=a b"]
+
+
+# ----------------------------------------------------------------- editing a GRUB default file
+def sourced(text: str, *names: str) -> list[str]:
+    """What update-grub sees: the file sourced by /bin/sh, each variable printed."""
+    script = text + "\n" + "".join(f'printf "%s\\n" "${name}"\n' for name in names)
+    return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def edited(text: str, value: str, var: str = "GRUB_CMDLINE_LINUX_DEFAULT") -> str:
+    where = kc.assignments(text, var)[-1]
+    assert kc.literal_value(kc.assigned_word(text, where)) is not None
+    return kc.set_assignment(text, where, value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'GRUB_TIMEOUT=5; GRUB_CMDLINE_LINUX_DEFAULT="quiet"',
+        "GRUB_CMDLINE_LINUX_DEFAULT=quiet;GRUB_TIMEOUT=5",
+        "GRUB_CMDLINE_LINUX_DEFAULT='quiet' GRUB_TIMEOUT=5  # set by the installer",
+        'export GRUB_CMDLINE_LINUX_DEFAULT="quiet" && GRUB_TIMEOUT=5',
+        'GRUB_TIMEOUT=5 GRUB_CMDLINE_LINUX_DEFAULT=qu"i"et # "GRUB_CMDLINE_LINUX_DEFAULT=commented"',
+    ],
+)
+def test_the_grub_edit_keeps_everything_else_on_the_line(line):
+    text = f'# comment GRUB_CMDLINE_LINUX_DEFAULT="not this"\nGRUB_DEFAULT=0\n{line}\nGRUB_CMDLINE_LINUX=""\n'
+    assert sourced(text, "GRUB_TIMEOUT", "GRUB_CMDLINE_LINUX_DEFAULT") == ["5", "quiet"]
+    new = edited(text, 'quiet iommu=nopt dyndbg="module iommu +p"')
+    assert sourced(new, "GRUB_TIMEOUT", "GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_DEFAULT") == [
+        "5", 'quiet iommu=nopt dyndbg="module iommu +p"', "0",
+    ]  # fmt: skip
+    assert new.split("\n")[0] == text.split("\n")[0] and ("#" in line) == ("#" in new.split("\n")[2])
+
+
+def test_assignments_are_only_statements_not_comments_strings_or_continued_values():
+    text = '\n'.join([
+        '# GRUB_CMDLINE_LINUX_DEFAULT="commented"',
+        'echo "GRUB_CMDLINE_LINUX_DEFAULT=in a string"',
+        'X=1 GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT more"',
+        'GRUB_CMDLINE_LINUX_DEFAULT="goes on',
+        'to the next line"',
+    ])  # fmt: skip
+    found = kc.assignments(text, "GRUB_CMDLINE_LINUX_DEFAULT")
+    assert [w[0] for w in found] == [2, 3]
+    assert kc.literal_value(kc.assigned_word(text, found[0])) is None, "expands a variable: not a plain literal"
+    assert kc.assigned_word(text, found[1]) is None, "continues on the next line: not edited in place"
+
+
+class _Module:
+    """What plan_grub asks of AnsibleModule: run a command, fail."""
+
+    def run_command(self, argv):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def fail_json(self, **kwargs):
+        raise AssertionError(kwargs["msg"])
+
+
+def test_the_modules_grub_plan_edits_the_value_word_of_both_variables_on_one_line(tmp_path, monkeypatch):
+    module = collection.module("kernel_cmdline")
+    grub = tmp_path / "grub"
+    grub.write_text('GRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=pt" GRUB_CMDLINE_LINUX="iommu=pt" # ok\n')
+    monkeypatch.setattr(module, "GRUB_MAIN", str(grub))
+    monkeypatch.setattr(module, "GRUB_SNIPPETS", str(tmp_path / "grub.d"))
+    monkeypatch.setattr(module, "GRUB_OVERRIDE", str(tmp_path / "grub.d" / "zz-provision.cfg"))
+    changes, before, _, _ = module.plan_grub(_Module(), ["iommu=nopt"], ["iommu=pt"])
+    assert before == "quiet iommu=pt" and list(changes) == [str(grub)]
+    assert changes[str(grub)] == (
+        'GRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=nopt" GRUB_CMDLINE_LINUX="" # ok\n'
+    )
+
+
+def test_the_module_refuses_a_control_character_before_reading_anything(tmp_path):
+    """A newline in an argument would be a new statement in /etc/default/grub: refused, whatever calls the module."""
+    from tests.unit.test_provision_state_module import PLUGINS, call
+
+    out = call(tmp_path, PLUGINS / "modules" / "kernel_cmdline.py", action="configure", bootloader="grub",
+               add=["iommu=nopt", "quiet\nGRUB_TIMEOUT=0"], remove=[])  # fmt: skip
+    assert out["failed"] and out["msg"] == "add[1] holds a control character (newline, tab, ...): nothing was changed"

@@ -13,6 +13,7 @@ spec = importlib.util.spec_from_file_location("systemd_quote", ROOT / "plugins/f
 sq = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sq)
 sglang_flags = module_util("sglang_flags")
+rendered_values = module_util("rendered_values")
 
 FIELDS = """
 class Serving(msgspec.Struct):
@@ -71,7 +72,7 @@ def test_env_file_line_escapes_what_systemd_unescapes_in_double_quotes():
 
 
 def test_control_characters_are_refused_by_variable_name_never_by_value():
-    problems = sq.unit_value_problems({
+    problems = rendered_values.value_problems({
         "sglang_model_path": "/m\nExecStartPre=/bin/sh -c id",
         "sglang_extra_args": ["--enable-metrics", "x\ty"],
         "sglang_environment": {"OK": "fine", "BAD": "s3cret\r", "not a name": "v"},

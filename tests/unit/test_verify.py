@@ -132,3 +132,21 @@ def test_the_probe_playbook_renders_only_the_named_variables(tmp_path, monkeypat
     assert json.loads(base64.b64decode(sent))["question"] == "What is 42?"
     events = "".join(p.read_text() for p in (record / "artifacts" / "run" / "job_events").glob("*.json"))
     assert "hunter2-never-rendered" not in events
+
+
+def test_the_kernel_argument_check_reads_quoted_arguments_as_the_kernel_does(tmp_path):
+    """verify decides by the same rule as the kernel phase's reboot (module_utils/kernel_cmdline.missing): an
+    argument with quoted whitespace is there however GRUB quoted it."""
+    wanted = json.dumps({"add": ["dyndbg=module iommu +p", "iommu=nopt"], "remove": ["iommu=pt"]})
+    files = {f"{support.STATE_DIR}/kernel-cmdline/wanted.json": wanted}
+    lines = {
+        "grub206": 'BOOT_IMAGE=/vmlinuz ro "dyndbg=module iommu +p" iommu=nopt',
+        "written": 'BOOT_IMAGE=/vmlinuz ro dyndbg="module iommu +p" iommu=nopt',
+        "pending": "BOOT_IMAGE=/vmlinuz ro iommu=pt",
+    }
+    readings = {h: {"vars": {}, "probe": {"boot_id": h, "files": files, "proc_cmdline": line}, "error": ""}
+                for h, line in lines.items()}  # fmt: skip
+    checks = verify._run_checks(list(lines), _spec(tmp_path, readings), tmp_path, select="kernel_arguments")
+    assert {c.host: c.passed for c in checks} == {"grub206": True, "written": True, "pending": False}
+    pending = next(c.reason for c in checks if c.host == "pending")
+    assert pending.startswith("/proc/cmdline lacks dyndbg=module iommu +p iommu=nopt and still has iommu=pt"), pending
