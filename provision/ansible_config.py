@@ -47,6 +47,10 @@ HOST_KEY_CHECKING_ENV = (
     "ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_SSH_HOST_KEY_CHECKING", "ANSIBLE_PARAMIKO_HOST_KEY_CHECKING",
 )  # fmt: skip
 CONNECTION_PLUGINS = ("ssh", "paramiko_ssh")
+# paramiko asks "Are you sure you want to continue connecting (yes/no)?" about an unknown key on the run's pty, where
+# nobody answers, unless it believes the connection persistent: then it fails at once naming the key
+# (plugins/connection/paramiko_ssh.py MyAddPolicy). The setting changes nothing else for ssh, paramiko or local.
+FAIL_ON_UNKNOWN_KEY_ENV = {"ANSIBLE_USE_PERSISTENT_CONNECTIONS": "True"}
 
 OUR_SSH_ARGS = (
     "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15 -o ServerAliveCountMax=4 "
@@ -151,7 +155,9 @@ def environment(forks: int, host_key_checking: bool, control_dir: Path) -> dict[
     if origin != "default":  # runner appends its own callback to this variable: keep the user's (ARA) in it
         env[ENV[CALLBACK_PLUGINS]] = os.pathsep.join(_paths(callbacks))
     env.update(dict.fromkeys(HOST_KEY_CHECKING_ENV, str(host_key_checking)))
-    if not host_key_checking:
+    if host_key_checking:
+        env.update(FAIL_ON_UNKNOWN_KEY_ENV)
+    else:
         # ssh keeps an option's first value: ssh_args come before the inventory's ssh_common_args (which
         # may name a known_hosts file), so /dev/null goes first in them, the rest as they were
         env["ANSIBLE_PARAMIKO_RECORD_HOST_KEYS"] = "False"

@@ -225,6 +225,36 @@ def test_unknown_host_key_is_refused(ssh_lab, tmp_path, runs):
     assert (home_known_hosts.read_bytes() if home_known_hosts.exists() else None) == before
 
 
+@pytest.mark.parametrize(
+    ("connection", "strategy"), [("paramiko", "linear"), ("ssh", "linear")], ids=["paramiko", "openssh-linear"]
+)
+def test_an_unknown_host_key_fails_fast_on_every_connection(ssh_lab, tmp_path, runs, connection, strategy):
+    """Without Mitogen (its ssh enforces the key: the test above), Ansible's own connections would ask
+    "Are you sure you want to continue connecting (yes/no)?" on the run's pty, where nobody answers: the run
+    hung. It fails at once, and paramiko records no key."""
+    target = ssh_lab["targets"]["node1"]
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    unknown = {
+        **target.inventory_vars(), "ansible_connection": connection,
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={empty} -o GlobalKnownHostsFile={empty} "
+        "-o IdentitiesOnly=yes",
+    }  # fmt: skip
+    inv = lab_inventory(ssh_lab, tmp_path / "unknown", extra_hosts={"proxmox_hosts": {"node1": unknown}})
+    home_known_hosts = Path.home() / ".ssh" / "known_hosts"
+    before = home_known_hosts.read_bytes() if home_known_hosts.exists() else None
+    started = time.monotonic()
+    argv = ("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--limit", "node1")
+    proc = run_provision(*argv, "--runs-dir", str(runs), env={"PROVISION_ANSIBLE_STRATEGY": strategy}, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert time.monotonic() - started < 120, "an unknown key must fail fast, not wait for an answer"
+    result = _summary(proc.stdout)
+    assert result["hosts"]["node1"]["unreachable"] >= 1, result["failures"]
+    message = " ".join(f["message"] for f in result["failures"] if f["host"] == "node1").lower()
+    assert "authenticity" in message or "host key" in message, message
+    assert (home_known_hosts.read_bytes() if home_known_hosts.exists() else None) == before
+
+
 def test_verify_connects_to_a_templated_ansible_host(ssh_lab, tmp_path, runs):
     """ansible_host is rendered by Ansible, as in apply (testinfra's own ssh took the template literally)."""
     t = ssh_lab["targets"]

@@ -85,8 +85,11 @@ def test_mitogen_unless_switched_off(in_dir, monkeypatch):
 
 def test_host_key_checking_is_forced_under_every_name(in_dir, monkeypatch):
     monkeypatch.setenv("ANSIBLE_SSH_HOST_KEY_CHECKING", "False")  # would beat ANSIBLE_HOST_KEY_CHECKING
+    monkeypatch.setenv("ANSIBLE_USE_PERSISTENT_CONNECTIONS", "False")
     env = ansible_config.environment(1, True, in_dir)
     assert [env[n] for n in ansible_config.HOST_KEY_CHECKING_ENV] == ["True"] * 3
+    # paramiko fails on an unknown key instead of asking on a pty nobody reads (tests/test_apply_ssh.py runs it)
+    assert env["ANSIBLE_USE_PERSISTENT_CONNECTIONS"] == "True"
 
 
 def test_host_key_checking_off_records_no_key(in_dir):
