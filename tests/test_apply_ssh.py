@@ -10,6 +10,7 @@ written), then the first apply, then the idempotent second apply.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
@@ -20,12 +21,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from provision import verify as verify_mod
 from provision.inventory import VaultOptions
 from tests.conftest import lab_inventory, run_provision
+from tests.leaks import leaks
 from tests.sshtarget import start_target
 
 pytestmark = pytest.mark.integration
@@ -356,6 +359,91 @@ def test_no_secret_in_run_records(runs):
     assert commands, "runner artifacts were not kept"
     for command in commands:
         assert "env" not in json.loads(command.read_text())
+
+
+# Two keys with every character that makes an encoding differ from the text: one from a vault, one from an
+# environment variable whose name does not look secret
+VAULT_KEY = "sk-V4ult/k+y 'q\"x\\=" + "a1b2"
+ENV_KEY = "pw-Env+k/y 'q\"x\\=" + "c3d4"
+ODD_ENV = "WIDGET_COLOUR"
+
+
+def _leak_inventory(ssh_lab, root: Path, vault_pass: Path) -> Path:
+    """sglang_api_key from a vault, proxmox_api_password from $WIDGET_COLOUR, TLS unverified; the smoke question
+    carries both keys in several spellings, so that they travel through a real flow: rendered by Ansible, sent to
+    each host base64-encoded inside the probe request on argv, and back in the job events."""
+    forms = "{{ k }} {{ k | b64encode }} {{ k | urlencode }} {{ k | quote }} {{ k | to_json }}"
+    question = " ".join(forms.replace("k", name) for name in ("sglang_api_key", "proxmox_api_password"))
+    inv = lab_inventory(ssh_lab, root, group_vars={"all": {
+        "proxmox_api_host": "127.0.0.1", "proxmox_api_user": "root@pam", "proxmox_api_validate_certs": False,
+        "proxmox_api_password": f"{{{{ lookup('ansible.builtin.env', '{ODD_ENV}') }}}}",
+        "verify_smoke_question": question,
+    }})  # fmt: skip
+    with (inv / "group_vars" / "all.yml").open("a") as group_vars:
+        group_vars.write(_vault_encrypt(VAULT_KEY, "sglang_api_key", vault_pass))
+    return inv
+
+
+def _plant_lock(target, controller: str) -> None:
+    """A host lock of another run whose controller field holds the keys: apply fails that host with a message
+    built from a file on the host."""
+    other = {"run_id": "20250101T000000-apply", "controller": controller, "pid": 4242, "since": "2025-01-01T00:00:00",
+             "pid_ns": "elsewhere", "taken_at": time.time(), "lease_s": 3600}  # fmt: skip
+    target.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
+
+
+def test_no_key_in_any_record_console_or_json_whatever_its_spelling(ssh_lab, tmp_path):
+    """The acceptance test of #16's secrets: the keys reach the hosts and come back in job events, check reasons
+    and a failure message; no file of any run record, no console line and no --json holds either key in any
+    spelling (tests/leaks.py). Commands: apply, plan, verify (its container checks fail: no SGLang here) and an
+    apply that fails on a host lock whose holder text quotes the keys, with and without --json."""
+    vault_pass = tmp_path / "vault-pass"
+    vault_pass.write_text("vault-" + "leak-test\n")
+    inv = _leak_inventory(ssh_lab, tmp_path / "inv", vault_pass)
+    runs = tmp_path / "runs"
+    common = ("--inventory", str(inv), "--runs-dir", str(runs), "--vault-password-file", str(vault_pass))
+    env = {ODD_ENV: ENV_KEY}
+    outputs, codes = [], {}
+
+    def run(name, *argv):
+        proc = run_provision(*argv, *common, env=env)
+        outputs.append((name, proc.stdout + proc.stderr))
+        codes[name] = proc.returncode
+        return proc
+
+    apply = run("apply", "apply", "--yes", "--json", "--tags", "verify")
+    run("plan", "plan", "--tags", "verify")
+    run("verify --json", "verify", "--json")
+    run("verify", "verify")
+    ct = ssh_lab["targets"]["ct1"]
+    b64 = base64.b64encode(ENV_KEY.encode()).decode()
+    _plant_lock(ct, f"{VAULT_KEY} {b64} {quote(ENV_KEY)} {ENV_KEY}")
+    try:
+        failed = run("failing apply --json", "apply", "--yes", "--json", "--tags", "verify")
+        run("failing apply", "apply", "--yes", "--tags", "verify")
+    finally:
+        ct.ssh("rm -f /var/lib/provision/lock.json")
+    assert codes == {"apply": 0, "plan": 0, "verify --json": 1, "verify": 1, "failing apply --json": 1,
+                     "failing apply": 1}, outputs  # fmt: skip
+    # the flows the keys took, so that this test cannot pass for want of a leak to stop
+    held = json.loads(failed.stdout)["errors"]
+    assert held == ["ct1: host lock held by run 20250101T000000-apply (pid 4242 on ******** ******** ******** "
+                    "********, since 2025-01-01T00:00:00): wait for that run to end, or pass --break-lock if it "
+                    "is gone"], held  # fmt: skip
+    verify_record = next(p for p in runs.iterdir() if p.name.endswith("-verify"))
+    events = "".join(p.read_text() for p in (verify_record / "artifacts" / "run" / "job_events").glob("*.json"))
+    assert events.count("********") >= 10, "the keys never reached the probe: this test proves nothing"
+    # TLS unverified: said on the console before anything ran, and in the summary
+    warning = "proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified"
+    assert warning in apply.stderr
+    assert any(warning in w for w in json.loads((Path(_summary(apply.stdout)["record_dir"]) / "summary.json")
+                                                .read_text())["warnings"])  # fmt: skip
+    texts = [(str(path), path.read_text(errors="replace")) for path in runs.rglob("*") if path.is_file()]
+    assert len(texts) > 50, "the records are not where this test looks"
+    found = [(where, key[:5], spellings)
+             for where, text in texts + outputs for key in (VAULT_KEY, ENV_KEY)
+             if (spellings := leaks(text, key))]  # fmt: skip
+    assert found == [], found[:5]
 
 
 def test_diag_reports_no_gpu_cleanly(ssh_lab, inv, runs):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -17,28 +16,14 @@ import pytest
 
 from provision import inventory, secrets
 from provision.secrets import REDACTED, Redactor
+from tests.leaks import leaks
 
 # every character that makes an encoding differ from the plain text: quotes, a backslash, a space, /, + and =
 KEY = "sk-L3ak/K+y 'q\"uo\\te=" + "9f2c"
 
 
 def reveals(text: str, secret: str) -> bool:
-    """The secret, or its bytes inside any base64 run of the text at any alignment, in either alphabet."""
-    raw = secret.encode()
-    if secret in text:
-        return True
-    for run in re.findall(r"[A-Za-z0-9+/_=-]{6,}", text):
-        for start in range(4):
-            chunk = run[start:].rstrip("=")
-            chunk = chunk[: len(chunk) - len(chunk) % 4]
-            for alt in (b"+/", b"-_"):
-                try:
-                    decoded = base64.b64decode(chunk, altchars=alt, validate=False)
-                except ValueError:
-                    continue
-                if raw in decoded:
-                    return True
-    return False
+    return bool(leaks(text, secret))
 
 
 def spellings(secret: str) -> dict[str, str]:
