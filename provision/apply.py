@@ -196,6 +196,12 @@ def print_diffs(console: Console, result: RunResult) -> None:
                 console.print(escape(line), style=style, highlight=False)
 
 
+def host_warnings(result: RunResult) -> list[str]:
+    """The run's warnings about a host (a module's, such as unverified TLS to the PVE API), for the console; the
+    summary keeps Ansible's own notices too (deprecations, our playbooks' empty host patterns)."""
+    return [w for w in result.warnings if w.split(": ", 1)[0] in result.hosts]
+
+
 def print_result(console: Console, result: RunResult, title: str, show_diff: bool = False) -> None:
     if show_diff:
         print_diffs(console, result)
@@ -203,7 +209,7 @@ def print_result(console: Console, result: RunResult, title: str, show_diff: boo
     for host, messages in sorted(result.reports.items()):
         for message in messages:
             console.print(f"{escape(host)}: {escape(message)}", highlight=False)
-    for warning in result.warnings:
+    for warning in host_warnings(result):
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     for failure in result.failures:
         where = f"{failure['host']}: " if failure["host"] else ""
