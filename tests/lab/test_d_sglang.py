@@ -13,7 +13,8 @@ from tests.conftest import run_provision
 from tests.lab.helpers import apply, set_host_vars
 
 API_KEY = "lab-key-" + "5b1e0c77"
-# A name provision's own scrub does not take for a secret: only the host-side scrub can hide the key
+# An environment variable whose name does not look secret: provision knows the key only by rendering
+# sglang_api_key (provision/secrets.py), and the host-side scrub of the journal hides it too
 KEY_VARS = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'LAB_SERVING_CREDENTIAL') }}"}
 ENV = {"LAB_SERVING_CREDENTIAL": API_KEY}
 HF_SECRET = "hf_lab" + "Q7c2d9e"
@@ -151,7 +152,12 @@ def test_api_key_in_extra_args_and_newlines_are_refused_by_variable_name(ct, lab
     assert rc == 1
     assert "sglang_extra_args holds --api-key" in " ".join(f["message"] for f in result["failures"])
     injected = "/srv/models/m\nExecStartPre=/bin/touch /tmp/injected"
-    rc, result, _ = converge(lab_inventory, runs, {"sglang_model_path": injected})
+    rc, _, err = converge(lab_inventory, runs, {"sglang_model_path": injected})
+    # a literal newline: the inventory check refuses it on the controller, naming the file, before any host
+    assert rc == 2 and "host_vars/sglang-01.yml:" in err and "sglang_model_path holds a control character" in err
+    # one that only a template renders: the role's preflight refuses it, by the same rule
+    templated = "{{ '/srv/models/m%cExecStartPre=/bin/touch /tmp/injected' % 10 }}"  # 10: a newline
+    rc, result, _ = converge(lab_inventory, runs, {"sglang_model_path": templated})
     assert rc == 1
     assert "sglang_model_path holds a control character" in " ".join(f["message"] for f in result["failures"])
     assert ct.ssh("sha256sum /etc/systemd/system/sglang.service").stdout == unit
