@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from sglang_labserver import engine, server_args
 from sglang_labserver.engine import log
 
-STARTUP_S = float(os.environ.get("SGLANG_LABSERVER_STARTUP_S", "8"))
+STARTUP_S = float(os.environ.get("SGLANG_LABSERVER_STARTUP_S", "3"))
 DEFAULT_MAX_TOTAL_TOKENS = 780820  # the scenario's figure
 DEFAULT_CONTEXT = 262144
 # sglang/srt/utils/auth.py l.99-104: matched by prefix, so /health_generate is open too
