@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from provision.locks import READ_TASK, RELEASE_TASK
+
 RUN_MARKER = "PROVISION_RUN"
 GRACE_S = 5.0
 
@@ -33,7 +35,8 @@ class SignalTrap:
     """While entered (in the main thread), SIGINT and SIGTERM are remembered instead of acted on: the first one
     makes `cancel_callback` stop the run. Nested traps restore the outer one's handlers on exit."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # SIGHUP too: the operator's ssh session to the controller dropped (exit 129, the run stopped and recorded)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -74,8 +77,9 @@ class SignalTrap:
 def _is_the_runs(proc: Path, marker: bytes, inside: bytes) -> bool:
     if marker in (proc / "environ").read_bytes().split(b"\0"):
         return True
-    # ssh's ControlPersist master writes its title ("ssh: <control path> [mux]") over its environment
-    return inside in (proc / "cmdline").read_bytes()
+    # ssh's ControlPersist master writes its title ("ssh: <control path> [mux]") over its environment; only that
+    # title counts, not any command naming the run's directory (an operator's `tail -f .../stdout`)
+    return (proc / "cmdline").read_bytes().startswith(b"ssh: " + inside)
 
 
 def run_processes(marker: str) -> dict[int, int]:
@@ -120,7 +124,7 @@ def stop_run(marker: str, grace_s: float = GRACE_S) -> None:
 # every phase; a task not named here is described by its phase. tests/unit/test_interrupts.py checks that every
 # task named here exists.
 LEFT_BY_TASK: dict[str, tuple[str, str]] = {
-    "Read the recorded phase fingerprints on the host, and take the run's host lock": (
+    READ_TASK: (
         "nothing changed; the host lock may be this run's (the next run from this controller takes it over)",
         "nothing changed",
     ),
@@ -174,7 +178,7 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "phase done, its record being written: the next run does the phase again",
         "phase done and recorded",
     ),
-    "Release the run's host lock": ("run done, host lock being given back", "run done, host lock given back"),
+    RELEASE_TASK: ("run done, host lock being given back", "run done, host lock given back"),
 }
 PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "gpu_passthrough": "gpu", "sglang": "sglang"}
 

@@ -147,7 +147,8 @@ def left_locked(record_dir: Path) -> list[str]:
     for task in (READ_TASK, TAKE_OVER_TASK):
         for host, outcome in task_outcomes(record_dir, task, started=True).items():
             answer = _lock_answer(outcome)
-            if outcome["event"] == "runner_on_start" or (answer or {}).get("taken"):
+            unread = answer is None and outcome["event"] == "runner_on_ok"  # it answered, in words we cannot read
+            if outcome["event"] == "runner_on_start" or unread or (answer or {}).get("taken"):
                 maybe.add(host)
     return sorted(maybe - released(record_dir))
 

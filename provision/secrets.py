@@ -36,7 +36,14 @@ from provision.paths import roles_dir
 REDACTED = "********"
 MIN_LEN = 4
 # Environment variables whose values are secrets wherever they appear.
-_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|VAULT)", re.IGNORECASE)
+# A secret-looking environment name: one of these words between underscores (HF_TOKEN, PROXMOX_PASSWORD,
+# MY_API_KEY), never a part of a longer word (TOKENIZERS_PARALLELISM) nor VAULT alone (VAULT_FORMAT).
+_SECRET_ENV = re.compile(
+    r"(?:^|_)(?:PASSWORD|PASSWD|PASS|SECRET|TOKEN|APIKEY|CREDENTIALS?|API_KEY|PRIVATE_KEY|ACCESS_KEY)(?:_|$)",
+    re.IGNORECASE,
+)
+# Values that are never anybody's secret, whatever variable holds them: scrubbing them would break JSON and prose.
+_NEVER_SECRET = frozenset({"true", "false", "yes", "no", "none", "null", "json", "yaml"})
 # Ansible's own names for connection and become passwords (no role declares them).
 CONNECTION_SECRETS = (
     "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
@@ -65,7 +72,7 @@ def values(inv: Any = None) -> set[str]:
     found = {v for k, v in os.environ.items() if _SECRET_ENV.search(k)}
     if inv is not None:
         found |= set(_inventory_values(inv))
-    return {v for v in found if isinstance(v, str) and len(v) >= MIN_LEN}
+    return {v for v in found if isinstance(v, str) and len(v) >= MIN_LEN and v.lower() not in _NEVER_SECRET}
 
 
 def _inventory_values(inv: Any) -> Iterator[str]:

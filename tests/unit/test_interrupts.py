@@ -86,10 +86,13 @@ def test_a_signal_stops_every_process_of_the_run_and_no_other(tmp_path):
     marker = str(tmp_path / "run")
     # a child in the run's group, and one that starts a session of its own (as ssh's ControlPersist master does)
     run = _spawn(marker, "sleep 300 & setsid sleep 300 & wait")
-    # and one known by its command line only (a master's title names its socket, over its environment)
-    master = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"{marker}/cp/0123456789"],
-                              start_new_session=True)  # fmt: skip
+    # and one known by its title only, as ssh's ControlPersist master writes it over its environment and argv
+    master = subprocess.Popen(["bash", "-c", f'exec -a "ssh: {marker}/cp/0123456789 [mux]" sleep 300'],
+                              env={"PATH": os.environ["PATH"]}, start_new_session=True)  # fmt: skip
     bystander = _spawn(str(tmp_path / "other"), "sleep 300")
+    # an operator's command that names the run's directory is not the run's
+    reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"{marker}/artifacts/run/stdout"],
+                              start_new_session=True)  # fmt: skip
     try:
         _wait_for(marker, 4)
         with interrupts.SignalTrap() as trap:
@@ -103,8 +106,9 @@ def test_a_signal_stops_every_process_of_the_run_and_no_other(tmp_path):
         run.wait(timeout=5)
         assert master.wait(timeout=5) == -signal.SIGTERM
         assert bystander.poll() is None, "a process of another run was stopped"
+        assert reader.poll() is None, "a process that only names the run's directory was stopped"
     finally:
-        for proc in (run, master, bystander):
+        for proc in (run, master, bystander, reader):
             proc.kill()
             proc.wait()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

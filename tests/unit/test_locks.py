@@ -107,8 +107,11 @@ def test_left_locked_names_hosts_whose_lock_was_taken_or_may_be_and_not_given_ba
         _event(7, "runner_on_start", "cut-short", locks.READ_TASK),
         _event(8, "runner_on_unreachable", "down", locks.READ_TASK),
         _event(9, "runner_on_ok", "done", locks.RELEASE_TASK, {"lock": {"released": True}}),
+        # an answer that cannot be read (mangled): the lock may be this run's
+        {"counter": 10, "event": "runner_on_ok", "event_data": {"host": "unread", "task": locks.READ_TASK,
+                                                                 "res": {"stdout": '{"lock": {"taken": ***'}}},
     ])  # fmt: skip
-    assert locks.left_locked(record) == ["cut-short", "failed-later", "taken-over"]
+    assert locks.left_locked(record) == ["cut-short", "failed-later", "taken-over", "unread"]
     assert locks.released(record) == {"done"}
 
 

@@ -153,10 +153,16 @@ def test_a_literal_secret_is_warned_about_by_variable_never_by_value(tmp_path):
 
 
 def test_environment_secrets_need_a_secret_looking_name():
-    env = {"PROXMOX_PASSWORD": "hunter2-long", "HOME_DIR": "/root"}
+    env = {"PROXMOX_PASSWORD": "hunter2-long", "HOME_DIR": "/root", "HF_TOKEN": "hf_abcdefgh",
+           # a secret word only inside a longer one, VAULT alone, or a value nobody's secret: none are secrets
+           # (scrubbing "false" or "json" broke the record's JSON and hid the host locks a run left behind)
+           "TOKENIZERS_PARALLELISM": "false-ish", "VAULT_FORMAT": "json", "VAULT_SKIP_VERIFY": "true",
+           "SERVICE_TOKEN": "true"}  # fmt: skip
     code = "from provision import secrets; print(sorted(secrets.values()))"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
-    assert "hunter2-long" in out.stdout and "'/root'" not in out.stdout, out.stderr
+    assert "hunter2-long" in out.stdout and "hf_abcdefgh" in out.stdout, out.stderr
+    for value in ("/root", "false-ish", "json", "true"):
+        assert f"'{value}'" not in out.stdout, value
 
 
 def test_the_sglang_journal_scrubber_on_the_host_and_the_controller_agree():
