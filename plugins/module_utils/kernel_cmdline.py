@@ -139,7 +139,8 @@ def missing(running: str, add: list[str], remove: list[str]) -> dict:
 # They are shell: update-grub sources them. An assignment may share its line with other statements
 # (`GRUB_TIMEOUT=5; GRUB_CMDLINE_LINUX_DEFAULT="quiet"`) or a comment; an edit replaces the value's shell word
 # and nothing else.
-_ASSIGNMENT = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=")
+# a reserved word that opens a statement list may come first: `if ...; then X=1; fi`, `{ X=1; }`
+_ASSIGNMENT = re.compile(r"\s*(?:(?:then|do|else|\{)\s+)*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=")
 _WORD_BREAK = ";&|<>()"
 
 
@@ -193,8 +194,8 @@ def _next_statement(line: str, i: int) -> int:
 
 def assignments(text: str, var: str) -> list[tuple[int, int, int | None]]:
     """(line index, start, end) of the value word of each assignment of var, in order: at the start of a statement
-    (a line, or after `;`, `&&`, `||`), `export` allowed, never inside a comment or a quoted string. `end` is None
-    for a value whose quote is not closed on its line (it goes on: no plain literal to edit)."""
+    (a line, or after `;`, `&&`, `||`, `then`, `do`, `else`, `{`), `export` allowed, never inside a comment or a
+    quoted string. `end` is None for a value whose quote is not closed on its line (it goes on: no plain literal to edit)."""
     found: list[tuple[int, int, int | None]] = []
     for index, line in enumerate(text.split("\n")):
         i = 0

@@ -206,6 +206,8 @@ def edited(text: str, value: str, var: str = "GRUB_CMDLINE_LINUX_DEFAULT") -> st
         "GRUB_CMDLINE_LINUX_DEFAULT='quiet' GRUB_TIMEOUT=5  # set by the installer",
         'export GRUB_CMDLINE_LINUX_DEFAULT="quiet" && GRUB_TIMEOUT=5',
         'GRUB_TIMEOUT=5 GRUB_CMDLINE_LINUX_DEFAULT=qu"i"et # "GRUB_CMDLINE_LINUX_DEFAULT=commented"',
+        'GRUB_TIMEOUT=5; if true; then GRUB_CMDLINE_LINUX_DEFAULT="quiet"; fi',
+        "GRUB_TIMEOUT=5; { GRUB_CMDLINE_LINUX_DEFAULT=quiet; }",
     ],
 )
 def test_the_grub_edit_keeps_everything_else_on_the_line(line):
