@@ -195,7 +195,8 @@ def _next_statement(line: str, i: int) -> int:
 def assignments(text: str, var: str) -> list[tuple[int, int, int | None]]:
     """(line index, start, end) of the value word of each assignment of var, in order: at the start of a statement
     (a line, or after `;`, `&&`, `||`, `then`, `do`, `else`, `{`), `export` allowed, never inside a comment or a
-    quoted string. `end` is None for a value whose quote is not closed on its line (it goes on: no plain literal to edit)."""
+    quoted string. `end` is None for a value whose quote is not closed on its line (it goes on: no plain literal
+    to edit)."""
     found: list[tuple[int, int, int | None]] = []
     for index, line in enumerate(text.split("\n")):
         i = 0
