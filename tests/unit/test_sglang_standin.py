@@ -145,7 +145,17 @@ def slow_request(s: Standin, tokens: int) -> tuple[threading.Thread, dict]:
 
     thread = threading.Thread(target=go)
     thread.start()
+    if "--enable-metrics" in s.proc.args:  # on a busy machine the request may not have started yet: wait for it
+        deadline = time.monotonic() + 30
+        while "num_running_reqs" not in _running(s) and time.monotonic() < deadline:
+            time.sleep(0.05)
     return thread, result
+
+
+def _running(s: Standin) -> str:
+    """The /metrics line of a server running a request, or ''."""
+    lines = s.call("/metrics", key=None)[1].splitlines()
+    return next((line for line in lines if line.startswith("sglang:num_running_reqs") and not line.endswith(" 0")), "")
 
 
 def test_the_port_is_bound_only_after_the_children_are_up_and_the_model_loaded(standin):
@@ -193,11 +203,10 @@ def test_a_reasoning_parser_returns_reasoning_content_apart_from_the_answer(stan
 
 def test_sigterm_to_the_parent_alone_drains_the_request_in_flight(standin):
     """systemd's KillMode=mixed: SIGTERM to the main process only."""
-    s = standin(token_delay_s=0.01)
+    s = standin("--enable-metrics", token_delay_s=0.01)
     s.wait_ready()
     children = s.children()
-    thread, result = slow_request(s, 200)  # about 2 s
-    time.sleep(0.5)
+    thread, result = slow_request(s, 200)  # about 2 s, in flight when it returns
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert s.call("/health", key=None)[0] == 503, "a draining server is not healthy"
@@ -210,10 +219,9 @@ def test_sigterm_to_the_parent_alone_drains_the_request_in_flight(standin):
 
 def test_sigterm_to_the_whole_group_kills_the_children_and_the_request_in_flight(standin):
     """systemd's default KillMode=control-group: every process gets SIGTERM at once."""
-    s = standin(token_delay_s=0.01)
+    s = standin("--enable-metrics", token_delay_s=0.01)
     s.wait_ready()
-    thread, result = slow_request(s, 500)  # about 5 s
-    time.sleep(0.5)
+    thread, result = slow_request(s, 500)  # about 5 s, in flight when it returns
     os.killpg(s.proc.pid, signal.SIGTERM)
     thread.join(30)
     assert "error" in result, f"the request should have failed: {result}"
