@@ -16,27 +16,6 @@ from tests.sshtarget import free_port, make_client_key, start_target
 REPO = Path(__file__).resolve().parent.parent
 
 
-# `pytest -n 2` (pyproject's addopts) with the scheduler below: the lab's tests are one unit of work, run in file
-# order on one worker, which is busy with them for most of the run; every other test goes to the other worker
-# meanwhile. The sshd integration tests are one unit too (they run in order on two sshd targets started once).
-# (xdist's own --dist loadgroup does not group under pytest 9: its node-id suffix is lost, tried 2026-12-02.)
-SCHEDULING_UNITS = {"tests/lab/": "lab", "tests/test_apply_ssh.py": "sshd"}
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Units(LoadScopeScheduling):
-        """Largest unit first (the lab), each unit on one worker, its tests in collection order."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            unit = next((u for prefix, u in SCHEDULING_UNITS.items() if nodeid.startswith(prefix)), None)
-            return unit or super()._split_scope(nodeid)
-
-    return Units(config, log)
-
-
 def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> Path:
     """hosts: {group: {host: vars}}"""
     path.mkdir(parents=True, exist_ok=True)
