@@ -10,8 +10,8 @@ One file, two uses, so that the record and the check read a host the same way:
   in the same process, it takes `<dir>/lock.json` or names who holds it (`"lock"` in the output). A module
   would cost Ansible's module runtime start on each host (about 3 s on the lab's emulated CPUs against 1 s for
   this script, measured), on every run, for a read; the lock rides on the same ssh command for the same reason.
-  `lock <dir> <request>` takes it alone (a run of this controller that is gone, taken over) and
-  `release <dir> <holder>` gives it back at the end of a run.
+  `lock <dir> <request>` takes it alone (a run of this controller that is gone, taken over). The release at the
+  end of a run is roles/provision_state/files/release_lock.sh: it needs no Python.
 """
 
 from __future__ import annotations
@@ -178,34 +178,16 @@ def take_lock(state_dir, request, now=None):
     return dict(decision=decision, taken=decision != "held", holder=holder, holder_text=text)
 
 
-def release_lock(state_dir, holder):
-    """Remove the host lock if `holder`'s run holds it: {"released", "holder": whoever holds it now}."""
-    path = os.path.join(state_dir, LOCK_FILE)
-    if not os.path.isdir(state_dir):
-        return dict(released=False, holder=None)
-    fd = _locked_dir(state_dir)
-    try:
-        current = _read_lock(path)
-        mine = current is not None and same_run(current, holder)
-        if mine:
-            os.unlink(path)
-    finally:
-        os.close(fd)
-    return dict(released=mine, holder=None if mine else current)
-
-
 def main(argv):
     command, state_dir, args = argv[0], argv[1], [json.loads(a) for a in argv[2:]]
     if command == "read":
         out = dict(fingerprints=read_all(state_dir), boot_id=_boot_id())
         if args:
             out["lock"] = take_lock(state_dir, args[0])
-    elif command == "lock":
+    else:  # lock
         out = dict(lock=take_lock(state_dir, args[0]))
-    else:
-        out = dict(lock=release_lock(state_dir, args[0]))
     print(json.dumps(out))
 
 
-if __name__ == "__main__" and sys.argv[1:2] in (["read"], ["lock"], ["release"]):
+if __name__ == "__main__" and sys.argv[1:2] in (["read"], ["lock"]):
     main(sys.argv[1:])

@@ -75,13 +75,45 @@ def test_break_takes_it_and_names_whose_it_was(tmp_path):
     assert json.loads((tmp_path / "lock.json").read_text())["controller"] == "ctl-b"
 
 
+RELEASE = Path(__file__).resolve().parents[2] / "roles" / "provision_state" / "files" / "release_lock.sh"
+
+
+def _release(state_dir, holder) -> bool:
+    """The release as tasks/unlock.yml runs it: sh -c <file> with the holder's run id and controller as JSON."""
+    argv = [str(state_dir), json.dumps(holder["run_id"]), json.dumps(holder["controller"]), str(holder["pid"])]
+    proc = subprocess.run(["sh", "-c", RELEASE.read_text(), "release_lock", *argv], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["lock"]["released"]
+
+
 def test_release_removes_only_the_callers_lock(tmp_path):
     script.take_lock(str(tmp_path), _holder(), now=NOW)
-    assert script.release_lock(str(tmp_path), OTHER)["released"] is False
+    for other in (OTHER, _holder(pid=42), _holder(pid=424), _holder(controller="ctl"), _holder(run_id="2025")):
+        assert _release(tmp_path, other) is False, other
     assert (tmp_path / "lock.json").exists()
-    assert script.release_lock(str(tmp_path), _holder()) == {"released": True, "holder": None}
+    assert _release(tmp_path, _holder()) is True
     assert not (tmp_path / "lock.json").exists()
-    assert script.release_lock(str(tmp_path / "none"), _holder())["released"] is False
+    assert _release(tmp_path, _holder()) is False
+    assert _release(tmp_path / "none", _holder()) is False
+    assert not (tmp_path / "none").exists(), "a release must not make the state directory"
+
+
+def test_release_waits_for_the_state_directorys_flock(tmp_path):
+    """take_lock decides and writes under an flock of the directory: the release takes the same one."""
+    import fcntl
+
+    script.take_lock(str(tmp_path), _holder(), now=NOW)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    argv = [str(tmp_path), json.dumps(_holder()["run_id"]), json.dumps("ctl-a"), "4242"]
+    proc = subprocess.Popen(["sh", "-c", RELEASE.read_text(), "release_lock", *argv], stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)
+        assert (tmp_path / "lock.json").exists()
+    finally:
+        os.close(fd)
+    assert json.loads(proc.communicate(timeout=10)[0])["lock"]["released"] is True
 
 
 def _run_script(*args: str) -> dict:
@@ -102,5 +134,5 @@ def test_the_raw_command_reads_and_locks_in_one_process(tmp_path):
     assert held["taken"] is False and "pid 4242 on ctl-a" in held["holder_text"]
     stale = _run_script("lock", str(state), json.dumps({**OTHER, "take_over": _holder()}))["lock"]
     assert stale["decision"] == "stale"
-    assert _run_script("release", str(state), json.dumps(OTHER))["lock"]["released"] is True
+    assert _release(state, OTHER) is True
     assert os.listdir(state) == []
