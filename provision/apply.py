@@ -10,13 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-
 from provision import interrupts, locks
 from provision import inventory as inventory_mod
 from provision.errors import Interrupted, ProvisionError, UsageError
-from provision.progress import LiveProgress, summary_table
+from provision.progress import SILENT, Progress
 from provision.record import SUMMARY, RunRecord
 from provision.runner import RunResult, run_playbook
 
@@ -67,19 +64,18 @@ def _extravars(opts: ApplyOptions) -> dict[str, Any]:
 
 
 def apply(
-    opts: ApplyOptions, console: Console | None = None, kind: str = "apply", playbook: str = SITE_PLAYBOOK
+    opts: ApplyOptions, progress: Progress | None = None, kind: str = "apply", playbook: str = SITE_PLAYBOOK
 ) -> RunResult:
     """Validate the inventory, take the inventory's lock and each host's (not in check mode), run the playbook
     (site.yml), give the host locks back, write the run record and return the result.
 
     Raises LockHeld when another run holds the inventory, and Interrupted, once the record is written, when
-    SIGINT or SIGTERM stopped the run."""
-    console = console or Console(stderr=True)
+    SIGINT or SIGTERM stopped the run. `progress` hears the run as it goes (silent when left out)."""
     inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     scope = inv.scope(opts.limit)
     with RunRecord(opts.runs_dir, kind, inv) as record, ExitStack() as stack:
         request = None if opts.check else _lock(stack, opts, inv, record, kind)
-        return _converge(opts, inv, scope, record, console, kind, playbook, request)
+        return _converge(opts, inv, scope, record, progress or SILENT, kind, playbook, request)
 
 
 def _lock(stack: ExitStack, opts: ApplyOptions, inv, record: RunRecord, kind: str) -> dict[str, Any]:
@@ -93,20 +89,20 @@ def _lock(stack: ExitStack, opts: ApplyOptions, inv, record: RunRecord, kind: st
     return locks.host_lock_request(holder, opts.break_lock)
 
 
-def _converge(opts, inv, scope, record: RunRecord, console, kind, playbook, request) -> RunResult:
+def _converge(opts, inv, scope, record: RunRecord, progress: Progress, kind, playbook, request) -> RunResult:
     extravars = {**_extravars(opts), **({"provision_lock": request} if request else {})}
     result = run_playbook(
         playbook, inv.path, record=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
         check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
         vault=opts.vault, raise_interrupt=False,
-        progress=LiveProgress(console, f"provision {kind} --inventory {opts.inventory}"),
+        progress=progress.playbook(f"provision {kind} --inventory {opts.inventory}"),
     )  # fmt: skip
     result.host_states = host_states(result, scope)
     summary = {"command": kind, "inventory": str(inv.path), "limit": opts.limit, "tags": opts.tags, **result.to_dict()}
     if request:
         summary["host_locks_left"] = _release_left(opts, inv, record, request)
         for host in summary["host_locks_left"]:
-            console.print(f"[yellow]warning:[/] {host}: {HOST_LOCK_LEFT}", highlight=False)
+            progress.warning(f"{host}: {HOST_LOCK_LEFT}")
     if result.interrupted:
         summary["stopped_at"] = stopped_at(result)
     record.write_summary(summary)
@@ -186,38 +182,7 @@ def diff_lines(diff: dict[str, Any]) -> list[str]:
     )  # fmt: skip
 
 
-def print_diffs(console: Console, result: RunResult) -> None:
-    """Each pending change's diff, per host and task (scrubbed of secrets by the run)."""
-    for change in result.changed_tasks:
-        for diff in change.get("diff", []):
-            console.print(f"--- {escape(change['host'])}: {escape(change['task'])}", highlight=False)
-            for line in diff_lines(diff):
-                style = "green" if line.startswith("+") else "red" if line.startswith("-") else None
-                console.print(escape(line), style=style, highlight=False)
-
-
 def host_warnings(result: RunResult) -> list[str]:
     """The run's warnings about a host (a module's, such as unverified TLS to the PVE API), for the console; the
     summary keeps Ansible's own notices too (deprecations, our playbooks' empty host patterns)."""
     return [w for w in result.warnings if w.split(": ", 1)[0] in result.hosts]
-
-
-def print_result(console: Console, result: RunResult, title: str, show_diff: bool = False) -> None:
-    if show_diff:
-        print_diffs(console, result)
-    console.print(summary_table(result, title))
-    for host, messages in sorted(result.reports.items()):
-        for message in messages:
-            console.print(f"{escape(host)}: {escape(message)}", highlight=False)
-    for warning in host_warnings(result):
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-    for failure in result.failures:
-        where = f"{failure['host']}: " if failure["host"] else ""
-        task = f"[{failure['task']}] " if failure["task"] else ""
-        console.print(f"[red]FAILED[/] {escape(where + task + failure['message'])}", highlight=False)
-    pending = plan_summary(result) if result.check else {}
-    for host, state in sorted(result.host_states.items()):
-        console.print(f"{escape(host)}: {state}", highlight=False)
-        for task in pending.get(host, []):
-            console.print(f"  ~ {task}", highlight=False, markup=False)
-    console.print(f"run record: {result.record_dir}", highlight=False)

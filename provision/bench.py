@@ -1,7 +1,8 @@
 """`provision bench`: a throughput sweep with SGLang's own benchmark client on every container,
 turned into a report people plan with.
 
-1. Capacity from verify's capacity check (sessions that fit in the KV cache), for the report's top.
+1. Capacity (sessions that fit in the KV cache), for the report's top: `verify.capacity_report`, the probe of
+   `provision verify` and `provision/capacity.py`, as `provision capacity` has it.
 2. `playbooks/bench.yml` (role `sglang_bench`) runs the client once per concurrency level on the
    container and fetches its JSONL and a per-level summary into this run's record.
 3. Per host: `report.md` with a table per level, two PNG charts, the P2P policy and SGLang
@@ -16,15 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from provision import bench_report
 from provision import inventory as inventory_mod
-from provision.bench_report import format_ms
 from provision.errors import UsageError
-from provision.progress import LiveProgress
+from provision.progress import SILENT, Progress
 from provision.record import RunRecord
 from provision.runner import RunResult, run_playbook
 
@@ -200,14 +196,14 @@ def baseline_mismatches(meta: dict[str, Any], baseline: dict[str, Any]) -> list[
     ]
 
 
-def _capacity(opts: BenchOptions) -> dict[str, str]:
+def _capacity(opts: BenchOptions, progress: Progress) -> dict[str, str]:
     from provision import verify
 
-    # the capacity check lives in the container suite: don't start the node suites for nothing
+    # capacity is the containers': a node is read only as a container's node
     limit = opts.limit or inventory_mod.GPU_CONTAINERS
-    report = verify.verify(
-        opts.inventory, limit=limit, runs_dir=opts.runs_dir, select="test_capacity_report",
-        host_key_checking=opts.host_key_checking, vault=opts.vault, kind="capacity",
+    report = verify.capacity_report(
+        opts.inventory, limit=limit, runs_dir=opts.runs_dir, host_key_checking=opts.host_key_checking,
+        vault=opts.vault, progress=progress,
     )  # fmt: skip
     return {host: cap["summary"] for host, cap in report.capacity.items()}
 
@@ -263,16 +259,18 @@ def build_host_report(
     return hb
 
 
-def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
-    console = console or Console(stderr=True)
+def bench(opts: BenchOptions, progress: Progress | None = None) -> BenchResult:
+    """Capacity, the sweep, and per host the report, charts and baseline (module doc); `progress` hears the runs
+    as they go (silent when left out)."""
+    progress = progress or SILENT
     _validate(opts)
     baseline = load_baseline(opts.baseline) if opts.baseline else None
     inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     if not inv.gpu_containers:
         raise UsageError(f"{inv.path}: no hosts in group gpu_containers: nothing to benchmark")
     with RunRecord(opts.runs_dir, "bench", inv) as record:
-        console.print("collecting capacity (provision verify, capacity check)...", highlight=False)
-        capacity = _capacity(opts)
+        progress.note("collecting capacity (provision verify, capacity check)...")
+        capacity = _capacity(opts, progress)
         fetch_dir = record.path / "hosts"
         run = run_playbook(
             BENCH_PLAYBOOK,
@@ -283,7 +281,7 @@ def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
             extravars=_extravars(opts, record.name, fetch_dir.resolve()),
             host_key_checking=opts.host_key_checking,
             vault=opts.vault,
-            progress=LiveProgress(console, f"provision bench --inventory {opts.inventory}"),
+            progress=progress.playbook(f"provision bench --inventory {opts.inventory}"),
         )
         result = BenchResult(run=run, record_dir=str(record.path))
         for host_dir in sorted(p for p in fetch_dir.glob("*") if p.is_dir()):
@@ -292,35 +290,3 @@ def bench(opts: BenchOptions, console: Console | None = None) -> BenchResult:
             result.hosts[host_dir.name] = hb
         record.write_summary({"command": "bench", "inventory": str(inv.path), **result.to_dict()})
     return result
-
-
-def print_result(console: Console, result: BenchResult) -> None:
-    for host, hb in sorted(result.hosts.items()):
-        table = Table(title=f"bench {host}")
-        for col in ("C", "output tok/s", "total tok/s", "req/s", "TTFT p50/p99 ms", "ITL p50/p99 ms", "done/sent"):
-            table.add_column(col, justify="right")
-        for lv in hb.levels:
-            done = f"{lv.completed}/{lv.sent}" + (f" [red]{lv.failed} FAILED[/]" if lv.failed else "")
-            table.add_row(
-                str(lv.concurrency), f"{lv.output_throughput:,.1f}", f"{lv.total_throughput:,.1f}",
-                f"{lv.request_throughput:,.2f}", f"{format_ms(lv.median_ttft_ms)} / {format_ms(lv.p99_ttft_ms)}",
-                f"{format_ms(lv.median_itl_ms)} / {format_ms(lv.p99_itl_ms)}", done,
-            )  # fmt: skip
-        for c in hb.missing:
-            table.add_row(str(c), "-", "-", "-", "-", "-", f"[red]0/{hb.sent_per_level.get(c, 0)}: all failed[/]")
-        console.print(table)
-        if hb.capacity:
-            console.print(f"capacity: {escape(hb.capacity)}", highlight=False)
-        if hb.above_limit:
-            levels = ", ".join(f"C={c}" for c in hb.above_limit)
-            console.print(f"[yellow]above max_running_requests={hb.max_running_requests}[/]: {levels} "
-                          "(the excess requests queue)", highlight=False)  # fmt: skip
-        for problem in hb.problems:
-            console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
-        for regression in hb.regressions:
-            console.print(f"[red]REGRESSION[/] {escape(regression.describe())}", highlight=False)
-        if hb.report:
-            console.print(f"report: {escape(hb.report)}", highlight=False)
-    for failure in result.run.failures if result.run else []:
-        console.print(f"[red]FAILED[/] {escape(failure['host'] + ': ' + failure['message'])}")
-    console.print(f"record: {escape(result.record_dir)}", highlight=False)

@@ -18,6 +18,12 @@ from provision.errors import UsageError
 from provision.sglang_pool import GIB
 
 DEFAULT_SESSION_TOKENS = (32768,)
+# the tensor-parallel sizes a running server's capacity is predicted at
+PREDICT_TP = (1, 2, 4, 8)
+
+
+class CapacityUnknown(ValueError):
+    """Why a container's capacity cannot be computed from what was read of it: one line, said as is."""
 
 
 @dataclass
@@ -61,15 +67,46 @@ class Capacity:
         return data
 
 
-def parse_session_tokens(text: str) -> tuple[int, ...]:
+def parse_session_tokens(text: str, what: str = "--session-tokens") -> tuple[int, ...]:
     """`32768,131072`: the session sizes to count capacity in (--session-tokens, verify_session_tokens)."""
     try:
         sizes = tuple(int(part) for part in str(text).split(",") if part.strip())
     except ValueError:
         sizes = ()
     if not sizes or any(n < 1 for n in sizes):
-        raise UsageError(f"--session-tokens {text!r}: expected token counts separated by commas, e.g. 32768,131072")
+        raise UsageError(f"{what} {text!r}: expected token counts separated by commas, e.g. 32768,131072")
     return sizes
+
+
+def session_sizes(host_vars: dict[str, Any]) -> tuple[int, ...]:
+    """The sizes a host's capacity is counted in: its verify_session_tokens, else 32768."""
+    text = host_vars.get("verify_session_tokens")
+    if not text:
+        return DEFAULT_SESSION_TOKENS
+    try:
+        return parse_session_tokens(text, "verify_session_tokens")
+    except UsageError as exc:
+        raise CapacityUnknown(str(exc)) from None
+
+
+def from_server(sglang: dict[str, Any], session_tokens: tuple[int, ...] = DEFAULT_SESSION_TOKENS) -> Capacity:
+    """Capacity from what provision/checks/probe.py read of a container's server (the reading's `sglang`): its
+    /server_info and /v1/models answers, the checkpoint's config.json and the total size in its safetensors
+    index; predictions at PREDICT_TP. CapacityUnknown says why there is none."""
+    info, models = sglang["server_info"], sglang["models"]
+    if info["status"] != 200:
+        raise CapacityUnknown(f"/server_info answered {info['status'] or 'nothing (no connection)'}")
+    config = sglang.get("model_config")
+    try:
+        return compute(
+            json.loads(info["body"]), json.loads(models["body"]), session_tokens=session_tokens,
+            model_config=json.loads(config) if config else None, weights_bytes=sglang.get("weights_bytes"),
+            predict_tp=PREDICT_TP,
+        )  # fmt: skip
+    except ValueError as exc:  # an answer that is not JSON, or a server that has not finished starting
+        raise CapacityUnknown(str(exc)) from None
+    except (KeyError, TypeError, AttributeError) as exc:  # JSON of another shape
+        raise CapacityUnknown(f"{type(exc).__name__}: {exc}") from None
 
 
 def effective_max_running_requests(server_info: dict[str, Any]) -> int | None:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from provision import __version__, locks, secrets
 from provision.errors import (
@@ -246,22 +245,20 @@ def _vault(args: argparse.Namespace):
 def _load(args: argparse.Namespace, err: Console):
     """The inventory, validated, before anything runs: its warnings printed now, and its secrets (with the
     environment's) kept for main() to scrub the error lines and the JSON envelope with."""
-    from provision import inventory, secrets
+    from provision import inventory, present, secrets
 
     inv = inventory.load(args.inventory, _vault(args), args.host_key_checking)
-    for warning in inv.warnings:
-        err.print(f"warning: {warning}", highlight=False, markup=False)
+    present.print_warnings(err, inv.warnings)
     args.secrets = secrets.values(inv)
     return inv
 
 
 def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
+    from provision import present
+
     inv = _load(args, err)
     if not args.json:
-        out.print(
-            f"{inv.path}: ok ({len(inv.proxmox_hosts)} proxmox_hosts, {len(inv.gpu_containers)} gpu_containers)",
-            highlight=False,
-        )
+        present.print_inventory_check(out, inv)
     result = {
         "inventory": str(inv.path),
         "proxmox_hosts": [h.name for h in inv.proxmox_hosts],
@@ -292,15 +289,16 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
 
 def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import apply as apply_mod
+    from provision import present
 
     if not args.limit:
         raise UsageError("rollback needs --limit HOST: roll back the nodes you mean, by name or pattern")
     opts = _apply_options(args)
     _load(args, err).scope(args.limit)  # validate before asking anything
     _confirm(args, err)
-    result = apply_mod.apply(opts, console=err, kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
+    result = apply_mod.apply(opts, progress=_progress(err), kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
     if not args.json:
-        apply_mod.print_result(out, result, "rollback")
+        present.print_apply(out, result, "rollback")
     code = EXIT_OK if result.succeeded else EXIT_FAILED
     return Outcome(code, result.to_dict(), result.host_states, errors=locks.held_errors(result))
 
@@ -326,19 +324,20 @@ def _plan_exit(states: dict[str, str]) -> int:
 
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> Outcome:
     from provision import apply as apply_mod
+    from provision import present
 
     opts = _apply_options(args, plan)
     inv = _load(args, err)
     inv.scope(args.limit)  # validate before asking anything
     if not plan:
         _confirm(args, err)
-    result = apply_mod.apply(opts, console=err, kind="plan" if plan else "apply")
+    result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")
     data = result.to_dict()
     if plan:
         data["would_change"] = apply_mod.plan_summary(result)
     if not args.json:
         title = "plan (check mode: nothing was changed)" if plan else "apply"
-        apply_mod.print_result(out, result, title, show_diff=opts.diff)
+        present.print_apply(out, result, title, show_diff=opts.diff)
     code = _plan_exit(result.host_states) if plan else (EXIT_OK if result.succeeded else EXIT_FAILED)
     return Outcome(code, data, result.host_states, locks.held_errors(result))
 
@@ -352,7 +351,7 @@ def _checks_hosts(checks) -> dict[str, str]:
 
 
 def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
-    from provision import verify
+    from provision import present, verify
 
     inv = _load(args, err)
     inv.scope(args.limit)
@@ -368,31 +367,35 @@ def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome
         select=args.checks,
         host_key_checking=args.host_key_checking,
         vault=_vault(args),
+        progress=_progress(err),
     )
     if not args.json:
-        verify.print_report(out, report)
+        present.print_verify(out, report)
     return Outcome(EXIT_OK if report.passed else EXIT_FAILED, report.to_dict(), _checks_hosts(report.checks))
 
 
 def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
-    from provision import verify
+    from provision import present, verify
     from provision.capacity import parse_session_tokens
 
     sizes = parse_session_tokens(args.session_tokens)
     _load(args, err).scope(args.limit)
-    report = verify.verify(
-        args.inventory, limit=args.limit, runs_dir=args.runs_dir, select="test_capacity_report",
-        session_tokens=",".join(str(n) for n in sizes),
-        host_key_checking=args.host_key_checking, vault=_vault(args), kind="capacity",
+    report = verify.capacity_report(
+        args.inventory, limit=args.limit, runs_dir=args.runs_dir, session_tokens=sizes,
+        host_key_checking=args.host_key_checking, vault=_vault(args), progress=_progress(err),
     )  # fmt: skip
     if not args.json:
-        verify.print_capacity(out, report)
-        for check in report.checks:
-            if not check.passed:
-                out.print(f"[red]{escape(check.host)}[/]: {escape(check.reason)}", highlight=False)
+        present.print_capacity_run(out, report)
     result = {"capacity": report.capacity, "checks": [c.__dict__ for c in report.checks]}
     ok = report.passed and report.capacity
     return Outcome(EXIT_OK if ok else EXIT_FAILED, result, _checks_hosts(report.checks))
+
+
+def _progress(err: Console):
+    """What the API says while it runs, on stderr: each playbook's live table, notes and warnings."""
+    from provision import present
+
+    return present.ConsoleProgress(err)
 
 
 def _console(stderr: bool) -> Console:
@@ -402,21 +405,21 @@ def _console(stderr: bool) -> Console:
 
 
 def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
-    from provision import diag
+    from provision import diag, present
 
     _load(args, err).scope(args.limit)
     report = diag.diag(
-        args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, console=err,
+        args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, progress=_progress(err),
         host_key_checking=args.host_key_checking, vault=_vault(args),
     )  # fmt: skip
     if not args.json:
-        diag.print_report(out, report)
+        present.print_diag(out, report)
     hosts = {h: str(r.get("verdict", "unknown")) for h, r in report.results.items()}
     return Outcome(EXIT_OK if report.healthy else EXIT_FAILED, report.to_dict(), hosts)
 
 
 def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
-    from provision import bench
+    from provision import bench, present
 
     concurrency = bench.parse_concurrency(args.concurrency)
     _load(args, err).scope(args.limit)
@@ -433,15 +436,16 @@ def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
         host_key_checking=args.host_key_checking,
         vault=_vault(args),
     )
-    result = bench.bench(opts, console=err)
+    result = bench.bench(opts, progress=_progress(err))
     if not args.json:
-        bench.print_result(out, result)
+        present.print_bench(out, result)
     data = result.to_dict()
     code = EXIT_REGRESSION if result.regressed else EXIT_OK if result.complete else EXIT_FAILED
     return Outcome(code, data, dict(getattr(result, "host_states", {}) or {}))
 
 
 def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
+    from provision import present
     from provision.lab.lab import Lab
 
     lab = Lab()
@@ -455,7 +459,7 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     else:
         status = lab.status()
     if not getattr(args, "json", False):
-        out.print_json(json.dumps(status))
+        present.print_lab_status(out, status)
     return Outcome(EXIT_OK if status.get("up") else EXIT_FAILED, status)
 
 

@@ -13,13 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from provision import inventory as inventory_mod
 from provision.job_events import task_outcomes
-from provision.progress import LiveProgress
+from provision.progress import SILENT, Progress
 from provision.record import RunRecord
 from provision.runner import RunResult, run_playbook
 
@@ -67,11 +63,12 @@ def diag(
     limit: str | None = None,
     include_hosts: bool = False,
     runs_dir: Path = Path(".provision/runs"),
-    console: Console | None = None,
+    progress: Progress | None = None,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,
 ) -> DiagReport:
-    console = console or Console(stderr=True)
+    """Run playbooks/diag.yml on the containers (and with `include_hosts` the nodes), keep each verdict in the
+    record (diag-<host>.json) and return them; `progress` hears the run as it goes (silent when left out)."""
     inv = inventory_mod.load(inventory, vault, host_key_checking)
     targets = inventory_mod.GPU_CONTAINERS + (f":{inventory_mod.PROXMOX_HOSTS}" if include_hosts else "")
     with RunRecord(runs_dir, "diag", inv) as record:
@@ -84,34 +81,10 @@ def diag(
             extravars={"gpu_diag_targets": targets},
             host_key_checking=host_key_checking,
             vault=vault,
-            progress=LiveProgress(console, f"provision diag --inventory {inventory}"),
+            progress=(progress or SILENT).playbook(f"provision diag --inventory {inventory}"),
         )
         report = DiagReport(results=record.redact(results_from_events(record.path)), run=run)
         for host, result in report.results.items():
             record.write_json(f"diag-{host}.json", result)
         record.write_summary({"command": "diag", "inventory": str(inv.path), **report.to_dict()})
     return report
-
-
-def print_report(console: Console, report: DiagReport) -> None:
-    table = Table(title="GPU peer-to-peer / NCCL diagnostic")
-    for col in ("host", "verdict", "GPUs", "NCCL transport (P2P on / off)", "sglang_p2p", "reason"):
-        table.add_column(col)
-    for host, r in sorted(report.results.items()):
-        tests = r.get("tests") or {}
-        on = (tests.get("nccl_allreduce_p2p") or {}).get("transports") or []
-        off = (tests.get("nccl_allreduce_p2p_disabled") or {}).get("transports") or []
-        colour = "green" if r.get("verdict") == "healthy" else "red"
-        table.add_row(
-            host,
-            f"[{colour}]{escape(str(r.get('verdict')))}[/]",
-            str(r.get("gpu_count", "")),
-            escape(f"{','.join(on) or '-'} / {','.join(off) or '-'}"),
-            str(r.get("recommended_sglang_p2p") or "-"),
-            escape(str(r.get("reason", ""))),
-        )
-    console.print(table)
-    for failure in report.run.failures if report.run else []:
-        console.print(f"[red]FAILED[/] {escape(failure['host'] + ': ' + failure['message'])}")
-    if report.run:
-        console.print(f"record: {escape(report.run.record_dir)}")

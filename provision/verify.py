@@ -4,9 +4,10 @@ Every host is read once, all hosts at once, by playbooks/verify_probe.yml throug
 the same Ansible connection as apply (templated `ansible_host`, `ansible_password`, become, a
 bastion in ssh_args, vaulted connection variables). What each host returned, read back from the
 run's job events, goes to one file; one pytest process (`checks/conftest.py`) then decides each
-check per host from it without connecting anywhere. The JUnit XML it writes is merged into one
-table per host. A host that cannot be read shows up as failed checks naming the reason (the
-connection error, or the probe's own).
+check per host from it without connecting anywhere; the JUnit XML it writes becomes the report's checks.
+Each container's capacity is computed from the same reading (`capacity_of`, provision/capacity.py), which
+is all `provision capacity` asks for (`capacity_report`). A host that cannot be read shows up as failed
+checks naming the reason (the connection error, or the probe's own).
 """
 
 from __future__ import annotations
@@ -20,14 +21,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
+from provision import capacity
 from provision import inventory as inventory_mod
-from provision.checks.support import HOST_VARS, probe_request
+from provision.checks.support import HOST_VARS, NO_SGLANG, cannot_read, probe_request
 from provision.job_events import task_outcomes
-from provision.progress import LiveProgress
+from provision.progress import SILENT, Progress
 from provision.record import RunRecord
 from provision.runner import RunResult, run_playbook
 
@@ -165,6 +163,7 @@ def read_hosts(
     *,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,
+    progress: Progress = SILENT,
 ) -> tuple[dict, RunResult]:
     """Read every host once through Ansible (playbooks/verify_probe.yml); returns what conftest.py reads."""
     spec = _suites(inv, hosts)
@@ -181,12 +180,12 @@ def read_hosts(
         },
         host_key_checking=host_key_checking,
         vault=vault,
-        progress=LiveProgress(Console(stderr=True), "provision verify: reading every host"),
+        progress=progress.playbook("provision verify: reading every host"),
     )
     return {**spec, "readings": readings(record.path, list(wanted), run)}, run
 
 
-def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None, extra_env=None):
+def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None):
     """One pytest process for all hosts: each check decides per host from what the probe read."""
     junit = workdir / "verify.xml"
     cmd = [
@@ -194,12 +193,7 @@ def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | 
         f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
         "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
     ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PROVISION_VERIFY_HOSTS": str(spec_file),
-        "PROVISION_VERIFY_OUT": str(workdir),
-        **(extra_env or {}),
-    }
+    env = {**os.environ, "PROVISION_VERIFY_HOSTS": str(spec_file)}
     try:
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir
@@ -220,6 +214,7 @@ def reboot_all(
     *,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,
+    progress: Progress = SILENT,
 ) -> None:
     """Reboot the nodes, then the containers, one at a time (playbooks/reboot.yml)."""
     result = run_playbook(
@@ -230,7 +225,7 @@ def reboot_all(
         limit=limit,
         host_key_checking=host_key_checking,
         vault=vault,
-        progress=LiveProgress(Console(stderr=True), "provision verify --after-reboot: rebooting"),
+        progress=progress.playbook("provision verify --after-reboot: rebooting"),
     )
     report.reboots = result.reports
     report.reboot_failures = result.failures
@@ -243,26 +238,31 @@ def verify(
     runs_dir: Path = Path(".provision/runs"),
     after_reboot: bool = False,
     select: str | None = None,
-    session_tokens: str | None = None,
+    session_tokens: tuple[int, ...] | None = None,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,
     kind: str = "verify",
+    progress: Progress | None = None,
+    checks: bool = True,
 ) -> VerifyReport:
-    """Run the suites on every host (each read once, all in parallel); `select` is a pytest -k expression.
+    """Run the suites on every host (each read once, all in parallel); `select` is a pytest -k expression. Each
+    container's capacity comes from the same reading (provision/capacity.py), counted in `session_tokens`, else
+    in its verify_session_tokens; `checks=False` computes only that (`capacity_report`).
 
     The record (`kind`: verify, or capacity for `provision capacity`) holds the probe run's artifacts
     (artifacts/run), the reboot run's under reboot/ with --after-reboot, verify.json (the report) and
-    summary.json; the report returned, the record and the JUnit file are scrubbed of secrets."""
+    summary.json; the report returned, the record and the JUnit file are scrubbed of secrets. `progress` hears
+    the runs as they go (silent when left out)."""
     inv = inventory_mod.load(inventory, vault, host_key_checking)
     limited = set(inv.match(limit))  # Ansible's own pattern rules, as apply's --limit
     hosts = [h for h in inv.hosts.values() if h.name in limited and set(SUITES) & h.groups]
     report = VerifyReport(inventory=str(inv.path))
-    connection = {"host_key_checking": host_key_checking, "vault": vault}
+    connection = {"host_key_checking": host_key_checking, "vault": vault, "progress": progress or SILENT}
     with RunRecord(runs_dir, kind, inv) as record:
         report.record_dir = str(record.path)
         if after_reboot:
             reboot_all(inv, limit, record.child("reboot"), report, **connection)
-        run = _check(inv, hosts, record, report, select, session_tokens, connection)
+        run = _check(inv, hosts, record, report, connection, checks=checks, select=select, tokens=session_tokens)
         _scrub(report, record)
         record.write_json("verify.json", report.to_dict())
         record.write_summary({"command": kind, **report.to_dict(), "probe_run": run.to_dict() if run else None})
@@ -271,19 +271,64 @@ def verify(
     return report
 
 
-def _check(inv, hosts, record: RunRecord, report: VerifyReport, select, session_tokens, connection):
-    """Read the hosts, run the checks and collect the capacity reports into `report`; the probe run."""
+def capacity_report(
+    inventory: str,
+    limit: str | None = None,
+    runs_dir: Path = Path(".provision/runs"),
+    session_tokens: tuple[int, ...] | None = None,
+    host_key_checking: bool = True,
+    vault: inventory_mod.VaultOptions | None = None,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """`provision capacity`: every container's capacity from verify's reading of it, and no check; its `checks`
+    hold one "capacity" entry per container, failed with the reason where there is none. Record kind: capacity."""
+    return verify(
+        inventory, limit=limit, runs_dir=runs_dir, session_tokens=session_tokens, host_key_checking=host_key_checking,
+        vault=vault, kind="capacity", progress=progress, checks=False,
+    )  # fmt: skip
+
+
+def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict, *, checks, select, tokens):
+    """Read the hosts, compute each container's capacity and, with `checks`, run the checks `select` picks; all
+    into `report`. Returns the probe run."""
     if not hosts:
         return None
+    spec, run = read_hosts(inv, hosts, record, **connection)
+    containers = [h.name for h in hosts if inventory_mod.GPU_CONTAINERS in h.groups]
+    found, unknown = capacities(spec["readings"], containers, tokens)
+    report.capacity.update(found)
+    if not checks:
+        report.checks.extend(Check(h, "capacity", "capacity", h not in unknown, unknown.get(h, "")) for h in containers)
+        return run
     with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp:
-        spec, run = read_hosts(inv, hosts, record, **connection)
         spec_file = Path(tmp) / "hosts.json"
         spec_file.write_text(json.dumps(spec))
-        env = {"PROVISION_SESSION_TOKENS": session_tokens} if session_tokens else {}
-        report.checks.extend(_run_checks([h.name for h in hosts], spec_file, Path(tmp), select, env))
-        for path in Path(tmp).glob("*-capacity.json"):
-            report.capacity[path.name.removesuffix("-capacity.json")] = json.loads(path.read_text())
+        report.checks.extend(_run_checks([h.name for h in hosts], spec_file, Path(tmp), select))
     return run
+
+
+def capacity_of(name: str, reading: dict, session_tokens: tuple[int, ...] | None = None) -> capacity.Capacity:
+    """A container's capacity from what verify read of it (`readings`), counted in `session_tokens`, else in its
+    verify_session_tokens; capacity.CapacityUnknown says why there is none, as the capacity check does."""
+    probe = reading.get("probe")
+    if probe is None:
+        raise capacity.CapacityUnknown(cannot_read(name, reading.get("error", "")))
+    if probe.get("sglang") is None:
+        raise capacity.CapacityUnknown(NO_SGLANG)
+    return capacity.from_server(probe["sglang"], session_tokens or capacity.session_sizes(reading.get("vars") or {}))
+
+
+def capacities(
+    readings: dict[str, dict], containers: list[str], session_tokens: tuple[int, ...] | None = None
+) -> tuple[dict[str, dict], dict[str, str]]:
+    """Per container its capacity (Capacity.to_dict), or why it has none."""
+    found, unknown = {}, {}
+    for name in containers:
+        try:
+            found[name] = capacity_of(name, readings.get(name) or {}, session_tokens).to_dict()
+        except capacity.CapacityUnknown as exc:
+            unknown[name] = _one_line(exc)
+    return found, unknown
 
 
 def _scrub(report: VerifyReport, record: RunRecord) -> None:
@@ -312,38 +357,3 @@ def _write_junit(report: VerifyReport, path: Path) -> None:
                 ET.SubElement(case, "failure", message=c.reason)
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
-
-
-def print_report(console: Console, report: VerifyReport) -> None:
-    hosts = sorted({c.host for c in report.checks})
-    if not hosts:
-        console.print("no hosts matched: nothing was verified", style="red")
-    for host in hosts:
-        table = Table(title=f"verify {host}")
-        for col in ("suite", "check", "result", "reason"):
-            table.add_column(col)
-        for c in (c for c in report.checks if c.host == host):
-            table.add_row(c.suite, c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.reason))
-        console.print(table)
-    for host, messages in sorted(report.reboots.items()):
-        for message in messages:
-            console.print(f"{escape(host)}: {escape(message)}")
-    for failure in report.reboot_failures:
-        console.print(f"[red]REBOOT FAILED[/] {escape(failure['host'] + ': ' + failure['message'])}")
-    print_capacity(console, report)
-    verdict = "[green]all checks passed[/]" if report.passed else "[red]verification failed[/]"
-    console.print(f"{verdict}; record: {escape(report.record_dir)}")
-
-
-def print_capacity(console: Console, report: VerifyReport) -> None:
-    for host, cap in sorted(report.capacity.items()):
-        console.print(f"capacity {escape(host)}: {escape(cap['summary'])}")
-        details = f"  kv cache {cap['kv_cache_dtype']}, context {cap['context_length']:,}"
-        details += f", max_running_requests {cap['max_running_requests']}"
-        if cap.get("kv_bytes_per_token_per_gpu"):
-            details += f", {cap['kv_bytes_per_token_per_gpu']:,} KV bytes/token/GPU ({cap['kv_pool_gib_per_gpu']} GiB)"
-        console.print(escape(details))
-        for p in cap.get("predictions", []):
-            console.print(
-                escape(f"  {p['what']}: {p['max_total_num_tokens']:,} tokens, {p['full_context_sessions']} sessions")
-            )

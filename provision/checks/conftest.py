@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from provision.checks.support import cannot_read
+
 
 @dataclass
 class Target:
@@ -44,7 +46,7 @@ class Target:
     @property
     def data(self) -> dict:
         if self.probe is None:
-            pytest.fail(f"cannot read {self.name}: {self.error or 'no reading'}")
+            pytest.fail(cannot_read(self.name, self.error))
         return self.probe
 
 

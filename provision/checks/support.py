@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from provision.paths import module_util
 
 STATE_DIR = "/var/lib/provision"
@@ -20,6 +17,8 @@ NODE_FILES = [
     f"{STATE_DIR}/kernel-findings.json",
 ]
 CONTAINER_FILES = [f"{STATE_DIR}/verify.json", f"{STATE_DIR}/sglang-service.json"]
+SERVICE_STATE = CONTAINER_FILES[1]  # what the sglang role recorded: address, port, P2P policy
+NO_SGLANG = f"{SERVICE_STATE} is missing: the sglang phase has not run here"
 DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
 USERSPACE_QUERY = ["nvidia-smi", "--version"]
 
@@ -43,6 +42,6 @@ def probe_request(suites: list[str]) -> dict:
     return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
 
 
-def output_dir() -> Path | None:
-    out = os.environ.get("PROVISION_VERIFY_OUT")
-    return Path(out) if out else None
+def cannot_read(name: str, error: str) -> str:
+    """Why a host's checks, and its capacity, cannot be decided: the probe has nothing from it."""
+    return f"cannot read {name}: {error or 'no reading'}"

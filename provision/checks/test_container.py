@@ -5,23 +5,22 @@ reads its Proxmox node's probe."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
 
+from provision import capacity
 from provision.checks.support import (
     DRIVER_QUERY,
+    NO_SGLANG,
+    SERVICE_STATE,
     SMOKE_EXPECT,
-    STATE_DIR,
     USERSPACE_QUERY,
     kernel_faults,
-    output_dir,
     smoke_question,
 )
 
 P2P_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
-SERVICE_STATE = f"{STATE_DIR}/sglang-service.json"
 
 
 def test_gpu_nodes_visible(target):
@@ -45,7 +44,7 @@ def test_userspace_matches_host_driver(target):
 
 def _sglang(target) -> dict:
     sglang = target.data.get("sglang")
-    assert sglang is not None, f"{SERVICE_STATE} is missing: the sglang phase has not run here"
+    assert sglang is not None, NO_SGLANG
     return sglang
 
 
@@ -141,20 +140,9 @@ def test_smoke_answer(target):
 
 
 def test_capacity_report(target):
-    """Serving capacity from /server_info and /v1/models, in sessions people plan with."""
-    from provision.capacity import compute, parse_session_tokens
-
-    wanted = os.environ.get("PROVISION_SESSION_TOKENS") or target.vars.get("verify_session_tokens") or "32768"
-    sizes = parse_session_tokens(wanted)
-    (status, info), (_, models) = _answer(target, "server_info"), _answer(target, "models")
-    assert status == 200, f"/server_info answered {status or 'nothing (no connection)'}"
-    config = _sglang(target)["model_config"]
-    cap = compute(json.loads(info), json.loads(models), session_tokens=sizes,
-                  model_config=json.loads(config) if config else None,
-                  weights_bytes=_sglang(target).get("weights_bytes"), predict_tp=(1, 2, 4, 8))  # fmt: skip
-    out = output_dir()
-    if out is not None:
-        (out / f"{target.name}-capacity.json").write_text(json.dumps(cap.to_dict(), indent=2))
-    print(cap.sentence())
-    for prediction in cap.predictions:
-        print(prediction.get("what"), "->", prediction.get("max_total_num_tokens") or prediction.get("why"))
+    """Serving capacity from /server_info and /v1/models, in sessions people plan with (provision/capacity.py,
+    which `provision verify` and `provision capacity` report from the same reading)."""
+    try:
+        capacity.from_server(_sglang(target), capacity.session_sizes(target.vars))
+    except capacity.CapacityUnknown as exc:
+        pytest.fail(str(exc))

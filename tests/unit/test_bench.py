@@ -145,7 +145,7 @@ def test_exit_code_says_whether_a_regression_was_found(monkeypatch, regressed, c
 
     Result.regressed = property(lambda self: regressed)
     Result.complete = property(lambda self: complete)
-    monkeypatch.setattr(bench, "bench", lambda opts, console=None: Result())
+    monkeypatch.setattr(bench, "bench", lambda opts, progress=None: Result())
     assert cli.main(["bench", "--inventory", "prod", "--json"]) == code
 
 

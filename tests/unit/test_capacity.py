@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.capacity import compute, effective_max_running_requests
+from provision.capacity import CapacityUnknown, compute, effective_max_running_requests, from_server, session_sizes
 
 SCENARIO_INFO = {"max_total_num_tokens": 780820, "kv_cache_dtype": "bf16", "tp_size": 2, "max_running_requests": 48}
 SCENARIO_MODELS = {"data": [{"id": "qwen3.5", "max_model_len": 262144}]}
@@ -99,3 +99,39 @@ def test_missing_numbers_are_clear_errors():
         compute({}, SCENARIO_MODELS)
     with pytest.raises(ValueError, match="context length"):
         compute({"max_total_num_tokens": 5}, {"data": []})
+
+
+def _server(info: dict | None = None, status: int = 200, models: dict | None = None) -> dict:
+    """What provision/checks/probe.py reads of a container's server (its reading's `sglang`)."""
+    return {
+        "server_info": {"status": status, "body": json.dumps(info or SCENARIO_INFO)},
+        "models": {"status": 200, "body": json.dumps(models or SCENARIO_MODELS)},
+        "model_config": json.dumps(QWEN35),
+        "weights_bytes": QWEN35_WEIGHTS,
+    }
+
+
+def test_capacity_from_what_the_probe_read_of_the_server():
+    cap = from_server(_server(), session_tokens=(8192,))
+    assert cap.sentence() == "780,820 tokens ≈ 2.98 × 262,144-token sessions ≈ 95.3 × 8K sessions"
+    assert cap.kv_bytes_per_token_per_gpu == 12288
+    assert [p["tp"] for p in cap.predictions] == [1, 4, 8], "predictions at PREDICT_TP other than its own tp=2"
+
+
+def test_a_server_without_figures_says_why_in_one_line():
+    with pytest.raises(CapacityUnknown, match=r"^/server_info answered nothing \(no connection\)$"):
+        from_server(_server(status=0))
+    with pytest.raises(CapacityUnknown, match=r"^/server_info answered 503$"):
+        from_server(_server(status=503))
+    with pytest.raises(CapacityUnknown, match="max_total_num_tokens"):
+        from_server(_server(info={"tp_size": 1}))
+    broken = {**_server(), "models": {"status": 500, "body": "Internal Server Error"}}
+    with pytest.raises(CapacityUnknown, match="Expecting value"):
+        from_server(broken)
+
+
+def test_session_sizes_come_from_the_host_or_the_default():
+    assert session_sizes({}) == (32768,)
+    assert session_sizes({"verify_session_tokens": "8192,131072"}) == (8192, 131072)
+    with pytest.raises(CapacityUnknown, match=r"^verify_session_tokens 'many': expected token counts"):
+        session_sizes({"verify_session_tokens": "many"})

@@ -60,7 +60,7 @@ def test_plan_envelope_from_a_run(monkeypatch, capsys, tmp_path):
     from provision import apply as apply_mod
     from provision.runner import HostStats, RunResult
 
-    def fake_apply(opts, console=None, kind="apply", playbook=""):
+    def fake_apply(opts, progress=None, kind="apply", playbook=""):
         result = RunResult("site.yml", "successful", 0, True, "now", 1.0)
         result.hosts = {"pve-gpu-01": HostStats(ok=3, changed=1), "sglang-01": HostStats(ok=3)}
         result.changed_tasks = [{"host": "pve-gpu-01", "task": "Write X", "play": "p", "diff": [{"before": "a"}]}]
@@ -81,7 +81,7 @@ def test_interrupted_and_locked_envelopes(monkeypatch, capsys, tmp_path):
     from provision.errors import Interrupted
     from provision.locks import LockHeld
 
-    def interrupted(opts, console=None, kind="apply", playbook=""):
+    def interrupted(opts, progress=None, kind="apply", playbook=""):
         raise Interrupted("interrupted by SIGINT: run record R", 2, {"stopped_at": {}}, {"pve-gpu-01": "interrupted"})
 
     monkeypatch.chdir(tmp_path)
@@ -91,7 +91,7 @@ def test_interrupted_and_locked_envelopes(monkeypatch, capsys, tmp_path):
                                                                      {"stopped_at": {}})  # fmt: skip
     assert data["hosts"] == {"pve-gpu-01": "interrupted"}
 
-    def locked(opts, console=None, kind="apply", playbook=""):
+    def locked(opts, progress=None, kind="apply", playbook=""):
         raise LockHeld("inventory X is locked by run R (pid 1 on c, since t): wait for it to end")
 
     monkeypatch.setattr(apply_mod, "apply", locked)

@@ -94,7 +94,7 @@ def test_bench_survives_a_truncated_results_line_and_keeps_no_key(tmp_path, inv,
         return RunResult(playbook, "successful", 0, False, "", 1.0, record_dir=str(record.path))
 
     monkeypatch.setattr(bench, "run_playbook", fetch)
-    monkeypatch.setattr(bench, "_capacity", lambda opts: {})
+    monkeypatch.setattr(bench, "_capacity", lambda opts, progress: {})
     opts = bench.BenchOptions(inventory=str(inv.path), concurrency=(1,), prompts_per_level=2, runs_dir=tmp_path / "r")
     result = bench.bench(opts)
     hb = result.hosts["ct1"]

@@ -58,7 +58,7 @@ def test_a_modules_warnings_reach_the_result_once_per_host():
 def test_the_console_shows_warnings_about_hosts_and_the_summary_keeps_every_warning():
     from rich.console import Console
 
-    from provision import apply
+    from provision import present
     from provision.runner import RunResult
 
     c = EventCollector()
@@ -66,7 +66,7 @@ def test_the_console_shows_warnings_about_hosts_and_the_summary_keeps_every_warn
     c.handle(_ev("runner_on_ok", host="ct1", res={"warnings": ["proxmox_api_validate_certs is false: NOT verified"]}))
     result = RunResult("site.yml", "successful", 0, False, "", 1.0, hosts=c.live, warnings=c.warnings)
     console = Console(record=True, width=200)
-    apply.print_result(console, result, "apply")
+    present.print_apply(console, result, "apply")
     shown = console.export_text()
     assert "warning: ct1: proxmox_api_validate_certs is false: NOT verified" in shown
     assert "Could not match" not in shown and len(result.to_dict()["warnings"]) == 2

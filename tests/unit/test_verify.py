@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from provision import verify
@@ -100,7 +104,7 @@ def test_checks_decide_from_the_readings_file_alone(tmp_path):
 def test_host_vars_are_the_ones_the_checks_read():
     """A check that reads a host variable the probe playbook does not render would always see it unset."""
     read = set()
-    for path in CHECKS_DIR.glob("*.py"):
+    for path in [*CHECKS_DIR.glob("*.py"), CHECKS_DIR.parent / "capacity.py"]:
         read |= set(re.findall(r"vars\.get\(\"(\w+)\"", path.read_text()))
     assert read, "the pattern no longer finds the checks' variables"
     assert read | {"verify_smoke_question"} == set(support.HOST_VARS)
@@ -150,3 +154,90 @@ def test_the_kernel_argument_check_reads_quoted_arguments_as_the_kernel_does(tmp
     assert {c.host: c.passed for c in checks} == {"grub206": True, "written": True, "pending": False}
     pending = next(c.reason for c in checks if c.host == "pending")
     assert pending.startswith("/proc/cmdline lacks dyndbg=module iommu +p iommu=nopt and still has iommu=pt"), pending
+
+
+SERVER = {
+    "server_info": {"status": 200, "body": json.dumps({"max_total_num_tokens": 100000, "context_length": 10000})},
+    "models": {"status": 200, "body": json.dumps({"data": []})},
+    "model_config": None,
+    "weights_bytes": None,
+}
+CAPACITY_READINGS = {
+    "good": {"vars": {"verify_session_tokens": "8192"}, "probe": {"boot_id": "b", "sglang": SERVER}, "error": ""},
+    "down": {"vars": {}, "probe": None, "error": "unreachable: ssh: connect refused"},
+    "fresh": {"vars": {}, "probe": {"boot_id": "b", "files": {}}, "error": ""},
+    "starting": {"vars": {}, "probe": {"sglang": {**SERVER, "server_info": {"status": 0}}}, "error": ""},
+}
+
+
+def test_the_capacity_check_and_the_capacity_report_decide_alike(tmp_path):
+    """verify's check and `provision capacity` read the same reading through provision/capacity.py: the same
+    hosts have a capacity, and the others the same reason."""
+    names = list(CAPACITY_READINGS)
+    spec = tmp_path / "hosts.json"
+    suites = ["test_common.py", "test_container.py"]
+    spec.write_text(json.dumps({"hosts": dict.fromkeys(names, suites), "nodes": {}, "readings": CAPACITY_READINGS}))
+    checks = {c.host: c for c in verify._run_checks(names, spec, tmp_path, select="capacity_report")}
+    found, unknown = verify.capacities(CAPACITY_READINGS, names)
+    assert set(found) == {h for h, c in checks.items() if c.passed} == {"good"}
+    assert unknown == {h: c.reason for h, c in checks.items() if not c.passed}
+    assert unknown == {
+        "down": "cannot read down: unreachable: ssh: connect refused",
+        "fresh": f"{support.SERVICE_STATE} is missing: the sglang phase has not run here",
+        "starting": "/server_info answered nothing (no connection)",
+    }
+    assert found["good"]["summary"] == "100,000 tokens ≈ 10.00 × 10,000-token sessions ≈ 12.2 × 8K sessions"
+    wanted = verify.capacities(CAPACITY_READINGS, ["good"], session_tokens=(32768,))[0]
+    assert wanted["good"]["summary"].endswith("≈ 3.1 × 32K sessions"), "--session-tokens wins over the host's"
+
+
+GOOD = str(Path(__file__).resolve().parents[2] / "inventory" / "prod")
+
+
+def _stub_read_hosts(monkeypatch, readings: dict) -> list[list[str]]:
+    """verify.read_hosts without ssh: the readings given; returns the hosts each call was asked to read."""
+    asked = []
+
+    def read_hosts(inv, hosts, record, **connection):
+        asked.append([h.name for h in hosts])
+        spec = {"hosts": {h.name: [] for h in hosts}, "nodes": {}, "readings": readings}
+        return spec, RunResult("verify_probe.yml", "successful", 0, False, "", 0.1)
+
+    monkeypatch.setattr(verify, "read_hosts", read_hosts)
+    return asked
+
+
+def test_provision_capacity_runs_no_check_and_prints_what_it_printed(monkeypatch, tmp_path, capsys):
+    """The container's capacity, or why there is none, on stdout as before; no pytest run, a record of kind
+    capacity, and nothing printed by the API itself."""
+    from provision import cli
+
+    _stub_read_hosts(monkeypatch, {"sglang-01": CAPACITY_READINGS["good"]})
+    monkeypatch.setattr(verify, "_run_checks", lambda *a, **k: pytest.fail("capacity runs no check"))
+    assert cli.main(["capacity", "-i", GOOD, "--runs-dir", str(tmp_path), "--session-tokens", "32768,8192"]) == 0
+    assert capsys.readouterr().out == (
+        "capacity sglang-01: 100,000 tokens ≈ 10.00 × 10,000-token sessions ≈ 3.1 × 32K sessions ≈ 12.2 × 8K "
+        "sessions\n  kv cache auto, context 10,000, max_running_requests None\n"
+    )
+    (record,) = tmp_path.glob("*-capacity")
+    assert json.loads((record / "verify.json").read_text())["checks"] == [
+        {"host": "sglang-01", "suite": "capacity", "name": "capacity", "passed": True, "reason": "", "seconds": 0.0}
+    ]
+
+    _stub_read_hosts(monkeypatch, {"sglang-01": CAPACITY_READINGS["down"]})
+    report = verify.capacity_report(GOOD, runs_dir=tmp_path)
+    assert capsys.readouterr() == ("", ""), "a Python caller that asked for no progress gets nothing printed"
+    assert not report.passed and report.capacity == {}
+    assert cli.main(["capacity", "-i", GOOD, "--runs-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out == "sglang-01: cannot read sglang-01: unreachable: ssh: connect refused\n"
+
+
+def test_the_api_modules_print_nothing_and_load_no_rich():
+    """Presentation lives in provision/present.py: a program that imports the API gets data, not a console."""
+    code = (
+        "import sys; import provision.apply, provision.verify, provision.diag, provision.bench, provision.capacity; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(verify.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "[]"
