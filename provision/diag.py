@@ -8,18 +8,18 @@ SGLang role reads it for `sglang_p2p: auto`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from provision import inventory as inventory_mod
-from provision.job_events import task_outcomes
+from provision.job_events import run_stats
 from provision.progress import SILENT, Progress
 from provision.record import RunRecord
 from provision.runner import RunResult, run_playbook
 
-DIAG_TASK = "Run the GPU peer-to-peer diagnostic"
+# what roles/gpu_diag hands back (set_stats): {host: the diagnostic's verdict}
+DIAG_STATS = "provision_gpu_diag"
 
 
 @dataclass
@@ -45,17 +45,13 @@ class DiagReport:
         }
 
 
-def results_from_events(record_dir: Path) -> dict[str, dict[str, Any]]:
-    """The diagnostic's JSON per host that ran it, read back from the run's job events."""
-    results: dict[str, dict[str, Any]] = {}
-    for host, outcome in task_outcomes(record_dir, DIAG_TASK).items():
-        if outcome["event"] != "runner_on_ok":
-            continue
-        try:
-            results[host] = json.loads(outcome["res"]["stdout"])
-        except (KeyError, TypeError, ValueError):
-            results[host] = {"verdict": "error", "reason": "the diagnostic printed no JSON"}
-    return results
+def results_from_stats(record_dir: Path) -> dict[str, dict[str, Any]]:
+    """The diagnostic's verdict per host that ran it, as the run's stats carry it (DIAG_STATS)."""
+    verdicts = run_stats(record_dir).get(DIAG_STATS) or {}
+    return {
+        host: verdict if isinstance(verdict, dict) else {"verdict": "error", "reason": "the diagnostic printed no JSON"}
+        for host, verdict in verdicts.items()
+    }
 
 
 def diag(
@@ -83,7 +79,7 @@ def diag(
             vault=vault,
             progress=(progress or SILENT).playbook(f"provision diag --inventory {inventory}"),
         )
-        report = DiagReport(results=record.redact(results_from_events(record.path)), run=run)
+        report = DiagReport(results=record.redact(results_from_stats(record.path)), run=run)
         for host, result in report.results.items():
             record.write_json(f"diag-{host}.json", result)
         record.write_summary({"command": "diag", "inventory": str(inv.path), **report.to_dict()})

@@ -121,8 +121,9 @@ def stop_run(marker: str, grace_s: float = GRACE_S) -> None:
 
 
 # What a host is left in when the run stops in a task: (while the task ran, once it had finished). One table for
-# every phase; a task not named here is described by its phase. tests/unit/test_interrupts.py checks that every
-# task named here exists.
+# every phase; a task not named here is described by its phase. Keyed by task name because the task a run stopped
+# in returned nothing: its start event, and so its name, is all there is. tests/unit/test_interrupts.py checks
+# that every task named here exists.
 LEFT_BY_TASK: dict[str, tuple[str, str]] = {
     READ_TASK: (
         "nothing changed; the host lock may be this run's (the next run from this controller takes it over)",

@@ -1,7 +1,10 @@
-"""What the tasks of a kept run returned, read back from the run record's job events.
+"""What a kept run handed back, read from the run record's artifacts (`runner.run_playbook` copies
+ansible-runner's `job_events/` there).
 
-`runner.run_playbook` copies ansible-runner's `job_events/` into the record; commands whose
-playbook computes a result on each host (`diag`, `verify`) read it back from there by task name.
+- `run_stats`: the data the playbook's `ansible.builtin.set_stats` tasks handed over (`diag`'s verdicts,
+  `verify`'s readings), keyed by what the playbook names it, never by a task's name.
+- `task_outcomes`: how one named task ended on each host. Only provision/locks.py keys on task names, and says
+  why: a raw command that started and never answered has no result, only its task's name.
 """
 
 from __future__ import annotations
@@ -11,21 +14,36 @@ from pathlib import Path
 from typing import Any
 
 
-def task_outcomes(record_dir: Path, task: str, started: bool = False) -> dict[str, dict[str, Any]]:
-    """Per host, how the named task ended:
-    {"event": "runner_on_ok" | "runner_on_failed" | "runner_on_unreachable" | ..., "res": {...}}.
-    Events are taken in runner's order (their counter, not their file names), so a retried task's
-    last outcome wins. With `started`, a task that started and never ended (an interrupted run) is
-    there too, as {"event": "runner_on_start", "res": {}}."""
+def _events(record_dir: Path) -> list[dict[str, Any]]:
+    """The run's job events in runner's order (their counter, not their file names)."""
     events = []
     for path in (record_dir / "artifacts" / "run" / "job_events").glob("*.json"):
         try:
-            event = json.loads(path.read_text())
+            events.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
+    return sorted(events, key=lambda e: e.get("counter", 0))
+
+
+def run_stats(record_dir: Path) -> dict[str, Any]:
+    """The run's custom stats: what its set_stats tasks handed over (per_host: false, aggregated: a mapping per
+    host merges across hosts), as ansible-playbook's last stats event carries it. {} when the playbook never got
+    to its stats (it was stopped) or handed nothing over."""
+    stats = [e for e in _events(record_dir) if e.get("event") == "playbook_on_stats"]
+    data = (stats[-1].get("event_data") or {}).get("artifact_data") if stats else None
+    return data if isinstance(data, dict) else {}
+
+
+def task_outcomes(record_dir: Path, task: str, started: bool = False) -> dict[str, dict[str, Any]]:
+    """Per host, how the named task ended:
+    {"event": "runner_on_ok" | "runner_on_failed" | "runner_on_unreachable" | ..., "res": {...}}.
+    A retried task's last outcome wins. With `started`, a task that started and never ended (an interrupted run)
+    is there too, as {"event": "runner_on_start", "res": {}}."""
+    found = {}
+    for event in _events(record_dir):
         data = event.get("event_data") or {}
         kind = event.get("event", "")
         ended = kind.startswith("runner_on_") and kind not in ("runner_on_start", "runner_on_async_poll")
         if (ended or (started and kind == "runner_on_start")) and data.get("task") == task and data.get("host"):
-            events.append((event.get("counter", 0), data["host"], kind, data.get("res") or {}))
-    return {host: {"event": kind, "res": res} for _, host, kind, res in sorted(events, key=lambda e: e[0])}
+            found[data["host"]] = {"event": kind, "res": data.get("res") or {}}
+    return found

@@ -65,7 +65,7 @@ class RunResult:
     changed_tasks: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # per host, what the roles' "Report ..." tasks said (bootloader path, reboot pending, findings)
+    # per host, what the tasks reported (REPORT_KEY: bootloader path, reboot pending, findings)
     reports: dict[str, list[str]] = field(default_factory=dict)
     host_durations_s: dict[str, float] = field(default_factory=dict)
     record_dir: str = ""
@@ -115,7 +115,9 @@ class EventCollector:
         self._on_update = on_update
 
     def _report(self, host: str, res: dict[str, Any]) -> None:
-        self.reports.setdefault(host, []).extend(_report_messages(res))
+        messages = _report_messages(res)
+        if messages:
+            self.reports.setdefault(host, []).extend(messages)
 
     def _module_warnings(self, host: str, res: dict[str, Any]) -> None:
         """A module's warnings (module.warn) travel in its result, not as events of their own."""
@@ -154,8 +156,7 @@ class EventCollector:
                     stats.changed += 1
                     change = {"host": host, "task": task, "play": self.current_play}
                     self.changed_tasks.append({**change, "diff": _diffs(res)} if _diffs(res) else change)
-                if task.startswith("Report "):
-                    self._report(host, res)
+                self._report(host, res)
             elif kind in ("runner_on_failed", "runner_on_async_failed"):
                 if data.get("ignore_errors"):
                     stats.ignored += 1
@@ -176,9 +177,17 @@ class EventCollector:
         return True
 
 
+# A task reports to the operator by returning this key in its msg (`ansible.builtin.debug` with
+# `msg: {provision_report: ...}`): the roles' "Report ..." tasks. Read from what the task returned, never from
+# its name, so renaming a task loses nothing.
+REPORT_KEY = "provision_report"
+
+
 def _report_messages(res: dict[str, Any]) -> list[str]:
+    """What one task result reports (one message per loop item that has one)."""
     items = res.get("results") if isinstance(res.get("results"), list) else [res]
-    return [" ".join(str(i["msg"]).split()) for i in items if isinstance(i, dict) and i.get("msg")]
+    msgs = [i.get("msg") for i in items if isinstance(i, dict)]
+    return [" ".join(str(m[REPORT_KEY]).split()) for m in msgs if isinstance(m, dict) and m.get(REPORT_KEY)]
 
 
 def _diffs(res: dict[str, Any]) -> list[dict[str, Any]]:

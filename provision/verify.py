@@ -24,7 +24,7 @@ from pathlib import Path
 from provision import capacity
 from provision import inventory as inventory_mod
 from provision.checks.support import HOST_VARS, NO_SGLANG, cannot_read, probe_request
-from provision.job_events import task_outcomes
+from provision.job_events import run_stats
 from provision.progress import SILENT, Progress
 from provision.record import RunRecord
 from provision.runner import RunResult, run_playbook
@@ -37,9 +37,8 @@ SUITES = {
 }
 RUN_TIMEOUT_S = 900
 PROBE_PLAYBOOK = "verify_probe.yml"
-# the task names of playbooks/verify_probe.yml whose results the checks read
-VARS_TASK = "Render the host variables the checks read"
-PROBE_TASK = "Read the host's state in one command"
+# what playbooks/verify_probe.yml hands back (set_stats): {host: {"vars": ..., "stdout": ..., "stderr": ...}}
+PROBE_STATS = "provision_verify"
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
 
 
@@ -131,23 +130,22 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
-    """Per host, from the probe run's job events: the rendered variables the checks read, the probe's
-    JSON, or the reason there is none (unreachable, the probe failed, or the play never got there)."""
-    rendered, probed = task_outcomes(record, VARS_TASK), task_outcomes(record, PROBE_TASK)
+    """Per host, from what the probe run handed back (its stats, PROBE_STATS): the rendered variables the checks
+    read, the probe's JSON, or the reason there is none (unreachable, the probe failed, or the play never got
+    there)."""
+    returned = run_stats(record).get(PROBE_STATS) or {}
     failures = {f["host"]: f["message"] for f in run.failures if f.get("host")}
     general = next((f["message"] for f in run.failures if not f.get("host")), run.status)
     found = {}
     for name in names:
         reading: dict = {"vars": {}, "probe": None, "error": ""}
-        outcome = rendered.get(name)
-        if outcome and outcome["event"] == "runner_on_ok":
-            reading["vars"] = (outcome["res"].get("ansible_facts") or {}).get("_provision_verify_vars") or {}
-        outcome = probed.get(name)
-        if outcome and outcome["event"] == "runner_on_ok":
+        got = returned.get(name)
+        if isinstance(got, dict):
+            reading["vars"] = got.get("vars") or {}
             try:
-                reading["probe"] = json.loads(outcome["res"]["stdout"].strip().splitlines()[-1])
-            except (KeyError, IndexError, AttributeError, ValueError):
-                reading["error"] = "the probe printed no JSON: " + _one_line(outcome["res"].get("stderr", ""))
+                reading["probe"] = json.loads(str(got["stdout"]).strip().splitlines()[-1])
+            except (KeyError, IndexError, ValueError):
+                reading["error"] = "the probe printed no JSON: " + _one_line(got.get("stderr", ""))
         elif name in failures:
             reading["error"] = _one_line(failures[name])
         else:

@@ -16,7 +16,7 @@ import yaml
 
 from provision import verify
 from provision.checks import support
-from provision.job_events import task_outcomes
+from provision.job_events import run_stats, task_outcomes
 from provision.record import RunRecord
 from provision.runner import RunResult
 
@@ -26,38 +26,56 @@ CHECKS_DIR = Path(verify.__file__).parent / "checks"
 def _events(record: Path, *events: tuple[int, str, str, str, dict]) -> None:
     """Job events as runner writes them: <counter>-<uuid>.json (so "10-..." sorts before "9-...")."""
     folder = record / "artifacts" / "run" / "job_events"
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for counter, kind, host, task, res in events:
         event = {"event": kind, "counter": counter, "event_data": {"host": host, "task": task, "res": res}}
         (folder / f"{counter}-{host}.json").write_text(json.dumps(event))
+
+
+def _stats(record: Path, counter: int, data: dict) -> None:
+    """The stats event ansible-playbook ends with: what the set_stats tasks handed over, in artifact_data."""
+    folder = record / "artifacts" / "run" / "job_events"
+    folder.mkdir(parents=True, exist_ok=True)
+    event = {"event": "playbook_on_stats", "counter": counter, "event_data": {"ok": {}, "artifact_data": data}}
+    (folder / f"{counter}-stats.json").write_text(json.dumps(event))
 
 
 def _run(failures: list[dict], status: str = "failed") -> RunResult:
     return RunResult("verify_probe.yml", status, 2, False, "", 0.0, failures=failures)
 
 
+PROBE_TASK = "Read the host's state in one command"
+
+
 def test_readings_say_for_each_host_what_it_returned_or_why_it_did_not(tmp_path):
+    """From the run's stats, whatever the tasks are called: a renamed task loses nothing."""
     probe = {"boot_id": "b-1", "files": {}}
-    _events(
-        tmp_path,
-        (3, "runner_on_ok", "n1", verify.VARS_TASK, {"ansible_facts": {"_provision_verify_vars": {"a": "1"}}}),
-        (9, "runner_on_failed", "n1", verify.PROBE_TASK, {"msg": "first try"}),
-        (10, "runner_on_ok", "n1", verify.PROBE_TASK, {"stdout": "a warning\n" + json.dumps(probe)}),
-        (11, "runner_on_unreachable", "n2", verify.PROBE_TASK, {"msg": "ssh: connect refused"}),
-        (12, "runner_on_failed", "n3", verify.PROBE_TASK, {"rc": 127, "stderr": "python3: not found"}),
-        (13, "runner_on_ok", "n5", verify.PROBE_TASK, {"stdout": "Traceback ...", "stderr": "boom"}),
-    )
+    returned = {
+        "n1": {"vars": {"a": "1"}, "stdout": "a warning\n" + json.dumps(probe), "stderr": ""},
+        "n5": {"vars": {}, "stdout": "Traceback ...", "stderr": "boom"},
+    }
+    _events(tmp_path, (9, "runner_on_ok", "n1", "Any name", {"stdout": json.dumps({"boot_id": "not this"})}))
+    _stats(tmp_path, 20, {verify.PROBE_STATS: returned, "other": {"n4": {}}})
     failures = [
-        {"host": "n2", "task": verify.PROBE_TASK, "message": "unreachable: Failed to connect:\n  ssh: connect refused"},
-        {"host": "n3", "task": verify.PROBE_TASK, "message": "non-zero return code: python3: not found"},
+        {"host": "n2", "task": PROBE_TASK, "message": "unreachable: Failed to connect:\n  ssh: connect refused"},
+        {"host": "n3", "task": PROBE_TASK, "message": "non-zero return code: python3: not found"},
         {"host": "", "task": "", "message": "ERROR! the play was cut short"},
     ]
     found = verify.readings(tmp_path, ["n1", "n2", "n3", "n4", "n5"], _run(failures))
-    assert found["n1"] == {"vars": {"a": "1"}, "probe": probe, "error": ""}, "the last outcome (counter 10) wins"
+    assert found["n1"] == {"vars": {"a": "1"}, "probe": probe, "error": ""}
     assert found["n2"] == {"vars": {}, "probe": None, "error": "unreachable: Failed to connect: ssh: connect refused"}
     assert found["n3"]["error"] == "non-zero return code: python3: not found"
     assert found["n4"]["error"] == "the probe never ran here: ERROR! the play was cut short"
     assert found["n5"]["error"] == "the probe printed no JSON: boom"
+
+
+def test_run_stats_are_the_last_stats_event_of_the_run(tmp_path):
+    assert run_stats(tmp_path) == {}, "no record: nothing handed over"
+    _events(tmp_path, (1, "runner_on_ok", "h", "T", {"ansible_stats": {"data": {"k": {"h": 0}}}}))
+    assert run_stats(tmp_path) == {}, "a run stopped before its stats handed nothing over"
+    _stats(tmp_path, 9, {"k": {"h": 1}})
+    _stats(tmp_path, 10, {"k": {"h": 2}})
+    assert run_stats(tmp_path) == {"k": {"h": 2}}, "by counter (10 after 9), not by file name"
 
 
 def test_task_outcomes_keep_the_last_end_of_a_task_per_host(tmp_path):
@@ -69,6 +87,7 @@ def test_task_outcomes_keep_the_last_end_of_a_task_per_host(tmp_path):
         (41, "runner_on_ok", "h", "other", {"n": 3}),
     )
     assert task_outcomes(tmp_path, "T") == {"h": {"event": "runner_on_ok", "res": {"n": 2}}}
+    assert task_outcomes(tmp_path, "T", started=True)["h"]["res"] == {"n": 2}
     assert task_outcomes(tmp_path / "absent", "T") == {}
 
 
@@ -132,7 +151,7 @@ def test_the_probe_playbook_renders_only_the_named_variables(tmp_path, monkeypat
     assert spec["readings"]["ct1"]["vars"] == {"verify_smoke_question": "What is 42?", "verify_smoke_expect": 42}
     assert spec["readings"]["node1"]["vars"] == {}
     assert spec["readings"]["node1"]["probe"]["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    sent = task_outcomes(record, verify.PROBE_TASK)["ct1"]["res"]["cmd"][2]
+    sent = task_outcomes(record, PROBE_TASK)["ct1"]["res"]["cmd"][2]
     assert json.loads(base64.b64decode(sent))["question"] == "What is 42?"
     events = "".join(p.read_text() for p in (record / "artifacts" / "run" / "job_events").glob("*.json"))
     assert "hunter2-never-rendered" not in events
