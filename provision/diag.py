@@ -1,5 +1,5 @@
 """`provision diag`: run the GPU peer-to-peer and NCCL diagnostic on every container
-(and on the nodes, if asked) in parallel, show the verdicts and keep them with the run record.
+(and on the nodes, if asked) in parallel, return the verdicts and keep them with the run record.
 
 The verdict is also stored on each target, with the context it holds in
 (`/var/lib/provision/gpu-diag-last.json`; a verdict about P2P also in `gpu-diag.json`, where the

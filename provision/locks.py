@@ -163,4 +163,5 @@ def released(record_dir: Path) -> set[str]:
 
 def held_errors(result) -> list[str]:
     """One error line per host whose lock another run holds: the host, the holder and --break-lock."""
+    # a failure carries its host, task and message only: HELD_TASK's failure is the one that means "held"
     return [f"{f['host']}: {f['message']}" for f in result.failures if f["task"] == HELD_TASK]
