@@ -3,8 +3,8 @@ ansible-runner's `job_events/` there).
 
 - `run_stats`: the data the playbook's `ansible.builtin.set_stats` tasks handed over (`diag`'s verdicts,
   `verify`'s readings), keyed by what the playbook names it, never by a task's name.
-- `task_outcomes`: how one named task ended on each host. Only provision/locks.py keys on task names, and says
-  why: a raw command that started and never answered has no result, only its task's name.
+- `task_outcomes`: how one named task ended on each host, for provision/locks.py alone, which says why it keys
+  on task names: a raw command that started and never answered has no result, only its task's name.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every host is read once, all hosts at once, by playbooks/verify_probe.yml through `run_playbook`:
 the same Ansible connection as apply (templated `ansible_host`, `ansible_password`, become, a
-bastion in ssh_args, vaulted connection variables). What each host returned, read back from the
-run's job events, goes to one file; one pytest process (`checks/conftest.py`) then decides each
+bastion in ssh_args, vaulted connection variables). What each host returned, handed back as the
+run's stats (`readings`), goes to one file; one pytest process (`checks/conftest.py`) then decides each
 check per host from it without connecting anywhere; the JUnit XML it writes becomes the report's checks.
 Each container's capacity is computed from the same reading (`capacity_of`, provision/capacity.py), which
 is all `provision capacity` asks for (`capacity_report`). A host that cannot be read shows up as failed
