@@ -116,15 +116,15 @@ def scrub(text, secret, placeholder="<redacted>"):
 
 
 def api_call(state, method, path, body=None):
-    host = "127.0.0.1" if state["host"] in ("0.0.0.0", "::") else state["host"]
-    if ":" in host:
-        host = "[" + host + "]"
+    """One request to the server, at the URL the sglang role recorded for it (plugins/module_utils/local_url.py)."""
+    if not state.get("url"):  # recorded by an older provision: the checks ask for the sglang phase again
+        return {"status": 0, "body": "the service record has no url"}
     headers = {"Content-Type": "application/json"}
     key = api_key(state)
     if key:
         headers["Authorization"] = "Bearer " + key
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://{host}:{state['port']}{path}", data, headers, method=method)
+    req = urllib.request.Request(state["url"] + path, data, headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return {"status": r.status, "body": r.read().decode()}

@@ -45,6 +45,9 @@ def test_userspace_matches_host_driver(target):
 def _sglang(target) -> dict:
     sglang = target.data.get("sglang")
     assert sglang is not None, NO_SGLANG
+    assert target.json(SERVICE_STATE).get("url"), (
+        f"{SERVICE_STATE} has no url (an older provision wrote it): run provision apply --tags sglang"
+    )
     return sglang
 
 
