@@ -26,6 +26,11 @@ CONTEXT_NAMES = {
 # diagnostic verdicts that say nothing about peer-to-peer (RECOMMENDED_POLICY None in gpu_p2p_diag.py)
 NOT_ABOUT_P2P = ("no-gpu", "insufficient-gpu-memory")
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
+# P2P off for an SGLang server: NCCL's peer-to-peer transport through its environment variable, and SGLang's own
+# peer-memory all-reduce paths, which ignore that variable: its custom all-reduce, and with tp > 1 FlashInfer's
+# all-reduce fusion. The sglang role sets them (the sglang_p2p_off filter); provision verify checks the server.
+P2P_OFF_ENV = {"NCCL_P2P_DISABLE": "1"}
+P2P_OFF_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
 _NVLINK = re.compile(r"NV\d+$")
 # the real nvidia-smi underlines the matrix header with terminal escapes, even into a pipe:
 # "\t\x1b[4mGPU0\tCPU Affinity\t...\x1b[0m" (read on an H200, tests/unit/fixtures/topo/h200-1x-raw.txt)
@@ -58,6 +63,11 @@ def parse_topo(text: str) -> dict:
 
 def is_nvlink(link: str) -> bool:
     return bool(_NVLINK.match(link))
+
+
+def p2p_off_flags(tp_size) -> list[str]:
+    """The P2P-off flags of a server with this tensor-parallel size (the fusion flag only with tp > 1)."""
+    return list(P2P_OFF_FLAGS if int(tp_size) > 1 else P2P_OFF_FLAGS[:1])
 
 
 def iommu_mode(group_types: list[str], default_domain: str | None) -> dict:

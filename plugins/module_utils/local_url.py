@@ -19,9 +19,9 @@ def url_host(listen) -> str:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     host = _EVERY_ADDRESS.get(host, host)
-    return "[%s]" % host.replace("%", "%25") if ":" in host else host
+    return "[" + host.replace("%", "%25") + "]" if ":" in host else host
 
 
 def local_url(listen, port, path: str = "") -> str:
     """`http://<url_host(listen)>:<port><path>`."""
-    return "http://%s:%d%s" % (url_host(listen), int(port), path)
+    return f"http://{url_host(listen)}:{int(port)}{path}"

@@ -144,7 +144,9 @@ def _scrub_server_info(answer):
     return {"status": answer["status"], "body": json.dumps(info)}
 
 
-def service(state):
+def service(state, env_values=()):
+    """The unit's state; of its main process, the argv flags, the environment's names, and the values of only
+    the names asked for (the P2P-off environment): other values may be secrets."""
     name = state["service"]
     out = {
         "enabled": run(["systemctl", "is-enabled", name])["rc"] == 0,
@@ -158,7 +160,7 @@ def service(state):
     if pid not in ("", "0"):
         environ = read(f"/proc/{pid}/environ") or ""
         env = dict(e.split("=", 1) for e in environ.split("\0") if "=" in e)
-        out["env_names"], out["nccl_p2p_disable"] = sorted(env), env.get("NCCL_P2P_DISABLE")
+        out["env_names"], out["env_values"] = sorted(env), {n: env.get(n) for n in env_values}
         out["argv_flags"] = [a for a in (read(f"/proc/{pid}/cmdline") or "").split("\0") if a.startswith("--")]
     if not out["active"]:
         tail = run(["journalctl", "-u", name, "-n", "5", "--no-pager", "-o", "cat"])["stdout"]
@@ -166,8 +168,8 @@ def service(state):
     return out
 
 
-def sglang(state, question):
-    out = {"service": service(state), "listeners": listeners()}
+def sglang(state, question, env_values=()):
+    out = {"service": service(state, env_values), "listeners": listeners()}
     out["health"] = api_call(state, "GET", "/health")
     out["server_info"] = _scrub_server_info(api_call(state, "GET", "/server_info"))
     out["models"] = api_call(state, "GET", "/v1/models")
@@ -204,7 +206,7 @@ def main(request):
     }
     state_text = out["files"].get(request.get("sglang_state", ""))
     if state_text:
-        out["sglang"] = sglang(json.loads(state_text), request["question"])
+        out["sglang"] = sglang(json.loads(state_text), request["question"], request.get("env_values", []))
     return out
 
 

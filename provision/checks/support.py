@@ -25,6 +25,8 @@ USERSPACE_QUERY = ["nvidia-smi", "--version"]
 
 # the GPU DMA fault lines of a node's kernel log (plugins/module_utils/kernel_faults.py)
 kernel_faults = module_util("kernel_faults")
+# what P2P off sets for a server, as the sglang role sets it (plugins/module_utils/gpu_p2p.py)
+gpu_p2p = module_util("gpu_p2p")
 
 
 def smoke_question(host_vars: dict) -> str:
@@ -38,7 +40,7 @@ def probe_request(suites: list[str]) -> dict:
     verify_smoke_question where it has one."""
     if "test_container.py" in suites:
         return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": CONTAINER_FILES[1],
-                "question": SMOKE_QUESTION}  # fmt: skip
+                "question": SMOKE_QUESTION, "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
     return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
 
 

@@ -16,11 +16,10 @@ from provision.checks.support import (
     SERVICE_STATE,
     SMOKE_EXPECT,
     USERSPACE_QUERY,
+    gpu_p2p,
     kernel_faults,
     smoke_question,
 )
-
-P2P_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
 
 
 def test_gpu_nodes_visible(target):
@@ -96,15 +95,18 @@ def test_process_matches_p2p_policy(target):
     state = target.json(SERVICE_STATE)
     unit = _sglang(target)["service"]
     assert unit["main_pid"] not in ("", "0"), "the service has no main process"
-    flags = unit["argv_flags"]
+    flags, env = unit["argv_flags"], " ".join(f"{k}={v}" for k, v in sorted(gpu_p2p.P2P_OFF_ENV.items()))
     if state["p2p_policy"] == "off":
-        assert unit["nccl_p2p_disable"] == "1", "P2P policy is off but NCCL_P2P_DISABLE=1 is not in its environment"
-        assert P2P_FLAGS[0] in flags, "P2P policy is off but --disable-custom-all-reduce is not on the command line"
-        if state["tp_size"] > 1:
-            assert P2P_FLAGS[1] in flags, "P2P off with tp > 1 needs --enforce-disable-flashinfer-allreduce-fusion"
+        values = unit.get("env_values") or {}
+        assert all(values.get(k) == v for k, v in gpu_p2p.P2P_OFF_ENV.items()), (
+            f"P2P policy is off but {env} is not in its environment"
+        )
+        missing = [flag for flag in gpu_p2p.p2p_off_flags(state["tp_size"]) if flag not in flags]
+        tp = state["tp_size"]
+        assert not missing, f"P2P policy is off (tp {tp}) but {' '.join(missing)} is not on the command line"
     else:
-        assert "NCCL_P2P_DISABLE" not in unit["env_names"], "P2P policy is on but NCCL_P2P_DISABLE is set"
-        assert not set(P2P_FLAGS) & set(flags), "P2P policy is on but P2P-disabling flags are passed"
+        assert not set(gpu_p2p.P2P_OFF_ENV) & set(unit["env_names"]), f"P2P policy is on but {env} is set"
+        assert not set(gpu_p2p.P2P_OFF_FLAGS) & set(flags), "P2P policy is on but P2P-disabling flags are passed"
 
 
 def fault_window(unit: dict) -> tuple[float | None, str]:

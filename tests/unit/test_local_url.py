@@ -46,7 +46,8 @@ def test_the_roles_reach_the_rule_through_the_collections_filter():
 
 
 def test_every_caller_uses_the_one_rule():
-    for path in ("roles/sglang/tasks/ready.yml", "roles/sglang/tasks/configure.yml", "roles/sglang_bench/tasks/main.yml"):
+    users = ("roles/sglang/tasks/ready.yml", "roles/sglang/tasks/configure.yml", "roles/sglang_bench/tasks/main.yml")
+    for path in users:
         text = (ROOT / path).read_text()
         assert "provision.pve_sglang.local_url" in text, f"{path} does not use the local_url filter"
         assert "127.0.0.1" not in text and "'::'" not in text, f"{path} maps a listen address itself"
