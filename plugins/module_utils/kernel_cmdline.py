@@ -125,11 +125,16 @@ def canonical(arg: str) -> str:
     return k + sep + value
 
 
+def arguments(line: str) -> list[str]:
+    """A command line's arguments as the kernel reads them (`canonical`), in order."""
+    return [canonical(a) for a in split(line)]
+
+
 def missing(running: str, add: list[str], remove: list[str]) -> dict:
     """What a running kernel's /proc/cmdline lacks: wanted args absent, removed args still present. Compared as
     the kernel reads them, so an argument with quoted whitespace is there however GRUB quoted it
     (`"dyndbg=a b"` by GRUB 2.06, `dyndbg="a b"` as written): a node that booted the line is not rebooted again."""
-    args = [canonical(a) for a in split(running)]
+    args = arguments(running)
     absent = [a for a in add if canonical(a) not in args]
     present = [a for a in args for r in remove if a == canonical(r) or ("=" not in r and key(a) == key(r))]
     return {"absent": absent, "still_present": present, "ok": not absent and not present}

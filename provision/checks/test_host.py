@@ -25,15 +25,21 @@ def test_kernel_arguments_in_running_kernel(target):
     )
 
 
+def assert_findings_of_this_boot(findings: dict, target) -> None:
+    """The findings were recorded under the running command line (argument by argument, as the kernel reads it)."""
+    recorded = kernel_cmdline.arguments(findings.get("proc_cmdline", ""))
+    assert recorded == kernel_cmdline.arguments(target.data["proc_cmdline"] or ""), (
+        "the findings are from an earlier boot: run provision apply --tags kernel"
+    )
+
+
 def test_iommu_and_snp_findings(target):
     """The IOMMU and SEV-SNP findings of this boot are recorded and do not contradict the profile."""
     findings = target.json(FINDINGS)
     assert findings is not None, f"{FINDINGS} is missing: the kernel phase has not run here"
-    assert findings.get("proc_cmdline", "").split() == (target.data["proc_cmdline"] or "").split(), (
-        "the findings are from an earlier boot: run provision apply --tags kernel"
-    )
+    assert_findings_of_this_boot(findings, target)
     wanted = target.json(WANTED) or {"add": []}
-    if "iommu=nopt" in wanted["add"] or "iommu.passthrough=0" in wanted["add"]:
+    if {"iommu=nopt", "iommu.passthrough=0"} & {kernel_cmdline.canonical(a) for a in wanted["add"]}:
         assert findings.get("iommu_default_domain") != "Passthrough", (
             "the IOMMU default domain is Passthrough although the profile asks for translation (SEV-SNP needs it)"
         )
@@ -57,9 +63,7 @@ def test_sev_snp_proven(target, record_property):
     """Where the inventory asks for SNP, this boot's findings prove it; elsewhere the check says "SNP not proven"."""
     findings, wanted = target.json(FINDINGS), target.json(WANTED)
     assert findings is not None and wanted is not None, "no kernel findings: the kernel phase has not run here"
-    assert findings.get("proc_cmdline", "").split() == (target.data["proc_cmdline"] or "").split(), (
-        "the findings are from an earlier boot: run provision apply --tags kernel"
-    )
+    assert_findings_of_this_boot(findings, target)
     passes, note = snp_verdict(wanted, findings)
     record_property("note", note)
     assert passes, note

@@ -260,3 +260,29 @@ def test_the_api_modules_print_nothing_and_load_no_rich():
     env = {**os.environ, "PYTHONPATH": str(Path(verify.__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_findings_check_reads_the_command_line_by_the_same_tokeniser(tmp_path):
+    """The findings of this boot are told from an earlier boot's by module_utils/kernel_cmdline's tokeniser: GRUB's
+    quoting of an argument with whitespace is the same argument; another argument is another boot."""
+    wanted = json.dumps({"add": ["dyndbg=module iommu +p", "iommu=nopt"], "remove": []})
+    running = 'BOOT_IMAGE=/vmlinuz ro "dyndbg=module iommu +p" iommu=nopt'
+    recorded = {
+        "same": 'BOOT_IMAGE=/vmlinuz ro dyndbg="module iommu +p" iommu=nopt',
+        "earlier": "BOOT_IMAGE=/vmlinuz ro iommu=pt",
+        "passthrough": running,
+    }
+    readings = {}
+    for host, line in recorded.items():
+        domain = "Passthrough" if host == "passthrough" else "Translated"
+        findings = json.dumps({"proc_cmdline": line, "iommu_default_domain": domain})
+        files = {
+            f"{support.STATE_DIR}/kernel-cmdline/wanted.json": wanted,
+            f"{support.STATE_DIR}/kernel-findings.json": findings,
+        }
+        readings[host] = {"vars": {}, "probe": {"boot_id": host, "files": files, "proc_cmdline": running}, "error": ""}
+    checks = verify._run_checks(list(recorded), _spec(tmp_path, readings), tmp_path, select="iommu_and_snp_findings")
+    result = {c.host: (c.passed, c.reason) for c in checks}
+    assert result["same"] == (True, "")
+    assert result["earlier"] == (False, "the findings are from an earlier boot: run provision apply --tags kernel")
+    assert not result["passthrough"][0] and "default domain is Passthrough" in result["passthrough"][1]
