@@ -1,6 +1,7 @@
 """SEV-SNP proven from a node's own evidence, not assumed from its kernel arguments.
 
-Pure functions, shared by the kernel_cmdline module (which reads the node) and provision's tests.
+Pure functions, plus `node_proof`, which reads the running node; shared by the kernel_cmdline module and the GPU
+diagnostic script (plugins/module_utils/kernel_findings.py) and provision's tests. Standard library only.
 A node proves SEV-SNP when all of these hold (pve-docs qm.adoc, "AMD SEV"; AMDESE/AMDSEV; virtee/snphost):
 
 - the running kernel is 6.11 or later (the first with SEV-SNP host support upstream);
@@ -19,6 +20,7 @@ that, not as "kvm_amd not loaded" (such a kernel has no sev_snp parameter at all
 
 from __future__ import annotations
 
+import os
 import re
 
 MIN_KERNEL = (6, 11)
@@ -128,6 +130,17 @@ def proof(dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_param: 
     ev = evidence(dmesg, release, kvm_amd_loaded, sev_snp_param)
     gaps = missing(ev)
     return {"proven": not gaps, "missing": gaps, "evidence": ev}
+
+
+def node_proof(kernel_log: str | None) -> dict:
+    """`proof` for the node this runs on: its kernel log of this boot (None: not readable), the running kernel's
+    release, and kvm_amd's parameter."""
+    try:
+        with open(SEV_SNP_PARAM) as f:
+            param = f.read()
+    except OSError:
+        param = None
+    return proof(kernel_log, os.uname().release, os.path.isdir("/sys/module/kvm_amd"), param)
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:

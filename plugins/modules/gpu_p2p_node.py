@@ -32,8 +32,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
-DOMAIN = re.compile(r"iommu: Default domain type: (\S+)")
+from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_findings import default_domain as domain_in
 
 
 def _read(path):
@@ -50,9 +49,9 @@ def default_domain(module):
         if not module.get_bin_path(argv[0]):
             continue
         rc, out, _ = module.run_command(argv)
-        m = DOMAIN.search(out or "") if rc == 0 else None
-        if m:
-            return m.group(1)
+        found = domain_in(out) if rc == 0 else None
+        if found:
+            return found
     return None
 
 

@@ -16,8 +16,8 @@ description:
   - C(verify_generated) checks that the generated boot configuration (C(/boot/grub/grub.cfg), or the loader
     entries on every ESP listed in C(/etc/kernel/proxmox-boot-uuids)) carries the wanted arguments.
   - C(restore) puts back the files of the latest backup. C(running) compares C(/proc/cmdline) with the wanted
-    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP proof (plugins/module_utils/sev_snp.py) and the
-    IO_PAGE_FAULT count.
+    arguments. C(findings) reads the IOMMU default domain, the SEV-SNP proof and the IO_PAGE_FAULT count
+    (plugins/module_utils/kernel_findings.py and sev_snp.py, which the GPU diagnostic reads them by too).
   - C(mark_changed) records that the boot configuration changed (C(marker_file), JSON with C(changed_at) in UTC
     and the new C(line)), so that verdicts taken before the change (the GPU diagnostic's) can be refused.
 options:
@@ -98,7 +98,10 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdlin
     assigned_word, assignments, canonical, literal_value, merge, missing, quote, set_assignment, split,
 )
 from ansible_collections.provision.pve_sglang.plugins.module_utils.rendered_values import value_problems
-from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import SEV_SNP_PARAM, before_reboot, newest_release, proof
+from ansible_collections.provision.pve_sglang.plugins.module_utils import kernel_findings
+from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import (
+    before_reboot, newest_release, node_proof,
+)
 
 GRUB_MAIN = "/etc/default/grub"
 GRUB_SNIPPETS = "/etc/default/grub.d"
@@ -471,39 +474,23 @@ def snp_before_reboot(bootloader):
     return before_reboot(read_text("/proc/cpuinfo") or "", next_boot_release(bootloader))
 
 
-def boot_kernel_log(module, dmesg):
-    """This boot's kernel messages for the SEV-SNP proof: the journal's (`journalctl -k -b 0`) when it has them,
-    since the SNP lines are printed at boot and a long-running node's dmesg ring buffer may have dropped them;
-    else dmesg (None: unreadable)."""
-    tool = module.get_bin_path("journalctl")
-    if tool:
-        rc, out, _ = module.run_command([tool, "-k", "-b", "0", "-q", "--no-pager", "-o", "cat"])
-        if rc == 0 and out.strip():
-            return out
-    return dmesg
+def run_tool(module):
+    """run(argv) -> (rc, stdout) for module_utils/kernel_findings.py; a tool that is not installed answers 127."""
 
+    def run(argv):
+        if not module.get_bin_path(argv[0]):
+            return 127, ""
+        rc, out, _ = module.run_command(argv)
+        return rc, out
 
-def snp_proof(module, dmesg):
-    """This boot's SEV-SNP proof from its kernel log, the kernel release and kvm_amd's parameter."""
-    log = boot_kernel_log(module, dmesg)
-    return proof(log, os.uname().release, os.path.isdir("/sys/module/kvm_amd"), read_text(SEV_SNP_PARAM))
+    return run
 
 
 def findings(module, add, remove):
-    """This boot's findings plus the running-kernel check, written to <state_dir>/kernel-findings.json."""
-    rc, log, _ = module.run_command(["dmesg"])
-    out = {}
-    if rc != 0:
-        log = None
-        out.update(iommu_default_domain="unknown (dmesg not readable)", io_page_faults=None)
-    else:
-        m = re.search(r"iommu: Default domain type: (\w+)", log)
-        out["iommu_default_domain"] = m.group(1) if m else "not supported"
-        out["io_page_faults"] = log.count("IO_PAGE_FAULT")
-    snp = snp_proof(module, log)
-    out["sev_snp"] = "proven" if snp["proven"] else "not proven"
-    out["sev_snp_missing"] = snp["missing"]
-    out["sev_snp_evidence"] = snp["evidence"]
+    """This boot's findings (module_utils/kernel_findings.py) plus the running-kernel check, written to
+    <state_dir>/kernel-findings.json."""
+    dmesg, kernel_log = kernel_findings.read_logs(run_tool(module))
+    out = kernel_findings.findings(dmesg, node_proof(kernel_log))
     check = running(add, remove)
     out["proc_cmdline"] = check["proc_cmdline"]
     path = module.params["findings_file"]

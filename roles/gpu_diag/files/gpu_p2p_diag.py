@@ -2,7 +2,8 @@
 """GPU peer-to-peer and NCCL correctness diagnostic. Needs only Python 3.9+ and PyTorch.
 
 Copy it anywhere and run it with the interpreter whose torch you want to test (for
-example the SGLang venv's). It prints one JSON document on stdout:
+example the SGLang venv's); the host findings need kernel_findings.py and sev_snp.py from
+the collection's plugins/module_utils/ beside it. It prints one JSON document on stdout:
 
 - for every ordered GPU pair, direct device-to-device copies at several sizes (up to
   256 MiB by default), repeated, each compared bit-exact with the same data copied
@@ -10,7 +11,8 @@ example the SGLang venv's). It prints one JSON document on stdout:
 - a NCCL all-reduce across all GPUs, one process per GPU, checked for exact sums at a
   small and a large size, run twice: P2P allowed, and with NCCL_P2P_DISABLE=1, recording
   the transport NCCL chose (its "via P2P/..." or "via SHM/..." lines);
-- host findings (IOMMU default domain, SEV-SNP state, ACS control bits, IO_PAGE_FAULTs);
+- host findings (IOMMU default domain, SEV-SNP proven or not and why, IO_PAGE_FAULTs: the
+  kernel_cmdline module's own rule, read through those two files; ACS control bits);
 - a verdict: healthy, p2p-corrupt, p2p-hang, nccl-broken, insufficient-gpu-memory or no-gpu,
   and the recommended `sglang_p2p` policy (none for the last two: they say nothing about P2P).
   Beside a running server, which holds about 90% of each GPU's memory, an allocation that fails
@@ -250,45 +252,45 @@ def run_nccl_allreduce(world: int, p2p_disabled: bool, timeout_s: float) -> dict
 # --------------------------------------------------------------------------------------
 
 
-def _read(path: str) -> str | None:
+def _run(argv: list[str]) -> tuple[int, str]:
+    """(rc, stdout); a tool that is missing or hangs answers 127, as unreadable."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _dmesg() -> str | None:
-    try:
-        proc = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+        return 127, ""
+    return proc.returncode, proc.stdout
+
+
+def _module_utils():
+    """kernel_findings and sev_snp from the collection's plugins/module_utils/: the gpu_diag role ships them beside
+    this script; in the collection's own tree they are three directories up."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for where in (here, os.path.join(here, os.pardir, os.pardir, os.pardir, "plugins", "module_utils")):
+        if os.path.isfile(os.path.join(where, "kernel_findings.py")):
+            if where not in sys.path:
+                sys.path.insert(0, where)
+            break
+    import kernel_findings
+    import sev_snp
+
+    return kernel_findings, sev_snp
 
 
 def host_findings() -> dict[str, Any]:
-    findings: dict[str, Any] = {}
-    log = _dmesg()
-    if log is None:
-        findings["dmesg"] = "not readable here (container or missing CAP_SYSLOG)"
-        findings["iommu_default_domain"] = "unknown"
-        findings["io_page_faults"] = None
-    else:
-        m = re.search(r"iommu: Default domain type: (\S+)", log)
-        findings["iommu_default_domain"] = m.group(1) if m else "not supported"
-        findings["io_page_faults"] = log.count("IO_PAGE_FAULT")
-        if "SEV-SNP enabled" in log:
-            findings["sev_snp_dmesg"] = "SEV-SNP enabled"
-        elif re.search(r"SNP: IOMMU .*cannot be supported", log):
-            findings["sev_snp_dmesg"] = "SNP cannot be supported (IOMMU disabled or passthrough)"
-    snp = _read("/sys/module/kvm_amd/parameters/sev_snp")
-    findings["sev_snp"] = {"Y": "enabled", "N": "disabled"}.get(snp or "", "not supported")
+    """The node's IOMMU and SEV-SNP findings by the kernel_cmdline module's own rule (kernel_findings.py), and the
+    PCIe ACS control bits lspci shows."""
     try:
-        proc = subprocess.run(["lspci", "-vvv"], capture_output=True, text=True, timeout=30)
-        acs = [line.strip() for line in proc.stdout.splitlines() if "ACSCtl" in line]
-        findings["acs_ctl"] = {"lines": len(acs), "src_valid_enabled": sum("SrcValid+" in a for a in acs)}
-    except (OSError, subprocess.TimeoutExpired):
+        kernel_findings, sev_snp = _module_utils()
+    except ImportError as exc:
+        return {"unavailable": f"{exc}: kernel_findings.py and sev_snp.py are not beside {__file__}"}
+    dmesg, kernel_log = kernel_findings.read_logs(_run)
+    findings = kernel_findings.findings(dmesg, sev_snp.node_proof(kernel_log))
+    rc, out = _run(["lspci", "-vvv"])
+    if rc == 127:
         findings["acs_ctl"] = "lspci not available"
+    else:
+        acs = [line.strip() for line in out.splitlines() if "ACSCtl" in line]
+        findings["acs_ctl"] = {"lines": len(acs), "src_valid_enabled": sum("SrcValid+" in a for a in acs)}
     return findings
 
 
