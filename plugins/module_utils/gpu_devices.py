@@ -10,11 +10,29 @@ import re
 
 MAX_DEVICES = 256
 _GPU = re.compile(r"^/dev/nvidia(\d+)$")
-SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+# the nodes every CUDA process opens besides its GPUs'
+CUDA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+SHARED_NODES = (*CUDA_NODES, "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
 class DeviceError(ValueError):
     pass
+
+
+def gpu_index(path: str) -> int | None:
+    """N of a GPU's device node, /dev/nvidiaN; None for any other path (nvidiactl, nvidia-uvm, nvidia-caps/...)."""
+    m = _GPU.match(str(path))
+    return int(m.group(1)) if m else None
+
+
+def is_gpu_node(path: str) -> bool:
+    """The one rule for "is a GPU's device node" (the gpu_device_node Jinja test, verify, the modules)."""
+    return gpu_index(path) is not None
+
+
+def is_cuda_node(path: str) -> bool:
+    """A node a CUDA process opens: a GPU's, nvidiactl or nvidia-uvm."""
+    return is_gpu_node(path) or str(path) in CUDA_NODES
 
 
 def parse_entry(value: str) -> dict:
@@ -54,7 +72,7 @@ def select_nodes(nodes: list[dict], gpus) -> list[dict]:
         validate_path(n["path"])
         if n.get("type") not in ("char", "block"):
             raise DeviceError(f"{n['path']}: PVE only passes device nodes, not {n.get('type') or 'this'}")
-    present = sorted(int(m.group(1)) for p in by_path if (m := _GPU.match(p)))
+    present = sorted(gpu_index(p) for p in by_path if is_gpu_node(p))
     if not present:
         raise DeviceError("no /dev/nvidiaN GPU node on the host: is the NVIDIA driver loaded?")
     if gpus == "all":
@@ -64,7 +82,7 @@ def select_nodes(nodes: list[dict], gpus) -> list[dict]:
         missing = [g for g in chosen if g not in present]
         if missing:
             raise DeviceError(f"GPU(s) {missing} asked for, but the host has /dev/nvidia{present}")
-    for required in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
+    for required in CUDA_NODES:
         if required not in by_path:
             raise DeviceError(f"{required} is missing on the host; CUDA needs it (nvidia-modprobe -u -c0 creates it)")
     selected = [by_path[f"/dev/nvidia{g}"] for g in chosen]

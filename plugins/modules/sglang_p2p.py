@@ -42,6 +42,7 @@ import json
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import is_gpu_node
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
 
 
@@ -60,7 +61,7 @@ def unknown_links(gpus, why):
 
 def container_gpus(module):
     """(topology, bus ids) from nvidia-smi; without it, the /dev/nvidiaN nodes with their links unknown."""
-    nodes = sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if re.fullmatch(r"/dev/nvidia\d+", p))
+    nodes = sorted(p for p in glob.glob("/dev/nvidia*") if is_gpu_node(p))
     smi = module.get_bin_path("nvidia-smi")
     if smi:
         rc, topo, _ = module.run_command([smi, "topo", "-m"])

@@ -27,6 +27,8 @@ USERSPACE_QUERY = ["nvidia-smi", "--version"]
 kernel_faults = module_util("kernel_faults")
 # what P2P off sets for a server, as the sglang role sets it (plugins/module_utils/gpu_p2p.py)
 gpu_p2p = module_util("gpu_p2p")
+# which device nodes are GPUs' (plugins/module_utils/gpu_devices.py)
+gpu_devices = module_util("gpu_devices")
 
 
 def smoke_question(host_vars: dict) -> str:

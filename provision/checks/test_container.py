@@ -16,6 +16,7 @@ from provision.checks.support import (
     SERVICE_STATE,
     SMOKE_EXPECT,
     USERSPACE_QUERY,
+    gpu_devices,
     gpu_p2p,
     kernel_faults,
     smoke_question,
@@ -25,7 +26,7 @@ from provision.checks.support import (
 def test_gpu_nodes_visible(target):
     """The passed-through GPU nodes, nvidiactl and nvidia-uvm are visible in the container."""
     nodes = target.data["nvidia_nodes"]
-    gpus = [name for name in nodes if re.fullmatch(r"nvidia\d+", name)]
+    gpus = [name for name in nodes if gpu_devices.is_gpu_node("/dev/" + name)]
     assert gpus, "no /dev/nvidiaN in the container: the devN entries are missing or the container needs a restart"
     for name in ["nvidiactl", "nvidia-uvm", *gpus]:
         assert nodes.get(name, {}).get("char"), f"/dev/{name} is missing in the container"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,39 @@ def test_no_free_slot():
     config = {f"dev{i}": f"/dev/other{i}" for i in range(256)}
     with pytest.raises(gd.DeviceError, match="no free devN slot"):
         gd.plan(config, wanted(gpus=[0]))
+
+
+def test_one_rule_says_which_device_nodes_are_gpus():
+    """gpu_devices.is_gpu_node, for the modules, verify's checks and the roles (the gpu_device_node Jinja test)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    from provision.checks import test_container
+
+    paths = [n["path"] for n in HOST] + ["/dev/nvidia12", "/dev/nvidia", "/dev/nvidia0x", "/tmp/nvidia0"]
+    gpus = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia12"]
+    assert [p for p in paths if gd.is_gpu_node(p)] == gpus
+    assert [gd.gpu_index(p) for p in gpus] == [0, 1, 12]
+    assert [p for p in paths if gd.is_cuda_node(p)] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl",
+                                                         "/dev/nvidia-uvm", "/dev/nvidia12"]  # fmt: skip
+    templar = Templar(loader=DataLoader(), variables={"paths": paths})
+    template = "{{ paths | select('provision.pve_sglang.gpu_device_node') | list }}"
+    assert templar.template(trust_as_template(template)) == gpus
+    # verify's check counts the same nodes the container shows (names under /dev)
+    nodes = {p.removeprefix("/dev/"): {"char": True} for p in paths if p.startswith("/dev/")}
+    test_container.test_gpu_nodes_visible(type("Target", (), {"data": {"nvidia_nodes": nodes}})())
+    with pytest.raises(AssertionError, match="no /dev/nvidiaN"):
+        test_container.test_gpu_nodes_visible(type("Target", (), {"data": {"nvidia_nodes": {"nvidiactl": {}}}})())
+
+
+def test_no_other_file_spells_the_gpu_node_pattern():
+    root = Path(__file__).resolve().parents[2]
+    spellings = re.compile(r"nvidia\\d\+|nvidia\[0-9\]|nvidia\(\\d")
+    found = [
+        str(path.relative_to(root))
+        for top in ("plugins", "roles", "provision", "playbooks")
+        for path in (root / top).rglob("*")
+        if path.is_file() and path.suffix in (".py", ".yml", ".j2") and path.name != "gpu_devices.py"
+        and spellings.search(path.read_text(errors="replace"))
+    ]  # fmt: skip
+    assert found == []
