@@ -2,8 +2,8 @@
 (and on the nodes, if asked) in parallel, return the verdicts and keep them with the run record.
 
 The verdict is also stored on each target, with the context it holds in
-(`/var/lib/provision/gpu-diag-last.json`; a verdict about P2P also in `gpu-diag.json`, where the
-SGLang role reads it for `sglang_p2p: auto`).
+(`gpu-diag-last.json` in the host's `provision_state_dir`; a verdict about P2P also in `gpu-diag.json`,
+where the SGLang role reads it for `sglang_p2p: auto`).
 """
 
 from __future__ import annotations

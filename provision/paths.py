@@ -63,6 +63,16 @@ def collections_path(parent: Path) -> str:
     return os.pathsep.join([str(parent), *constants.COLLECTIONS_PATHS])
 
 
+@functools.cache
+def role_default(role: str, name: str):
+    """A role's default (roles/<role>/defaults/main.yml), for the Python that must agree with it: the one place
+    such a value is written."""
+    import yaml
+
+    with open(roles_dir() / role / "defaults" / "main.yml") as f:
+        return yaml.safe_load(f)[name]
+
+
 def example_inventory_dir() -> Path:
     """The packaged example inventory (`--inventory example`)."""
     return _data_dir("inventory") / "prod"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from provision import capacity
 from provision import inventory as inventory_mod
-from provision.checks.support import HOST_VARS, NO_SGLANG, cannot_read, probe_request
+from provision.checks.support import DEFAULT_STATE_DIR, HOST_VARS, cannot_read, no_sglang, probe_request
 from provision.job_events import run_stats
 from provision.progress import SILENT, Progress
 from provision.record import RunRecord
@@ -175,6 +175,7 @@ def read_hosts(
             "provision_verify_requests": {name: probe_request(suites) for name, suites in wanted.items()},
             "provision_verify_var_names": list(HOST_VARS),
             "provision_verify_probe": str(PROBE_SOURCE),
+            "provision_verify_state_dir": DEFAULT_STATE_DIR,
         },
         host_key_checking=host_key_checking,
         vault=vault,
@@ -312,7 +313,7 @@ def capacity_of(name: str, reading: dict, session_tokens: tuple[int, ...] | None
     if probe is None:
         raise capacity.CapacityUnknown(cannot_read(name, reading.get("error", "")))
     if probe.get("sglang") is None:
-        raise capacity.CapacityUnknown(NO_SGLANG)
+        raise capacity.CapacityUnknown(no_sglang(probe))
     return capacity.from_server(probe["sglang"], session_tokens or capacity.session_sizes(reading.get("vars") or {}))
 
 

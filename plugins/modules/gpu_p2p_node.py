@@ -13,9 +13,9 @@ description:
     diagnostic verdict taken before that change no longer counts.
 options:
   state_dir:
-    description: The node's provision state directory (kernel_cmdline_state_dir).
+    description: The node's provision state directory (provision_state_dir).
     type: path
-    default: /var/lib/provision
+    required: true
 """
 
 RETURN = r"""
@@ -78,7 +78,7 @@ def cmdline_changed_at(state_dir):
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(state_dir=dict(type="path", default="/var/lib/provision")),
+    module = AnsibleModule(argument_spec=dict(state_dir=dict(type="path", required=True)),
                            supports_check_mode=True)  # fmt: skip
     module.exit_json(
         changed=False,

@@ -39,7 +39,8 @@ options:
     default: []
   backup_dir:
     type: path
-    default: /var/lib/provision/kernel-cmdline
+    description: Where the backups and C(wanted.json) are kept (the role's is C(provision_state_dir)/kernel-cmdline);
+      required with action=configure and action=restore.
   findings_file:
     type: path
     description:
@@ -527,13 +528,14 @@ def main():
             bootloader=dict(type="str", default="auto", choices=["auto", "grub", "systemd-boot"]),
             add=dict(type="list", elements="str", default=[]),
             remove=dict(type="list", elements="str", default=[]),
-            backup_dir=dict(type="path", default="/var/lib/provision/kernel-cmdline"),
+            backup_dir=dict(type="path"),
             findings_file=dict(type="path"),
             snp_required=dict(type="bool", default=False),
             marker_file=dict(type="path"),
             line=dict(type="str"),
         ),
-        required_if=[("action", "mark_changed", ("marker_file", "line"))],
+        required_if=[("action", "mark_changed", ("marker_file", "line")), ("action", "configure", ("backup_dir",)),
+                     ("action", "restore", ("backup_dir",))],
         supports_check_mode=True,
     )
     p = module.params

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from provision.checks.support import cannot_read
+from provision.checks.support import cannot_read, record_path
 
 
 @dataclass
@@ -33,11 +33,16 @@ class Target:
     error: str = ""
     node: Target | None = None
 
-    def file(self, path: str) -> str | None:
-        return self.data["files"].get(path)
+    def file(self, name: str) -> str | None:
+        """A record the probe read, by its name in the host's state directory (provision_state_dir)."""
+        return self.data["files"].get(name)
 
-    def json(self, path: str) -> dict | None:
-        text = self.file(path)
+    def path(self, name: str) -> str:
+        """Where that record is on the host."""
+        return record_path(self.data, name)
+
+    def json(self, name: str) -> dict | None:
+        text = self.file(name)
         return json.loads(text) if text is not None else None
 
     def command(self, argv: list[str]) -> dict:

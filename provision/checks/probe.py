@@ -5,7 +5,8 @@ This file runs on the target, standard library only: playbooks/verify_probe.yml 
 one JSON object. The checks in `test_host.py` and `test_container.py` then decide on the
 controller from that object, so a host costs one command however many checks it has.
 
-The request names the state files to read and, for a container, the smoke question; the API key
+The request names the state directory (the host's provision_state_dir), the records to read in it and, for a
+container, the smoke question; the API key
 is read on the target from the service's root-only file and never leaves it, and `/server_info`'s
 `api_key` and `launch_command` (where SGLang echoes `--api-key`) are dropped before printing. The
 journal tail of a failed unit has the key replaced too: SGLang logs it at startup.
@@ -195,10 +196,12 @@ def weights_total_size(model_path):
 
 
 def main(request):
+    state_dir = request.get("state_dir", "")
     out = {
         "boot_id": (read("/proc/sys/kernel/random/boot_id") or "").strip(),
         "proc_cmdline": read("/proc/cmdline"),
-        "files": {path: read(path) for path in request["files"]},
+        "state_dir": state_dir,
+        "files": {name: read(os.path.join(state_dir, name)) for name in request["files"]},
         "nvidia_nodes": nvidia_nodes(),
         "nvidia_module": read("/proc/driver/nvidia/version"),
         "pve_devices": pve_devices(),

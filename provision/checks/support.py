@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from provision.paths import module_util
+import os
 
-STATE_DIR = "/var/lib/provision"
+from provision.paths import module_util, role_default
+
+# where the roles keep their records on a host unless the inventory sets provision_state_dir; the probe reads the
+# files below there (playbooks/verify_probe.yml gives it each host's value)
+DEFAULT_STATE_DIR = role_default("provision_common", "provision_state_dir")
 SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
 # the host variables the checks read: playbooks/verify_probe.yml renders these, and only these (the
 # others may hold secrets), through Ansible, so templates, vault and precedence are Ansible's
 HOST_VARS = ("verify_smoke_question", "verify_smoke_expect", "verify_session_tokens")
 
-NODE_FILES = [
-    f"{STATE_DIR}/verify.json",
-    f"{STATE_DIR}/kernel-cmdline/wanted.json",
-    f"{STATE_DIR}/kernel-findings.json",
-]
-CONTAINER_FILES = [f"{STATE_DIR}/verify.json", f"{STATE_DIR}/sglang-service.json"]
-SERVICE_STATE = CONTAINER_FILES[1]  # what the sglang role recorded: address, port, P2P policy
-NO_SGLANG = f"{SERVICE_STATE} is missing: the sglang phase has not run here"
+# the records the checks read, by their names in the state directory
+VERIFY_RECORD = "verify.json"
+WANTED = "kernel-cmdline/wanted.json"
+FINDINGS = "kernel-findings.json"
+SERVICE_STATE = "sglang-service.json"  # what the sglang role recorded: address, port, P2P policy
+NODE_FILES = [VERIFY_RECORD, WANTED, FINDINGS]
+CONTAINER_FILES = [VERIFY_RECORD, SERVICE_STATE]
 DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
 USERSPACE_QUERY = ["nvidia-smi", "--version"]
 
@@ -41,7 +44,7 @@ def probe_request(suites: list[str]) -> dict:
     read for the container's checks). The playbook replaces a container's question with the host's
     verify_smoke_question where it has one."""
     if "test_container.py" in suites:
-        return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": CONTAINER_FILES[1],
+        return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": SERVICE_STATE,
                 "question": SMOKE_QUESTION, "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
     return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
 
@@ -49,3 +52,13 @@ def probe_request(suites: list[str]) -> dict:
 def cannot_read(name: str, error: str) -> str:
     """Why a host's checks, and its capacity, cannot be decided: the probe has nothing from it."""
     return f"cannot read {name}: {error or 'no reading'}"
+
+
+def record_path(probe: dict, name: str) -> str:
+    """Where a record the probe read is on its host: under the state directory the probe was given."""
+    return os.path.join(probe.get("state_dir", ""), name)
+
+
+def no_sglang(probe: dict) -> str:
+    """Why a container has no SGLang to check or size: the sglang role's record is missing."""
+    return f"{record_path(probe, SERVICE_STATE)} is missing: the sglang phase has not run here"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provision.checks.support import STATE_DIR
+from provision.checks.support import VERIFY_RECORD
 
 
 def test_reachable(target):
@@ -12,5 +12,4 @@ def test_reachable(target):
 
 def test_provision_applied(target):
     """`provision apply` has converged this host at least once."""
-    record = f"{STATE_DIR}/verify.json"
-    assert target.file(record) is not None, f"{record} is missing: run provision apply"
+    assert target.file(VERIFY_RECORD) is not None, f"{target.path(VERIFY_RECORD)} is missing: run provision apply"

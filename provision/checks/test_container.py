@@ -12,13 +12,13 @@ import pytest
 from provision import capacity
 from provision.checks.support import (
     DRIVER_QUERY,
-    NO_SGLANG,
     SERVICE_STATE,
     SMOKE_EXPECT,
     USERSPACE_QUERY,
     gpu_devices,
     gpu_p2p,
     kernel_faults,
+    no_sglang,
     smoke_question,
 )
 
@@ -44,9 +44,10 @@ def test_userspace_matches_host_driver(target):
 
 def _sglang(target) -> dict:
     sglang = target.data.get("sglang")
-    assert sglang is not None, NO_SGLANG
+    assert sglang is not None, no_sglang(target.data)
+    record = target.path(SERVICE_STATE)
     assert target.json(SERVICE_STATE).get("url"), (
-        f"{SERVICE_STATE} has no url (an older provision wrote it): run provision apply --tags sglang"
+        f"{record} has no url (an older provision wrote it): run provision apply --tags sglang"
     )
     return sglang
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 
-from provision.checks.support import STATE_DIR
+from provision.checks.support import FINDINGS, WANTED
 from provision.paths import module_util
 
-WANTED = f"{STATE_DIR}/kernel-cmdline/wanted.json"
-FINDINGS = f"{STATE_DIR}/kernel-findings.json"
 # the rule the kernel_cmdline module decides a reboot by: arguments as the kernel reads them
 kernel_cmdline = module_util("kernel_cmdline")
 
@@ -36,7 +34,7 @@ def assert_findings_of_this_boot(findings: dict, target) -> None:
 def test_iommu_and_snp_findings(target):
     """The IOMMU and SEV-SNP findings of this boot are recorded and do not contradict the profile."""
     findings = target.json(FINDINGS)
-    assert findings is not None, f"{FINDINGS} is missing: the kernel phase has not run here"
+    assert findings is not None, f"{target.path(FINDINGS)} is missing: the kernel phase has not run here"
     assert_findings_of_this_boot(findings, target)
     wanted = target.json(WANTED) or {"add": []}
     if {"iommu=nopt", "iommu.passthrough=0"} & {kernel_cmdline.canonical(a) for a in wanted["add"]}:

@@ -264,5 +264,5 @@ def test_the_module_refuses_a_control_character_before_reading_anything(tmp_path
     from tests.unit.test_provision_state_module import PLUGINS, call
 
     out = call(tmp_path, PLUGINS / "modules" / "kernel_cmdline.py", action="configure", bootloader="grub",
-               add=["iommu=nopt", "quiet\nGRUB_TIMEOUT=0"], remove=[])  # fmt: skip
+               add=["iommu=nopt", "quiet\nGRUB_TIMEOUT=0"], remove=[], backup_dir=str(tmp_path))  # fmt: skip
     assert out["failed"] and out["msg"] == "add[1] holds a control character (newline, tab, ...): nothing was changed"

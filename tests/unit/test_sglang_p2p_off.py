@@ -3,6 +3,7 @@ through the sglang_p2p_off filter, and provision verify checks the running serve
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 from provision.checks import test_container
+from provision.checks.conftest import Target
+from provision.checks.support import SERVICE_STATE
 from provision.paths import module_util
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,28 +36,24 @@ def test_no_role_file_spells_them_out_again():
         assert "NCCL_P2P_DISABLE:" not in text and "--disable-custom-all-reduce" not in text, path
 
 
-class Unit:
+def container(policy: str, tp: int, flags: list[str], env: dict[str, str]) -> Target:
     """A container as verify's probe read it, running a server with these flags and environment."""
-
-    def __init__(self, policy: str, tp: int, flags: list[str], env: dict[str, str]):
-        state = {"p2p_policy": policy, "tp_size": tp}
-        service = {"main_pid": "42", "argv_flags": flags, "env_names": sorted(env),
-                   "env_values": {k: env.get(k) for k in gpu_p2p.P2P_OFF_ENV}}  # fmt: skip
-        self.data = {"sglang": {"service": service}}
-        self._state = state
-
-    def json(self, path: str) -> dict:
-        return {**self._state, "url": "http://127.0.0.1:30000"}
+    state = {"p2p_policy": policy, "tp_size": tp, "url": "http://127.0.0.1:30000"}
+    service = {"main_pid": "42", "argv_flags": flags, "env_names": sorted(env),
+               "env_values": {k: env.get(k) for k in gpu_p2p.P2P_OFF_ENV}}  # fmt: skip
+    return Target("ct", probe={"files": {SERVICE_STATE: json.dumps(state)}, "sglang": {"service": service}})
 
 
 def test_verify_passes_the_server_the_role_renders_and_names_what_is_missing():
     for tp in (1, 4):
         rendered = off(tp)
-        test_container.test_process_matches_p2p_policy(Unit("off", tp, rendered["flags"], rendered["env"]))
-        test_container.test_process_matches_p2p_policy(Unit("on", tp, [], {}))
+        test_container.test_process_matches_p2p_policy(container("off", tp, rendered["flags"], rendered["env"]))
+        test_container.test_process_matches_p2p_policy(container("on", tp, [], {}))
     with pytest.raises(AssertionError, match="--enforce-disable-flashinfer-allreduce-fusion"):
-        test_container.test_process_matches_p2p_policy(Unit("off", 2, ["--disable-custom-all-reduce"], off(2)["env"]))
+        test_container.test_process_matches_p2p_policy(
+            container("off", 2, ["--disable-custom-all-reduce"], off(2)["env"])
+        )
     with pytest.raises(AssertionError, match="NCCL_P2P_DISABLE=1 is not in its environment"):
-        test_container.test_process_matches_p2p_policy(Unit("off", 1, off(1)["flags"], {}))
+        test_container.test_process_matches_p2p_policy(container("off", 1, off(1)["flags"], {}))
     with pytest.raises(AssertionError, match="P2P policy is on but NCCL_P2P_DISABLE=1 is set"):
-        test_container.test_process_matches_p2p_policy(Unit("on", 1, [], off(1)["env"]))
+        test_container.test_process_matches_p2p_policy(container("on", 1, [], off(1)["env"]))

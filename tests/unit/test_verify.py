@@ -99,8 +99,8 @@ def _spec(tmp_path: Path, readings: dict) -> Path:
 
 
 def test_checks_decide_from_the_readings_file_alone(tmp_path):
-    ok = {"boot_id": "b-1", "files": {f"{support.STATE_DIR}/verify.json": "{}"}}
-    unconverged = {"boot_id": "b-2", "files": {f"{support.STATE_DIR}/verify.json": None}}
+    ok = {"boot_id": "b-1", "state_dir": "/srv/state", "files": {"verify.json": "{}"}}
+    unconverged = {"boot_id": "b-2", "state_dir": "/srv/state", "files": {"verify.json": None}}
     spec = _spec(
         tmp_path,
         {
@@ -115,7 +115,7 @@ def test_checks_decide_from_the_readings_file_alone(tmp_path):
     assert result[("good", "test_provision_applied")] == (True, "")
     assert result[("fresh", "test_reachable")] == (True, "")
     assert not result[("fresh", "test_provision_applied")][0]
-    assert "verify.json is missing: run provision apply" in result[("fresh", "test_provision_applied")][1]
+    assert result[("fresh", "test_provision_applied")][1] == "/srv/state/verify.json is missing: run provision apply"
     for name in ("test_reachable", "test_provision_applied"):
         assert result[("down", name)] == (False, "cannot read down: unreachable: ssh: connect to host 10.0.0.9 port 22")
 
@@ -161,7 +161,7 @@ def test_the_kernel_argument_check_reads_quoted_arguments_as_the_kernel_does(tmp
     """verify decides by the same rule as the kernel phase's reboot (module_utils/kernel_cmdline.missing): an
     argument with quoted whitespace is there however GRUB quoted it."""
     wanted = json.dumps({"add": ["dyndbg=module iommu +p", "iommu=nopt"], "remove": ["iommu=pt"]})
-    files = {f"{support.STATE_DIR}/kernel-cmdline/wanted.json": wanted}
+    files = {support.WANTED: wanted}
     lines = {
         "grub206": 'BOOT_IMAGE=/vmlinuz ro "dyndbg=module iommu +p" iommu=nopt',
         "written": 'BOOT_IMAGE=/vmlinuz ro dyndbg="module iommu +p" iommu=nopt',
@@ -277,8 +277,8 @@ def test_the_findings_check_reads_the_command_line_by_the_same_tokeniser(tmp_pat
         domain = "Passthrough" if host == "passthrough" else "Translated"
         findings = json.dumps({"proc_cmdline": line, "iommu_default_domain": domain})
         files = {
-            f"{support.STATE_DIR}/kernel-cmdline/wanted.json": wanted,
-            f"{support.STATE_DIR}/kernel-findings.json": findings,
+            support.WANTED: wanted,
+            support.FINDINGS: findings,
         }
         readings[host] = {"vars": {}, "probe": {"boot_id": host, "files": files, "proc_cmdline": running}, "error": ""}
     checks = verify._run_checks(list(recorded), _spec(tmp_path, readings), tmp_path, select="iommu_and_snp_findings")
