@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SGLANG_VERSION = "0.5.23"
 GIB = 2**30
 
 # configs/model_config.py:ModelConfig._derive_model_shapes, first branch: the architectures cached as one

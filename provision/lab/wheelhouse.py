@@ -17,11 +17,12 @@ import zipfile
 from pathlib import Path
 
 from provision.errors import ProvisionError
-from provision.paths import module_util
+from provision.paths import module_util, role_default
 
 HERE = Path(__file__).resolve().parent
 STANDIN_SRC = HERE / "standin" / "sglang_labserver"
-SGLANG_VERSION = "0.5.23"
+# the release the sglang role pins (sglang_version): the lab fetches that wheel and builds its stand-in at it
+SGLANG_VERSION = role_default("sglang", "sglang_version")
 STANDIN_NAME = "sglang_labserver"
 # What `python -m sglang.benchmark.serving` imports in 0.5.23 (found by importing it in an empty venv
 # until it ran): through sglang/__init__ and sglang.srt it needs torch, torchvision and triton too.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.lab import wheelhouse
 from tests.lab.helpers import inside, pve_api, wait_task
 
 
@@ -91,7 +92,8 @@ def test_container_is_the_apis_and_has_systemd_but_no_gpu_yet(lab):
     out = ct.ssh("ls /dev/nvidia* 2>/dev/null; ps -p 1 -o comm=; ls /srv/provision-wheelhouse").stdout
     assert "/dev/nvidia" not in out, "no devN entry yet, so no node"
     assert "systemd" in out
-    assert "sglang_labserver-0.5.23-py3-none-any.whl" in out and "sglang-0.5.23-" in out
+    pin = wheelhouse.SGLANG_VERSION
+    assert f"sglang_labserver-{pin}-py3-none-any.whl" in out and f"sglang-{pin}-" in out
     # the node's kernel module, as in an LXC, which shares its node's kernel
     assert "580.95.05" in ct.ssh("cat /proc/driver/nvidia/version").stdout
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.lab import wheelhouse
 from tests.conftest import run_provision
 from tests.lab.helpers import apply, set_host_vars
 
@@ -263,7 +264,7 @@ def test_unknown_flag_fails_on_the_controller_before_anything_changes(ct, lab_in
     rc, result, _ = converge(lab_inventory, runs, {"sglang_extra_args": ["--enable-metrix"]})
     assert rc == 1
     message = " ".join(f["message"] for f in result["failures"])
-    assert "SGLang 0.5.23 has no flag --enable-metrix" in message
+    assert f"SGLang {wheelhouse.SGLANG_VERSION} has no flag --enable-metrix" in message
     assert ct.ssh("sha256sum /etc/systemd/system/sglang.service").stdout == unit
 
 

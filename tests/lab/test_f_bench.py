@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.lab import wheelhouse
 from tests.conftest import run_provision
 from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars
 
@@ -77,7 +78,7 @@ def test_report_has_capacity_policy_version_and_both_charts(sweep):
     md = (host_dir / "report.md").read_text()
     assert "the figures measure nothing" in md
     assert md.index("**Capacity:**") < md.index("| concurrency |")
-    assert "SGLang 0.5.23, P2P policy `off`, client `sglang.benchmark.serving`" in md
+    assert f"SGLang {wheelhouse.SGLANG_VERSION}, P2P policy `off`, client `sglang.benchmark.serving`" in md
     for c in LEVELS:
         assert f"| {K * c} / {K * c} |" in md
     for png in ("throughput.png", "ttft_p99.png"):

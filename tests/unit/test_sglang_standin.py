@@ -23,7 +23,7 @@ import pytest
 
 from provision.lab import wheelhouse
 
-CACHED_WHEELS = sorted((Path.home() / ".cache/provision/lab/wheels").glob("sglang-0.5.23-*.whl"))
+CACHED_WHEELS = sorted((Path.home() / ".cache/provision/lab/wheels").glob(f"sglang-{wheelhouse.SGLANG_VERSION}-*.whl"))
 KEY = "sk-standin-" + "9f4c21"
 # The flags these tests use, for a machine without the sglang wheel cached (the lab packs all 547)
 FEW_FLAGS = {
@@ -45,6 +45,11 @@ def standin_path(tmp_path_factory) -> Path:
     else:
         shutil.copytree(wheelhouse.STANDIN_SRC, root / "site" / "sglang_labserver")
         (root / "site" / "sglang_labserver" / "flags.json").write_text(json.dumps(FEW_FLAGS))
+        dist = root / "site" / f"sglang_labserver-{wheelhouse.SGLANG_VERSION}.dist-info"  # as the wheel installs it
+        dist.mkdir()
+        (dist / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: sglang_labserver\nVersion: {wheelhouse.SGLANG_VERSION}\n"
+        )
     return root / "site"
 
 
@@ -176,6 +181,7 @@ def test_the_key_from_the_config_file_is_in_server_info_and_in_the_startup_log(s
     assert info["api_key"] == KEY
     assert info["launch_command"] == f"--api-key {KEY} --model-path /m --port {s.port} --tp-size 2"
     assert info["tp_size"] == 2 and info["max_total_num_tokens"] == 780820
+    assert info["version"] == wheelhouse.SGLANG_VERSION  # the role's pin, through the wheel the lab builds
     assert f"'api_key': '{KEY}'" in s.output().split("server_args=", 1)[1].splitlines()[0]
 
 
@@ -237,7 +243,9 @@ def test_a_dead_scheduler_takes_the_server_down(standin):
     assert not bound(s.port)
 
 
-@pytest.mark.skipif(not CACHED_WHEELS, reason="the sglang 0.5.23 wheel is not in ~/.cache/provision/lab/wheels")
+@pytest.mark.skipif(
+    not CACHED_WHEELS, reason=f"the sglang {wheelhouse.SGLANG_VERSION} wheel is not in ~/.cache/provision/lab/wheels"
+)
 def test_config_merge_is_the_real_wheels(standin_path, tmp_path):
     """The stand-in's reproduction of --config against the wheel's own ConfigArgumentMerger."""
     with zipfile.ZipFile(CACHED_WHEELS[0]) as zf:

@@ -13,4 +13,8 @@ come from a tiny rule set ("What is 7 * 13?" gets 91) and generated tokens are f
 measured against it mean nothing.
 """
 
-__version__ = "0.5.23"
+from importlib.metadata import version
+
+# the lab builds this package's wheel at the sglang release the sglang role pins (provision/lab/wheelhouse.py), and
+# the stand-in reports that version as SGLang's /server_info does
+__version__ = version(__name__)

@@ -18,7 +18,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sglang_labserver import engine, server_args
+from sglang_labserver import __version__, engine, server_args
 from sglang_labserver.engine import log
 
 STARTUP_S = float(os.environ.get("SGLANG_LABSERVER_STARTUP_S", "3"))
@@ -63,7 +63,7 @@ class State:
                 "max_running_requests": int(a.get("max_running_requests") or 2048),
                 "max_req_input_len": int(a.get("context_length") or DEFAULT_CONTEXT) - 1,
                 "launch_command": self.parsed.launch_command,
-                "version": "0.5.23",
+                "version": __version__,
                 "frontend": "python",
                 "startup_time": round(self.started, 3),
                 "internal_states": [
