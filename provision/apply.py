@@ -14,7 +14,7 @@ from provision import interrupts, locks
 from provision import inventory as inventory_mod
 from provision.errors import Interrupted, ProvisionError, UsageError
 from provision.progress import SILENT, Progress
-from provision.record import SUMMARY, RunRecord
+from provision.record import DEFAULT_RUNS_DIR, SUMMARY, RunRecord
 from provision.runner import RunResult, run_playbook
 
 PHASES = ("kernel", "gpu", "sglang", "verify")
@@ -35,7 +35,7 @@ class ApplyOptions:
     check: bool = False
     diff: bool = False
     reboot: str | None = None  # auto | never; None leaves the inventory's choice
-    runs_dir: Path = Path(".provision/runs")
+    runs_dir: Path = DEFAULT_RUNS_DIR
     host_key_checking: bool = True
     vault: inventory_mod.VaultOptions = field(default_factory=inventory_mod.VaultOptions)
     full: bool = False  # run every phase's tasks, even where its recorded fingerprint still holds

@@ -21,7 +21,7 @@ from provision import bench_report
 from provision import inventory as inventory_mod
 from provision.errors import UsageError
 from provision.progress import SILENT, Progress
-from provision.record import RunRecord
+from provision.record import DEFAULT_RUNS_DIR, RunRecord
 from provision.runner import RunResult, run_playbook
 
 BENCH_PLAYBOOK = "bench.yml"
@@ -40,7 +40,7 @@ class BenchOptions:
     baseline: Path | None = None
     threshold: float = bench_report.DEFAULT_THRESHOLD
     limit: str | None = None
-    runs_dir: Path = Path(".provision/runs")
+    runs_dir: Path = DEFAULT_RUNS_DIR
     host_key_checking: bool = True
     vault: inventory_mod.VaultOptions = field(default_factory=inventory_mod.VaultOptions)
 

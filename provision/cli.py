@@ -32,6 +32,7 @@ from provision.errors import (
     ProvisionError,
     UsageError,
 )
+from provision.record import DEFAULT_RUNS_DIR
 
 JSON_SCHEMA_VERSION = 1
 
@@ -92,8 +93,8 @@ def _runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs-dir",
         type=_runs_dir_path,
-        default=Path(os.environ.get("PROVISION_RUNS_DIR", ".provision/runs")),
-        help="where run records go (default: $PROVISION_RUNS_DIR or .provision/runs)",
+        default=Path(os.environ.get("PROVISION_RUNS_DIR", DEFAULT_RUNS_DIR)),
+        help=f"where run records go (default: $PROVISION_RUNS_DIR or {DEFAULT_RUNS_DIR})",
     )
 
 

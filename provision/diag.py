@@ -15,7 +15,7 @@ from typing import Any
 from provision import inventory as inventory_mod
 from provision.job_events import run_stats
 from provision.progress import SILENT, Progress
-from provision.record import RunRecord
+from provision.record import DEFAULT_RUNS_DIR, RunRecord
 from provision.runner import RunResult, run_playbook
 
 # what roles/gpu_diag hands back (set_stats): {host: the diagnostic's verdict}
@@ -58,7 +58,7 @@ def diag(
     inventory: str,
     limit: str | None = None,
     include_hosts: bool = False,
-    runs_dir: Path = Path(".provision/runs"),
+    runs_dir: Path = DEFAULT_RUNS_DIR,
     progress: Progress | None = None,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,

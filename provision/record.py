@@ -27,6 +27,8 @@ from provision import secrets
 from provision.errors import ProvisionError, UsageError
 
 SUMMARY = "summary.json"
+# where run records go unless the caller says (the CLI: --runs-dir, else $PROVISION_RUNS_DIR, else this)
+DEFAULT_RUNS_DIR = Path(".provision/runs")
 
 
 def _new_dir(runs_dir: Path, kind: str) -> Path:

@@ -26,7 +26,7 @@ from provision import inventory as inventory_mod
 from provision.checks.support import DEFAULT_STATE_DIR, HOST_VARS, cannot_read, no_sglang, probe_request
 from provision.job_events import run_stats
 from provision.progress import SILENT, Progress
-from provision.record import RunRecord
+from provision.record import DEFAULT_RUNS_DIR, RunRecord
 from provision.runner import RunResult, run_playbook
 
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
@@ -234,7 +234,7 @@ def verify(
     inventory: str,
     limit: str | None = None,
     junit: Path | None = None,
-    runs_dir: Path = Path(".provision/runs"),
+    runs_dir: Path = DEFAULT_RUNS_DIR,
     after_reboot: bool = False,
     select: str | None = None,
     session_tokens: tuple[int, ...] | None = None,
@@ -273,7 +273,7 @@ def verify(
 def capacity_report(
     inventory: str,
     limit: str | None = None,
-    runs_dir: Path = Path(".provision/runs"),
+    runs_dir: Path = DEFAULT_RUNS_DIR,
     session_tokens: tuple[int, ...] | None = None,
     host_key_checking: bool = True,
     vault: inventory_mod.VaultOptions | None = None,

@@ -103,3 +103,18 @@ def test_bench_survives_a_truncated_results_line_and_keeps_no_key(tmp_path, inv,
     record = Path(result.record_dir)
     assert files_with(record, KEY, '{"server_info"') == []
     assert json.loads((record / "summary.json").read_text())["command"] == "bench"
+
+
+def test_every_command_defaults_to_one_runs_dir(monkeypatch):
+    """record.DEFAULT_RUNS_DIR, for the API of each command and for the CLI without $PROVISION_RUNS_DIR."""
+    import inspect
+
+    from provision import apply, bench, cli, diag, verify
+    from provision.record import DEFAULT_RUNS_DIR
+
+    assert apply.ApplyOptions(inventory="x").runs_dir == DEFAULT_RUNS_DIR
+    assert bench.BenchOptions(inventory="x").runs_dir == DEFAULT_RUNS_DIR
+    for command in (verify.verify, verify.capacity_report, diag.diag):
+        assert inspect.signature(command).parameters["runs_dir"].default == DEFAULT_RUNS_DIR
+    monkeypatch.delenv("PROVISION_RUNS_DIR", raising=False)
+    assert cli.build_parser().parse_args(["verify", "--inventory", "x"]).runs_dir == DEFAULT_RUNS_DIR
