@@ -230,6 +230,13 @@ def reboot_all(
     report.reboot_failures = result.failures
 
 
+def targets(inv: inventory_mod.Inventory, limit: str | None) -> list[inventory_mod.Host]:
+    """The hosts verify checks: those a play on the managed groups reaches under `--limit`, by Ansible's own pattern
+    rules (`!`, `&`, wildcards, ranges and regexes), as `ansible-playbook --limit` selects them."""
+    limited = set(inv.match(limit))
+    return [h for h in inv.hosts.values() if h.name in limited and set(SUITES) & h.groups]
+
+
 def verify(
     inventory: str,
     limit: str | None = None,
@@ -253,8 +260,7 @@ def verify(
     summary.json; the report returned, the record and the JUnit file are scrubbed of secrets. `progress` hears
     the runs as they go (silent when left out)."""
     inv = inventory_mod.load(inventory, vault, host_key_checking)
-    limited = set(inv.match(limit))  # Ansible's own pattern rules, as apply's --limit
-    hosts = [h for h in inv.hosts.values() if h.name in limited and set(SUITES) & h.groups]
+    hosts = targets(inv, limit)
     report = VerifyReport(inventory=str(inv.path))
     connection = {"host_key_checking": host_key_checking, "vault": vault, "progress": progress or SILENT}
     with RunRecord(runs_dir, kind, inv) as record:

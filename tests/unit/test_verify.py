@@ -20,6 +20,8 @@ from provision.job_events import run_stats, task_outcomes
 from provision.record import RunRecord
 from provision.runner import RunResult
 
+BIN = Path(sys.executable).parent
+
 CHECKS_DIR = Path(verify.__file__).parent / "checks"
 
 
@@ -286,3 +288,44 @@ def test_the_findings_check_reads_the_command_line_by_the_same_tokeniser(tmp_pat
     assert result["same"] == (True, "")
     assert result["earlier"] == (False, "the findings are from an earlier boot: run provision apply --tags kernel")
     assert not result["passthrough"][0] and "default domain is Passthrough" in result["passthrough"][1]
+
+
+LIMIT_INVENTORY = """\
+all:
+  children:
+    proxmox_hosts:
+      hosts:
+        pve-01: {}
+        pve-02: {}
+    gpu_containers:
+      hosts:
+        sglang-01: {proxmox_host: pve-01, proxmox_vmid: 101}
+        sglang-02: {proxmox_host: pve-02, proxmox_vmid: 102}
+        sglang-10: {proxmox_host: pve-01, proxmox_vmid: 110}
+    rack_a:
+      hosts:
+        pve-01: {}
+        sglang-01: {}
+        sglang-10: {}
+    monitoring:
+      hosts:
+        grafana-01: {}
+"""
+
+
+@pytest.mark.parametrize(
+    "limit",
+    ["all:!sglang-01", "sglang-*", "gpu_containers:&rack_a", "rack_a:!pve-*", "pve-01,sglang-02",
+     "~sglang-0[12]", "gpu_containers[1:2]", "grafana-01", None],
+)  # fmt: skip
+def test_verify_limit_selects_what_ansible_playbook_limit_does(tmp_path, limit):
+    (tmp_path / "inv").mkdir()
+    (tmp_path / "inv" / "hosts.yml").write_text(LIMIT_INVENTORY)
+    (tmp_path / "play.yml").write_text("- hosts: proxmox_hosts:gpu_containers\n  gather_facts: false\n  tasks: []\n")
+    argv = [BIN / "ansible-playbook", "-i", tmp_path / "inv", tmp_path / "play.yml", "--list-hosts"]
+    listed = subprocess.run([str(a) for a in argv + (["--limit", limit] if limit else [])],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    ansible = sorted(line.strip() for line in listed.stdout.split("hosts (", 1)[1].splitlines()[1:] if line.strip())
+    inv = verify.inventory_mod.load(str(tmp_path / "inv"))
+    assert sorted(h.name for h in verify.targets(inv, limit)) == ansible
