@@ -5,11 +5,11 @@ This file runs on the target, standard library only: playbooks/verify_probe.yml 
 one JSON object. The checks in `test_host.py` and `test_container.py` then decide on the
 controller from that object, so a host costs one command however many checks it has.
 
-The request names the state directory (the host's provision_state_dir), the records to read in it and, for a
-container, the smoke question; the API key
-is read on the target from the service's root-only file and never leaves it, and `/server_info`'s
-`api_key` and `launch_command` (where SGLang echoes `--api-key`) are dropped before printing. The
-journal tail of a failed unit has the key replaced too: SGLang logs it at startup.
+The request names the state directory (the host's provision_state_dir), the records to read in it
+and, for a container, the smoke question; the API key is read on the target from the service's
+root-only file and never leaves it, and `/server_info`'s `api_key` and `launch_command` (where
+SGLang echoes `--api-key`) are dropped before printing. The journal tail of a failed unit has the
+key replaced too: SGLang logs it at startup.
 """
 
 import base64
