@@ -118,7 +118,7 @@ def scrub(text, secret, placeholder="<redacted>"):
 
 def api_call(state, method, path, body=None):
     """One request to the server, at the URL the sglang role recorded for it (plugins/module_utils/local_url.py)."""
-    if not state.get("url"):  # recorded by an older provision: the checks ask for the sglang phase again
+    if not state.get("url"):
         return {"status": 0, "body": "the service record has no url"}
     headers = {"Content-Type": "application/json"}
     key = api_key(state)
@@ -171,6 +171,8 @@ def service(state, env_values=()):
 
 def sglang(state, question, env_values=()):
     out = {"service": service(state, env_values), "listeners": listeners()}
+    if not state.get("url"):  # recorded by an older provision: the checks ask for the sglang phase again
+        out["stale"] = "has no url (an older provision wrote it): run provision apply --tags sglang"
     out["health"] = api_call(state, "GET", "/health")
     out["server_info"] = _scrub_server_info(api_call(state, "GET", "/server_info"))
     out["models"] = api_call(state, "GET", "/v1/models")
