@@ -17,7 +17,12 @@ from tests.conftest import run_provision
 from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars
 
 API_KEY = "bench-key-" + "5be1c0de"
-KEY = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}", "sglang_p2p": "off"}
+# the service listens on IPv6 loopback here (#18): readiness, the bench client and the fault window reach it on [::1]
+KEY = {
+    "sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}",
+    "sglang_p2p": "off",
+    "sglang_host": "::1",
+}
 ENV = {"SGLANG_API_KEY": API_KEY}
 LEVELS = (1, 4, 8)
 K = 2  # prompts per level, times the concurrency

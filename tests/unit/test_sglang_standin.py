@@ -264,3 +264,19 @@ def test_config_merge_is_the_real_wheels(standin_path, tmp_path):
     argv = ["--model-path", "/m", "--config", str(config), "--port", "1"]
     parser = server_args.build_parser()
     assert server_args.merge_config(argv, parser) == real.ConfigArgumentMerger(parser).merge_config_with_args(argv)
+
+
+def test_an_ipv6_host_is_bound_on_an_ipv6_socket_and_logged_in_brackets(standin):
+    """uvicorn (Config.bind_socket) binds a host with ':' on AF_INET6 and prints it as http://[::1]:port."""
+    s = standin("--host", "::1")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://[::1]:{s.port}/health", timeout=2) as r:
+                assert r.status == 200
+                break
+        except OSError:
+            assert s.proc.poll() is None and time.monotonic() < deadline, s.output()
+            time.sleep(0.1)
+    assert f"Uvicorn running on http://[::1]:{s.port} (Press CTRL+C to quit)" in s.output()
+    assert not bound(s.port), "an IPv6 host must not be served on 127.0.0.1"

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -364,8 +365,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # http_server.py l.3154-3160: the port is bound only now, after the model is loaded
     host, port = state.arg("host") or "127.0.0.1", int(state.arg("port") or 30000)
+    # uvicorn binds an IPv6 host on an AF_INET6 socket (Config.bind_socket) and brackets it in this line
+    Server.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server = Server((host, port), make_handler(state))
-    log(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+    shown = f"[{host}]" if ":" in host else host
+    log(f"Uvicorn running on http://{shown}:{port} (Press CTRL+C to quit)")
 
     def warmup():  # http_server.py l.2572-2600 _wait_and_warmup
         "".join(state.tokenizer_manager.generate(["warmup"]))
