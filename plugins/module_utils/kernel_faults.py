@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 PATTERN = r"IO_PAGE_FAULT|RMP_PAGE_FAULT|NVRM: Xid"
 _LINE = re.compile(r"^(\d+(?:\.\d+)?) (\S+) (.*)$")
@@ -34,7 +34,7 @@ def faults(text, since=None):
         stamp = float(m.group(1))
         if since is not None and stamp < float(since):
             continue
-        when = datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         found.append("%s %s" % (when, m.group(3)))
     return found
 

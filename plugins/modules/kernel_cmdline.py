@@ -91,17 +91,26 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils import kernel_findings
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
-    assigned_word, assignments, canonical, literal_value, merge, missing, quote, set_assignment, split,
+    assigned_word,
+    assignments,
+    canonical,
+    literal_value,
+    merge,
+    missing,
+    quote,
+    set_assignment,
+    split,
 )
 from ansible_collections.provision.pve_sglang.plugins.module_utils.rendered_values import value_problems
-from ansible_collections.provision.pve_sglang.plugins.module_utils import kernel_findings
 from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import (
-    before_reboot, newest_release, node_proof,
+    before_reboot,
+    newest_release,
+    node_proof,
 )
 
 GRUB_MAIN = "/etc/default/grub"
@@ -163,14 +172,14 @@ def effective_grub_value(module, var):
 
 
 # ------------------------------------------------------------------ backups
-class Backup(object):
+class Backup:
     def __init__(self, root):
         self.root = root
         self.dir = None
 
     def save(self, path):
         if self.dir is None:
-            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
             self.dir = os.path.join(self.root, "backups", stamp)
             os.makedirs(self.dir, mode=0o700)
             self.manifest = {"created": stamp, "files": {}}
@@ -513,7 +522,7 @@ def mark_changed(module):
     path = module.params["marker_file"]
     if not module.check_mode:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, changed_marker(module.params["line"], datetime.datetime.now(datetime.timezone.utc)))
+        atomic_write(path, changed_marker(module.params["line"], datetime.datetime.now(datetime.UTC)))
     return dict(changed=True, marker_file=path)
 
 

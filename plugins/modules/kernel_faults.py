@@ -23,7 +23,11 @@ faults: {description: "matching lines since C(since), as '<UTC time> <message>'"
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_faults import faults, journal_argv, read_result
+from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_faults import (
+    faults,
+    journal_argv,
+    read_result,
+)
 
 
 def main():

@@ -66,7 +66,14 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import DeviceError, desired_entries, is_ours, parse_entry, plan, select_nodes
+from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import (
+    DeviceError,
+    desired_entries,
+    is_ours,
+    parse_entry,
+    plan,
+    select_nodes,
+)
 
 TOKEN_DEVN_HELP = (
     "PVE lets only root@pam change devN entries, and an API token ({token}) is refused even when it belongs to "

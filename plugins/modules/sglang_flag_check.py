@@ -24,7 +24,6 @@ flags_known: {description: how many flags the release has, type: int, returned: 
 
 import glob
 import os
-import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule

@@ -45,7 +45,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import is_gpu_node
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
 
-
 BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$")
 
 
