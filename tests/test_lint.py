@@ -1,4 +1,5 @@
-"""ruff and ansible-lint (profile production) are part of the test suite."""
+"""ruff and ansible-lint (profile production) are part of the test suite; ruff covers the package, the tests,
+and the Python of the roles and plugins."""
 
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+PYTHON_TREES = ["provision", "tests", "roles", "plugins"]
 
 
 def _tool(name: str) -> str:
@@ -22,14 +24,12 @@ def _tool(name: str) -> str:
 
 
 def test_ruff_check():
-    proc = subprocess.run([_tool("ruff"), "check", "provision", "tests"], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([_tool("ruff"), "check", *PYTHON_TREES], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_ruff_format():
-    proc = subprocess.run(
-        [_tool("ruff"), "format", "--check", "provision", "tests"], cwd=REPO, capture_output=True, text=True
-    )
+    proc = subprocess.run([_tool("ruff"), "format", "--check", *PYTHON_TREES], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

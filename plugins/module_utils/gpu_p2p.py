@@ -97,21 +97,21 @@ def verdict_standing(verdict: dict | None, context: dict, cmdline_changed_at=Non
         return False, "no diagnostic verdict (provision diag)"
     name = verdict.get("verdict", "?")
     if name in NOT_ABOUT_P2P:
-        return False, "the diagnostic verdict %s says nothing about P2P" % name
+        return False, f"the diagnostic verdict {name} says nothing about P2P"
     stored = verdict.get("context")
     if not isinstance(stored, dict):
-        return False, "the diagnostic verdict %s has no context (an older provision took it): ignored" % name
+        return False, f"the diagnostic verdict {name} has no context (an older provision took it): ignored"
     changed = [CONTEXT_NAMES[k] for k in CONTEXT_KEYS if stored.get(k) != context.get(k)]
     if changed:
-        return False, "the diagnostic verdict %s is stale: %s changed since it was taken" % (name, ", ".join(changed))
+        return False, f"the diagnostic verdict {name} is stale: {', '.join(changed)} changed since it was taken"
     recorded, marker = _epoch(verdict.get("recorded_at")), _epoch(cmdline_changed_at)
     if marker is not None and (recorded is None or recorded < marker):
-        return False, "the diagnostic verdict %s predates the kernel phase's last command-line change" % name
-    return True, "diagnostic verdict %s in this context: %s" % (name, verdict.get("reason", ""))
+        return False, f"the diagnostic verdict {name} predates the kernel phase's last command-line change"
+    return True, f"diagnostic verdict {name} in this context: {verdict.get('reason', '')}"
 
 
 def _pairs(links: list[dict]) -> str:
-    return ", ".join("%s-%s %s" % (p["a"], p["b"], p["link"]) for p in links)
+    return ", ".join(f"{p['a']}-{p['b']} {p['link']}" for p in links)
 
 
 def decide(mode: str, topo: dict, iommu: dict, verdict: dict | None, context: dict, cmdline_changed_at=None) -> dict:
@@ -119,20 +119,20 @@ def decide(mode: str, topo: dict, iommu: dict, verdict: dict | None, context: di
     if mode != "auto":
         return {"policy": mode, "reason": "set by sglang_p2p"}
     if len(topo["gpus"]) < 2:
-        return {"policy": "on", "reason": "%d GPU(s): no peer-to-peer path" % len(topo["gpus"])}
+        return {"policy": "on", "reason": f"{len(topo['gpus'])} GPU(s): no peer-to-peer path"}
     counts, why = verdict_standing(verdict, context, cmdline_changed_at)
     if counts and verdict.get("verdict") != "healthy":
         return {"policy": "off", "reason": why}
     pcie = [p for p in topo["links"] if not is_nvlink(p["link"])]
     if not pcie:
-        return {"policy": "on", "reason": "every GPU pair is joined by NVLink (%s), which does not pass through the "
-                "IOMMU" % _pairs(topo["links"])}  # fmt: skip
+        why = f"every GPU pair is joined by NVLink ({_pairs(topo['links'])}), which does not pass through the IOMMU"
+        return {"policy": "on", "reason": why}
     if iommu["translates"] is False:
-        return {"policy": "on", "reason": "PCIe peers (%s), and the IOMMU does not translate (%s)"
-                % (_pairs(pcie), iommu["source"])}  # fmt: skip
-    where = "PCIe peers (%s) behind a translating IOMMU (%s)" % (_pairs(pcie), iommu["source"])
+        why = f"PCIe peers ({_pairs(pcie)}), and the IOMMU does not translate ({iommu['source']})"
+        return {"policy": "on", "reason": why}
+    where = f"PCIe peers ({_pairs(pcie)}) behind a translating IOMMU ({iommu['source']})"
     if iommu["translates"] is None:
-        where = "PCIe peers (%s), and the IOMMU may translate (%s)" % (_pairs(pcie), iommu["source"])
+        where = f"PCIe peers ({_pairs(pcie)}), and the IOMMU may translate ({iommu['source']})"
     if counts:
-        return {"policy": "on", "reason": "%s; %s" % (where, why)}
-    return {"policy": "off", "reason": "%s; %s" % (where, why)}
+        return {"policy": "on", "reason": f"{where}; {why}"}
+    return {"policy": "off", "reason": f"{where}; {why}"}

@@ -20,7 +20,7 @@ _LINE = re.compile(r"^(\d+(?:\.\d+)?) (\S+) (.*)$")
 def journal_argv(since=None):
     """journalctl reading this boot's kernel messages that match, with unix timestamps (-o short-unix)."""
     argv = ["journalctl", "-k", "-b", "--no-pager", "-o", "short-unix", "--grep", PATTERN]
-    return argv + (["--since", "@%d" % int(since)] if since is not None else [])
+    return argv + (["--since", f"@{int(since)}"] if since is not None else [])
 
 
 def faults(text, since=None):
@@ -35,7 +35,7 @@ def faults(text, since=None):
         if since is not None and stamp < float(since):
             continue
         when = datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        found.append("%s %s" % (when, m.group(3)))
+        found.append(f"{when} {m.group(3)}")
     return found
 
 
@@ -43,4 +43,4 @@ def read_result(rc, out, err):
     """(lines text, error): journalctl exits 1, with nothing on stderr, when nothing matches."""
     if rc == 0 or (rc == 1 and not (err or "").strip()):
         return out, None
-    return None, "cannot read the kernel log (journalctl exit %s: %s)" % (rc, (err or out or "").strip()[-200:])
+    return None, f"cannot read the kernel log (journalctl exit {rc}: {(err or out or '').strip()[-200:]})"

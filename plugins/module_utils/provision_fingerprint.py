@@ -106,9 +106,8 @@ def same_run(a, b):
 
 def describe_holder(holder):
     """One line naming a lock's holder: run id, pid, controller and since when."""
-    return "run {} (pid {} on {}, since {})".format(
-        holder.get("run_id", "?"), holder.get("pid", "?"), holder.get("controller", "?"), holder.get("since", "?")
-    )
+    run_id, pid = holder.get("run_id", "?"), holder.get("pid", "?")
+    return f"run {run_id} (pid {pid} on {holder.get('controller', '?')}, since {holder.get('since', '?')})"
 
 
 def lock_decision(current, request, now):

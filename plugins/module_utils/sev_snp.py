@@ -44,9 +44,9 @@ def kernel_version(release: str) -> tuple[int, int] | None:
 def kernel_too_old(release: str) -> str | None:
     version = kernel_version(release)
     if version is None:
-        return "kernel release %r cannot be read as a version" % release
+        return f"kernel release {release!r} cannot be read as a version"
     if version < MIN_KERNEL:
-        return "kernel %s is older than 6.11, the first with SEV-SNP host support" % release
+        return f"kernel {release} is older than 6.11, the first with SEV-SNP host support"
     return None
 
 
@@ -69,7 +69,7 @@ def evidence(dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_para
         "sev_snp_param": sev_snp_param.strip() if sev_snp_param is not None else None,
         "dmesg_readable": dmesg is not None,
         "kvm_snp_line": snp.group(0) if snp else None,
-        "firmware": "%d.%d" % firmware if firmware else None,
+        "firmware": "{}.{}".format(*firmware) if firmware else None,
         "rmp_range": rmp.group(0) if rmp else None,
         "rmp_not_reserved": bool(RMP_NOT_RESERVED.search(text)),
         "iommu_snp_line": iommu.group(0) if iommu else None,
@@ -84,7 +84,7 @@ def _param_reason(ev: dict) -> str | None:
         return "kvm_amd is not loaded (no /sys/module/kvm_amd)"
     if ev["sev_snp_param"] is None:
         return "kvm_amd has no sev_snp parameter (a kernel built without CONFIG_KVM_AMD_SEV)"
-    return "%s reads %s, not Y" % (SEV_SNP_PARAM, ev["sev_snp_param"])
+    return f"{SEV_SNP_PARAM} reads {ev['sev_snp_param']}, not Y"
 
 
 def _dmesg_reasons(ev: dict) -> list[str]:
@@ -95,12 +95,12 @@ def _dmesg_reasons(ev: dict) -> list[str]:
     if line is None:
         reasons.append("dmesg has no 'kvm_amd: SEV-SNP enabled' line")
     elif not line.startswith("SEV-SNP enabled"):
-        reasons.append("dmesg says '%s'" % line)
+        reasons.append(f"dmesg says '{line}'")
     firmware = ev["firmware"]
     if firmware is None:
         reasons.append("dmesg has no SEV firmware version ('SEV-SNP API:' line from ccp)")
     elif tuple(int(p) for p in firmware.split(".")) < MIN_FIRMWARE:
-        reasons.append("SEV firmware %s is older than 1.51" % firmware)
+        reasons.append(f"SEV firmware {firmware} is older than 1.51")
     if ev["rmp_range"] is None:
         reasons.append(
             "the BIOS did not reserve the RMP table (enable SNP memory coverage)"
@@ -110,7 +110,7 @@ def _dmesg_reasons(ev: dict) -> list[str]:
     if ev["iommu_snp_line"] is None:
         refused = ev["iommu_refused"]
         reasons.append(
-            "AMD-Vi refused SNP: '%s'" % refused if refused else "dmesg has no 'AMD-Vi: IOMMU SNP support enabled'"
+            f"AMD-Vi refused SNP: '{refused}'" if refused else "dmesg has no 'AMD-Vi: IOMMU SNP support enabled'"
         )
     return reasons
 

@@ -59,7 +59,7 @@ def gpu_groups():
     groups = {}
     for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*")):
         bus = os.path.basename(info).lower()
-        kind = _read("/sys/bus/pci/devices/%s/iommu_group/type" % bus)
+        kind = _read(f"/sys/bus/pci/devices/{bus}/iommu_group/type")
         if kind:
             groups[bus] = kind
     return groups

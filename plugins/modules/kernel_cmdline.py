@@ -76,8 +76,14 @@ bootloader: {description: grub or systemd-boot, and how it was detected, type: s
 line: {description: the configured (effective) command line after the change, type: str, returned: configure}
 previous: {description: the configured command line before, type: str, returned: configure}
 files: {description: files changed, type: list, returned: configure}
-running: {description: the running kernel against the wanted arguments (as action=running), type: dict, returned: configure}
-findings: {description: this boot's findings (as action=findings), type: dict, returned: configure when no reboot is needed}
+running:
+  description: the running kernel against the wanted arguments (as action=running)
+  type: dict
+  returned: configure
+findings:
+  description: this boot's findings (as action=findings)
+  type: dict
+  returned: configure when no reboot is needed
 snp_before_reboot:
   description: SEV-SNP prerequisites missing for the next boot (empty when none or not required)
   type: list
@@ -130,7 +136,7 @@ def detect_bootloader(module):
     tool = module.get_bin_path("proxmox-boot-tool")
     if tool is None:
         return "grub", "proxmox-boot-tool not installed"
-    rc, out, err = module.run_command([tool, "status"])
+    rc, out, _ = module.run_command([tool, "status"])
     if rc == 0 and "configured with: uefi" in out:
         return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
     if rc == 2:
@@ -140,12 +146,22 @@ def detect_bootloader(module):
 
 # ------------------------------------------------------------------ GRUB files
 def grub_files():
-    return [GRUB_MAIN] + sorted(glob.glob(os.path.join(GRUB_SNIPPETS, "*.cfg")))
+    return [GRUB_MAIN, *sorted(glob.glob(os.path.join(GRUB_SNIPPETS, "*.cfg")))]
 
 
 def read_file(path):
     with open(path) as f:
         return f.read()
+
+
+def read_if_exists(path, missing=None):
+    """The file's text, or `missing` when there is no such file."""
+    return read_file(path) if os.path.exists(path) else missing
+
+
+def write_if_different(path, content):
+    if read_if_exists(path) != content:
+        atomic_write(path, content)
 
 
 def last_assignment(var, read=read_file):
@@ -165,9 +181,9 @@ def last_assignment(var, read=read_file):
 def effective_grub_value(module, var):
     """The value update-grub will see: source the main file and the snippets in order, as it does."""
     script = '. "$1"; shift; for f in "$@"; do . "$f"; done; printf %s "$' + var + '"'
-    rc, out, err = module.run_command(["/bin/sh", "-c", script, "sh"] + grub_files())
+    rc, out, err = module.run_command(["/bin/sh", "-c", script, "sh", *grub_files()])
     if rc != 0:
-        module.fail_json(msg="cannot evaluate %s from %s: %s" % (var, ", ".join(grub_files()), err.strip()))
+        module.fail_json(msg=f"cannot evaluate {var} from {', '.join(grub_files())}: {err.strip()}")
     return out
 
 
@@ -220,9 +236,7 @@ def record_wanted(directory, bootloader, add, remove, snp_required):
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, "wanted.json")
     wanted = {"bootloader": bootloader, "add": add, "remove": remove, "snp_required": snp_required}
-    content = json.dumps(wanted, indent=1, sort_keys=True) + "\n"
-    if not os.path.exists(path) or open(path).read() != content:
-        atomic_write(path, content)
+    write_if_different(path, json.dumps(wanted, indent=1, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------ configure
@@ -250,19 +264,19 @@ def plan_grub(module, add, remove):
             # only the value's shell word changes: other statements and a comment on its line stay
             contents[path] = set_assignment(read(path), at, res["line"])
             changes[path] = contents[path]
-            notes.append("%s set in %s" % (var, path))
+            notes.append(f"{var} set in {path}")
         else:
             overrides[var] = res["line"]
             notes.append(
-                "%s is not a plain literal where it is last set (%s); the merged value goes to %s"
-                % (var, where[0] if where else "nowhere", GRUB_OVERRIDE)
+                f"{var} is not a plain literal where it is last set ({where[0] if where else 'nowhere'}); "
+                f"the merged value goes to {GRUB_OVERRIDE}"
             )
     if overrides:
         existing = read(GRUB_OVERRIDE) if os.path.exists(GRUB_OVERRIDE) else ""
         lines = [ln for ln in existing.split("\n") if ln and not any(assignments(ln, v) for v in overrides)]
         if not lines:
             lines = ["# Written by provision (kernel_cmdline): the merged kernel arguments, applied last."]
-        lines += ["%s=%s" % (var, quote(value)) for var, value in overrides.items()]
+        lines += [f"{var}={quote(value)}" for var, value in overrides.items()]
         changes[GRUB_OVERRIDE] = "\n".join(lines) + "\n"
     return changes, before, result, notes
 
@@ -277,11 +291,11 @@ def plan_systemd_boot(module, add, remove):
         with open("/proc/cmdline") as f:
             first = " ".join(a for a in split(f.read()) if not a.startswith(("initrd=", "BOOT_IMAGE=")))
         rest, content = "", None
-        notes = ["%s did not exist: started from /proc/cmdline, as proxmox-boot-tool does" % KERNEL_CMDLINE]
+        notes = [f"{KERNEL_CMDLINE} did not exist: started from /proc/cmdline, as proxmox-boot-tool does"]
     result = merge(first, add, remove)
     if not any(a.startswith("root=") for a in split(result["line"])):
         module.fail_json(
-            msg="%s: the first line has no root= argument; proxmox-boot-tool refresh would refuse it" % KERNEL_CMDLINE
+            msg=f"{KERNEL_CMDLINE}: the first line has no root= argument; proxmox-boot-tool refresh would refuse it"
         )
     changes = {}
     if result["changed"] or content is None:
@@ -302,7 +316,7 @@ def refuse_unbootable_snp(module, bootloader, changes, running_check):
     gaps = snp_before_reboot(bootloader)
     if gaps:
         module.fail_json(
-            msg="cannot boot into SEV-SNP: %s; nothing was changed; %s" % ("; ".join(gaps), SNP_OFF_HINT),
+            msg=f"cannot boot into SEV-SNP: {'; '.join(gaps)}; nothing was changed; {SNP_OFF_HINT}",
             snp_before_reboot=gaps,
         )
     return gaps
@@ -327,7 +341,7 @@ def configure(module, bootloader, add, remove):
     if changes and module._diff:
         out["diff"] = []
         for path, new in sorted(changes.items()):
-            old = open(path).read() if os.path.exists(path) else ""
+            old = read_if_exists(path, "")
             out["diff"].append(dict(before=old, after=new, before_header=path, after_header=path))
     if not module.check_mode:
         record_wanted(module.params["backup_dir"], bootloader, add, remove, module.params["snp_required"])
@@ -364,18 +378,18 @@ def generated_lines(module, bootloader):
     for uuid in uuids:
         device = "/dev/disk/by-uuid/" + uuid
         if not os.path.exists(device):
-            module.fail_json(msg="ESP %s listed in %s does not exist" % (device, PBT_UUIDS))
+            module.fail_json(msg=f"ESP {device} listed in {PBT_UUIDS} does not exist")
         mnt = tempfile.mkdtemp(prefix="provision-esp-")
         rc, _, err = module.run_command(["mount", "-o", "ro", device, mnt])
         if rc != 0:
             os.rmdir(mnt)
-            module.fail_json(msg="cannot mount ESP %s: %s" % (device, err.strip()))
+            module.fail_json(msg=f"cannot mount ESP {device}: {err.strip()}")
         try:
             for entry in sorted(glob.glob(os.path.join(mnt, "loader", "entries", "proxmox-*.conf"))):
                 with open(entry) as f:
                     for line in f:
                         if line.startswith("options"):
-                            found.append(("%s:%s" % (uuid, os.path.basename(entry)), line.split(None, 1)[1].strip()))
+                            found.append((f"{uuid}:{os.path.basename(entry)}", line.split(None, 1)[1].strip()))
         finally:
             module.run_command(["umount", mnt])
             os.rmdir(mnt)
@@ -386,14 +400,14 @@ def verify_generated(module, bootloader, add, remove):
     lines = generated_lines(module, bootloader)
     if not lines:
         module.fail_json(
-            msg="no kernel command line found in the generated boot configuration (%s)"
-            % (GRUB_CFG if bootloader == "grub" else "loader entries on the ESPs")
+            msg="no kernel command line found in the generated boot configuration "
+            f"({GRUB_CFG if bootloader == 'grub' else 'loader entries on the ESPs'})"
         )
     bad = []
     for source, line in lines:
         gap = missing(line, add, remove)
         if not gap["ok"]:
-            bad.append("%s: missing %s, still has %s" % (source, gap["absent"] or "-", gap["still_present"] or "-"))
+            bad.append(f"{source}: missing {gap['absent'] or '-'}, still has {gap['still_present'] or '-'}")
     if bad:
         module.fail_json(
             msg="the generated boot configuration does not carry the new arguments: " + "; ".join(bad), generated=lines
@@ -427,7 +441,7 @@ def restore(module, bootloader):
 def _restore_files(module):
     latest = os.path.join(module.params["backup_dir"], "latest")
     if not os.path.exists(latest):
-        module.fail_json(msg="no backup to restore under %s" % module.params["backup_dir"])
+        module.fail_json(msg=f"no backup to restore under {module.params['backup_dir']}")
     source = os.path.realpath(latest)
     with open(os.path.join(source, "manifest.json")) as f:
         manifest = json.load(f)
@@ -437,7 +451,7 @@ def _restore_files(module):
         if how == "saved":
             with open(saved) as f:
                 original = f.read()
-            current = open(path).read() if os.path.exists(path) else None
+            current = read_if_exists(path)
             if current != original:
                 restored.append(path)
                 if not module.check_mode:
@@ -506,9 +520,7 @@ def findings(module, add, remove):
     path = module.params["findings_file"]
     if path and not module.check_mode:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        content = json.dumps(out, indent=2, sort_keys=True) + "\n"
-        if not os.path.exists(path) or open(path).read() != content:
-            atomic_write(path, content)
+        write_if_different(path, json.dumps(out, indent=2, sort_keys=True) + "\n")
     return dict(changed=False, findings=out, **{k: v for k, v in check.items() if k != "changed"})
 
 

@@ -7,8 +7,8 @@ DOCUMENTATION = r"""
 module: kernel_faults
 short_description: AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT and NVRM Xid lines logged since a time, and the node's clock
 description:
-  - Read-only. Reads this boot's kernel messages through journalctl (see plugins/module_utils/kernel_faults.py for the lines
-    and their sources). Without C(since), returns only the node's clock, to mark the start of a window.
+  - Read-only. Reads this boot's kernel messages through journalctl (see plugins/module_utils/kernel_faults.py for
+    the lines and their sources). Without C(since), returns only the node's clock, to mark the start of a window.
 options:
   since:
     description: Unix time (the node's clock) from which lines count.

@@ -63,7 +63,7 @@ def main():
         if k == "dir":
             skipped.append(path)
             continue
-        entry = dict(path=path, type=k, mode="%04o" % stat.S_IMODE(st.st_mode))
+        entry = dict(path=path, type=k, mode=f"{stat.S_IMODE(st.st_mode):04o}")
         if k in ("char", "block"):
             entry.update(major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
         nodes.append(entry)

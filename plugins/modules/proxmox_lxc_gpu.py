@@ -35,7 +35,10 @@ options:
   uid: {type: int}
   gid: {type: int}
   restart: {type: str, choices: [auto, never], default: auto}
-  nesting: {type: bool, default: true, description: "set features: nesting=1, which systemd needs to sandbox units in an unprivileged CT"}
+  nesting:
+    type: bool
+    default: true
+    description: "set features: nesting=1, which systemd needs to sandbox units in an unprivileged CT"
   retries: {type: int, default: 3}
   task_timeout: {type: int, default: 300}
 """
@@ -96,17 +99,17 @@ def _proxmoxer():
         from proxmoxer.core import ResourceException
 
         return proxmoxer, ResourceException
-    except ImportError:
+    except ImportError as exc:
         raise ApiFailure(
-            "proxmoxer is not installed for the controller's Python (%s); it comes with provision" % os.sys.executable
-        )
+            f"proxmoxer is not installed for the controller's Python ({os.sys.executable}); it comes with provision"
+        ) from exc
 
 
 def connect(p):
     proxmoxer, _ = _proxmoxer()
     if p["backend"] == "ssh":
         return connect_ssh(p, proxmoxer)
-    where = "https://%s:%s" % (p["api_host"], p["api_port"])
+    where = f"https://{p['api_host']}:{p['api_port']}"
     kwargs = dict(port=p["api_port"], user=p["api_user"], timeout=30, service="PVE")
     kwargs["verify_ssl"] = (p["ca_file"] or True) if p["validate_certs"] else False
     if p["api_token_id"]:
@@ -115,7 +118,7 @@ def connect(p):
         kwargs.update(token_name=p["api_token_id"], token_value=p["api_token_secret"])
     else:
         if not p["api_password"]:
-            raise ApiFailure("no credentials for %s: set proxmox_api_password (or a token)" % where)
+            raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
         kwargs["password"] = p["api_password"]
     try:
         api = proxmoxer.ProxmoxAPI(p["api_host"], backend="https", **kwargs)
@@ -124,18 +127,18 @@ def connect(p):
         return api
     except proxmoxer.AuthenticationError as exc:
         raise ApiFailure(
-            "authentication failed for %s at %s (wrong password or user?): %s" % (p["api_user"], where, exc)
-        )
+            f"authentication failed for {p['api_user']} at {where} (wrong password or user?): {exc}"
+        ) from exc
     except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
         text = str(exc)
         if "SSL" in type(exc).__name__ or "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
             raise ApiFailure(
-                "TLS verification of %s failed (%s): set proxmox_api_ca_file to the CA that signed the PVE "
-                "certificate (on a node: /etc/pve/pve-root-ca.pem)" % (where, text.split("(Caused by")[0].strip())
-            )
+                f"TLS verification of {where} failed ({text.split('(Caused by')[0].strip()}): set proxmox_api_ca_file "
+                "to the CA that signed the PVE certificate (on a node: /etc/pve/pve-root-ca.pem)"
+            ) from exc
         status = getattr(exc, "status_code", None)
         if status == 401:
-            raise ApiFailure("authentication failed for %s at %s: %s" % (p["api_user"], where, exc))
+            raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {exc}") from exc
         raise
 
 
@@ -174,8 +177,8 @@ def connect_ssh(p, proxmoxer):
         )
     except paramiko.SSHException as exc:
         raise ApiFailure(
-            "ssh to %s:%s refused (host key checked against %s): %s" % (host, p["ssh_port"], known_hosts, exc)
-        )
+            f"ssh to {host}:{p['ssh_port']} refused (host key checked against {known_hosts}): {exc}"
+        ) from exc
 
 
 def with_retries(p, what, call):
@@ -199,8 +202,7 @@ def with_retries(p, what, call):
             time.sleep(delay)
             delay *= 2
     raise ApiFailure(
-        "%s failed %d times; the PVE API at %s:%s keeps failing: %s"
-        % (what, p["retries"], p["api_host"], p["api_port"], last)
+        f"{what} failed {p['retries']} times; the PVE API at {p['api_host']}:{p['api_port']} keeps failing: {last}"
     )
 
 
@@ -215,9 +217,9 @@ def wait_task(p, api, node, upid):
                 return exitstatus
             log = with_retries(p, "reading the task log", lambda: api.nodes(node).tasks(upid).log.get(limit=50))
             tail = " | ".join(line.get("t", "") for line in log[-5:])
-            raise ApiFailure("task %s ended with exitstatus %r: %s" % (upid, exitstatus, tail))
+            raise ApiFailure(f"task {upid} ended with exitstatus {exitstatus!r}: {tail}")
         if time.monotonic() > deadline:
-            raise ApiFailure("task %s still running after %ss" % (upid, p["task_timeout"]))
+            raise ApiFailure(f"task {upid} still running after {p['task_timeout']}s")
         time.sleep(1)
 
 
@@ -228,11 +230,11 @@ def wanted_features(features, nesting):
     if not nesting or flags.get("nesting") == "1":
         return None
     flags["nesting"] = "1"
-    return ",".join("%s=%s" % kv for kv in sorted(flags.items()))
+    return ",".join(f"{key}={value}" for key, value in sorted(flags.items()))
 
 
 def diff_lines(entries):
-    return "".join("%s: %s\n" % (k, v) for k, v in sorted(entries.items(), key=lambda kv: int(kv[0][3:])))
+    return "".join(f"{k}: {v}\n" for k, v in sorted(entries.items(), key=lambda kv: int(kv[0][3:])))
 
 
 def write_config(p, api, ct, config, body):
@@ -245,16 +247,18 @@ def write_config(p, api, ct, config, body):
         missing = DEVICE_MISSING.search(text)
         if missing:  # LXC/Tools.pm get_device_mode_and_rdev: the path is not on the node; no retry helps
             raise ApiFailure(
-                "PVE refused devN for %s: it does not exist on node %s. Make it there first (the gpu phase's "
-                "provision-nvidia-nodes.service does at boot) or leave that GPU out (gpu_passthrough_gpus)"
-                % (missing.group(1), p["node"])
-            )
+                f"PVE refused devN for {missing.group(1)}: it does not exist on node {p['node']}. Make it there first "
+                "(the gpu phase's provision-nvidia-nodes.service does at boot) or leave that GPU out "
+                "(gpu_passthrough_gpus)"
+            ) from exc
         if exc.status_code == 403 and p["api_token_id"] and p["backend"] == "https":
-            raise ApiFailure(TOKEN_DEVN_HELP.format(token="%s!%s" % (p["api_user"], p["api_token_id"])))
+            raise ApiFailure(TOKEN_DEVN_HELP.format(token=f"{p['api_user']}!{p['api_token_id']}")) from exc
         if exc.status_code == 403:
-            raise ApiFailure("PVE refused the devN change (403): %s. Only root@pam may change devN entries." % exc)
+            raise ApiFailure(
+                f"PVE refused the devN change (403): {exc}. Only root@pam may change devN entries."
+            ) from exc
         if exc.status_code == 400:
-            raise ApiFailure("PVE rejected the devN entries: %s %s" % (exc, exc.errors or ""))
+            raise ApiFailure(f"PVE rejected the devN entries: {exc} {exc.errors or ''}") from exc
         raise
 
 
@@ -282,7 +286,7 @@ def run(module):
         if features is not None:
             result["features"] = features
         if module._diff:
-            header = "CT %s devN (%s)" % (p["vmid"], p["node"])
+            header = f"CT {p['vmid']} devN ({p['node']})"
             result["diff"] = dict(before=diff_lines(change["before"]), after=diff_lines(change["after"]),
                                   before_header=header, after_header=header)  # fmt: skip
         if module.check_mode:
@@ -300,7 +304,7 @@ def run(module):
                 continue  # someone changed the config between our read and write: read again
             raise
     else:
-        raise ApiFailure("the container config kept changing underneath (%d attempts)" % (p["retries"] + 1))
+        raise ApiFailure(f"the container config kept changing underneath ({p['retries'] + 1} attempts)")
     return restart_for_pending(module, api, ct, wanted, result)
 
 
@@ -328,9 +332,9 @@ def restart_for_pending(module, api, ct, wanted, result):
         result.update(restarted=True, changed=True, pending=[], nesting_pending=False)
     elif result["nesting_pending"] and not module.check_mode:
         raise ApiFailure(
-            "CT %s on %s runs without features: nesting=1 (now set, pending until it restarts); systemd in the "
-            "container cannot sandbox the SGLang unit without it. Restart it (pct reboot %s on %s) and run "
-            "again, or set gpu_passthrough_restart: auto" % (p["vmid"], p["node"], p["vmid"], p["node"])
+            f"CT {p['vmid']} on {p['node']} runs without features: nesting=1 (now set, pending until it restarts); "
+            "systemd in the container cannot sandbox the SGLang unit without it. Restart it "
+            f"(pct reboot {p['vmid']} on {p['node']}) and run again, or set gpu_passthrough_restart: auto"
         )
     return result
 
@@ -373,7 +377,7 @@ def main():
     except (ApiFailure, DeviceError) as exc:
         module.fail_json(msg=str(exc))
     except Exception as exc:
-        module.fail_json(msg="%s: %s" % (type(exc).__name__, exc), exception=traceback.format_exc())
+        module.fail_json(msg=f"{type(exc).__name__}: {exc}", exception=traceback.format_exc())
     module.exit_json(**result)
 
 

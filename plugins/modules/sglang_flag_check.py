@@ -7,9 +7,10 @@ DOCUMENTATION = r"""
 module: sglang_flag_check
 short_description: Fail on flags the pinned SGLang release does not have, before anything is rendered
 description:
-  - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see plugins/module_utils/sglang_flags.py),
-    looking for the wheel in I(wheel_dirs) and downloading it (pip download --no-deps) into the first one when
-    it is missing. Unique prefixes are accepted, as argparse accepts them.
+  - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see
+    plugins/module_utils/sglang_flags.py), looking for the wheel in I(wheel_dirs) and downloading it
+    (pip download --no-deps) into the first one when it is missing. Unique prefixes are accepted, as argparse
+    accepts them.
 options:
   version: {type: str, required: true}
   args: {type: list, elements: str, required: true}
@@ -32,20 +33,36 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils.sglang_flags 
 
 def find_or_fetch(module, version, dirs, index_url):
     for d in dirs:
-        found = sorted(glob.glob(os.path.join(d, "sglang-%s-*.whl" % version)))
+        found = sorted(glob.glob(os.path.join(d, f"sglang-{version}-*.whl")))
         if found:
             return found[0]
     target = dirs[0]
     os.makedirs(target, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", target, "sglang==%s" % version]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--platform",
+        "manylinux_2_34_x86_64",
+        "-d",
+        target,
+        f"sglang=={version}",
+    ]
     if index_url:
         cmd[4:4] = ["--index-url", index_url]
     rc, out, err = module.run_command(cmd)
-    found = sorted(glob.glob(os.path.join(target, "sglang-%s-*.whl" % version)))
+    found = sorted(glob.glob(os.path.join(target, f"sglang-{version}-*.whl")))
     if rc != 0 or not found:
-        module.fail_json(msg="cannot get the sglang %s wheel to check flags (looked in %s; pip download: %s)"
-                         % (version, ", ".join(dirs), (err or out).strip()[-300:]))
+        module.fail_json(
+            msg=f"cannot get the sglang {version} wheel to check flags (looked in {', '.join(dirs)}; "
+            f"pip download: {(err or out).strip()[-300:]})"
+        )
     return found[0]
 
 
@@ -65,8 +82,8 @@ def main():
     unknown = unknown_flags(p["args"], known)
     if unknown:
         module.fail_json(
-            msg="SGLang %s has no flag %s (checked against %s); check sglang_extra_args and the role's variables"
-            % (p["version"], ", ".join(unknown), os.path.basename(wheel)),
+            msg=f"SGLang {p['version']} has no flag {', '.join(unknown)} (checked against {os.path.basename(wheel)}); "
+            "check sglang_extra_args and the role's variables",
             unknown=unknown,
         )
     module.exit_json(changed=False, wheel=wheel, flags_known=len(known))

@@ -51,11 +51,11 @@ BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])
 def bus_ids(text):
     """nvidia-smi's 00000000:41:00.0 lines -> sysfs's 0000:41:00.0; any other line (a warning) is left out."""
     found = [BUS_ID.match(line.strip()) for line in text.splitlines()]
-    return sorted("%04x:%s" % (int(m.group(1), 16), m.group(2).lower()) for m in found if m)
+    return sorted(f"{int(m.group(1), 16):04x}:{m.group(2).lower()}" for m in found if m)
 
 
 def unknown_links(gpus, why):
-    return [{"a": a, "b": b, "link": "unknown (%s)" % why} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    return [{"a": a, "b": b, "link": f"unknown ({why})"} for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
 
 
 def container_gpus(module):
@@ -70,11 +70,10 @@ def container_gpus(module):
             if len(parsed["gpus"]) == len(found) == len(nodes):
                 return parsed, found
             # a matrix that does not match the GPUs: its links say nothing (fail closed: unknown = PCIe)
-            gpus = ["GPU%d" % i for i in range(max(len(found), len(nodes)))]
-            why = "topo -m shows %d GPU(s), nvidia-smi lists %d, /dev has %d" % (
-                len(parsed["gpus"]), len(found), len(nodes))  # fmt: skip
+            gpus = [f"GPU{i}" for i in range(max(len(found), len(nodes)))]
+            why = f"topo -m shows {len(parsed['gpus'])} GPU(s), nvidia-smi lists {len(found)}, /dev has {len(nodes)}"
             return {"gpus": gpus, "links": unknown_links(gpus, why)}, found or nodes
-    gpus = ["GPU%d" % i for i in range(len(nodes))]
+    gpus = [f"GPU{i}" for i in range(len(nodes))]
     return {"gpus": gpus, "links": unknown_links(gpus, "no answer from nvidia-smi")}, nodes
 
 
