@@ -7,8 +7,8 @@ DOCUMENTATION = r"""
 module: gpu_p2p_node
 short_description: The node's boot id, kernel command line, IOMMU mode and NVIDIA driver version, in one read
 description:
-  - Read-only. The IOMMU mode comes from each NVIDIA GPU's IOMMU group (C(/sys/bus/pci/devices/<bus>/iommu_group/type))
-    where sysfs shows it, and from this boot's kernel log line C(iommu: Default domain type) (dmesg, else the journal).
+  - "Read-only. The IOMMU mode comes from each NVIDIA GPU's IOMMU group (C(/sys/bus/pci/devices/<bus>/iommu_group/type))
+    where sysfs shows it, and from this boot's kernel log line C(iommu: Default domain type) (dmesg, else the journal)."
   - Also returns when the kernel phase last changed the command line (C(<state_dir>/cmdline-changed)), so that a
     diagnostic verdict taken before that change no longer counts.
 options:

@@ -126,7 +126,8 @@ GRUB_CFG = "/boot/grub/grub.cfg"
 KERNEL_CMDLINE = "/etc/kernel/cmdline"
 PBT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
 PBT_PIN = "/etc/kernel/proxmox-boot-pin"
-DEFAULT_VAR, LINUX_VAR = "GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX"
+DEFAULT_VAR = "GRUB_CMDLINE_LINUX_DEFAULT"
+LINUX_VAR = "GRUB_CMDLINE_LINUX"
 
 
 # ------------------------------------------------------------------ detection

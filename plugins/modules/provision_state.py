@@ -8,14 +8,14 @@ DOCUMENTATION = r"""
 module: provision_state
 short_description: Write <dir>/<phase>.json and the phase's fingerprint when they differ
 description:
-  - One call instead of a C(file) and a C(copy) task (each its own round trip): creates I(dir) (0755, root),
-    compares the record with what is on the host, and writes it atomically (0644, root) only when it differs.
-  - With I(fingerprint), also records what the next run compares to skip a converged phase:
+  - "One call instead of a C(file) and a C(copy) task (each its own round trip): creates I(dir) (0755, root),
+    compares the record with what is on the host, and writes it atomically (0644, root) only when it differs."
+  - "With I(fingerprint), also records what the next run compares to skip a converged phase:
     C(<dir>/fingerprint/<name>.json) (0600, root, in a 0700 directory) holds the digest of the phase's inputs
     (computed on the controller), the paths the phase watches, and the digest of those paths as they are now
-    (see C(provision_facts)).
-  - Writing the fingerprint alone is not reported as a change (nor shown as a diff): it is provision's memory of
-    its own last run, not configuration of the host. A phase that ran and changed nothing stays C(changed=false).
+    (see C(provision_facts))."
+  - "Writing the fingerprint alone is not reported as a change (nor shown as a diff): it is provision's memory of
+    its own last run, not configuration of the host. A phase that ran and changed nothing stays C(changed=false)."
   - Supports check mode and diff mode.
 options:
   dir:

@@ -29,7 +29,7 @@ options:
   ssh_known_hosts: {type: path, description: known_hosts file; unknown or changed host keys are refused}
   node: {type: str, required: true}
   vmid: {type: int, required: true}
-  nodes: {type: list, elements: dict, required: true, description: the host's device nodes (path, type, mode)}
+  nodes: {type: list, elements: dict, required: true, description: "the host's device nodes (path, type, mode)"}
   gpus: {type: raw, default: all, description: all, or a list of GPU indices}
   mode: {type: str, default: "0666"}
   uid: {type: int}

@@ -77,6 +77,16 @@ def test_every_playbook_parses_by_its_fqcn_from_the_installed_collection(install
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+@pytest.mark.parametrize("kind, folder", [("module", "modules"), ("lookup", "lookup")])
+def test_ansible_doc_reads_every_module_and_lookup_of_the_installed_collection(installed, kind, folder):
+    """DOCUMENTATION, EXAMPLES and RETURN are YAML that ansible-doc reads without a warning (a ': ' in a plain
+    description line, or a ',' in a flow mapping, once made two modules undocumented and one option mistyped)."""
+    names = [f"provision.pve_sglang.{p.stem}" for p in sorted((REPO / "plugins" / folder).glob("*.py"))]
+    doc = run([BIN / "ansible-doc", "-t", kind, "--json", *names], cwd=installed, env=ansible_env(installed))
+    assert doc.returncode == 0 and "WARNING" not in doc.stderr, doc.stderr
+    assert sorted(json.loads(doc.stdout)) == names
+
+
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs a system python3 outside the virtualenv")
 def test_a_module_runs_its_module_utils_from_the_collection_without_provision(installed, tmp_path):
     probe = run([SYSTEM_PYTHON, "-c", "import provision"], cwd=tmp_path)
