@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "gpu_diag" / "files" / "gpu_p2p_diag.py"
-spec = importlib.util.spec_from_file_location("gpu_p2p_diag", SCRIPT)
-diag = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(diag)
+from tests.loaders import REPO, repo_file
+
+SCRIPT = REPO / "roles" / "gpu_diag" / "files" / "gpu_p2p_diag.py"
+diag = repo_file("roles/gpu_diag/files/gpu_p2p_diag.py")
 
 PAIRS = [(0, 1), (1, 0)]
 SIZES = [4096, 65536]

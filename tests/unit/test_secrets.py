@@ -17,6 +17,7 @@ import pytest
 from provision import inventory, secrets
 from provision.secrets import REDACTED, Redactor
 from tests.leaks import leaks
+from tests.loaders import repo_file
 
 # every character that makes an encoding differ from the plain text: quotes, a backslash, a space, /, + and =
 KEY = "sk-L3ak/K+y 'q\"uo\\te=" + "9f2c"
@@ -168,12 +169,7 @@ def test_environment_secrets_need_a_secret_looking_name():
 def test_the_sglang_journal_scrubber_on_the_host_and_the_controller_agree():
     """The host-side scrub (roles/sglang/files/journal_tail.py) knows only the key; whatever it leaves, the
     controller's redactor takes out too."""
-    import importlib.util
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("journal_tail", root / "roles/sglang/files/journal_tail.py")
-    journal_tail = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(journal_tail)
+    journal_tail = repo_file("roles/sglang/files/journal_tail.py")
     tail = textwrap.dedent(f"""\
         server_args={{'api_key': {KEY!r}, 'port': 30000}}
         launch_command: --api-key {shlex.quote(KEY)}

@@ -4,18 +4,14 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from provision.checks import probe
+from tests.loaders import repo_file
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("journal_tail", ROOT / "roles/sglang/files/journal_tail.py")
-journal_tail = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(journal_tail)
+journal_tail = repo_file("roles/sglang/files/journal_tail.py")
 
 KEY = 'sk-"odd"/key+=\\1'
 # What SGLang 0.5.23 writes (engine.py l.1185: the resolved dict's repr) and what a client might

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
-from pathlib import Path
 
 from provision.paths import module_util
+from tests.loaders import repo_file
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("systemd_quote", ROOT / "plugins/filter/systemd_quote.py")
-sq = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sq)
+sq = repo_file("plugins/filter/systemd_quote.py")
 sglang_flags = module_util("sglang_flags")
 rendered_values = module_util("rendered_values")
 

@@ -4,7 +4,6 @@ a parent plus two children with SGLang's signal handling, open health paths, rea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from provision.lab import wheelhouse
+from tests.loaders import load_file
 
 CACHED_WHEELS = sorted((Path.home() / ".cache/provision/lab/wheels").glob(f"sglang-{wheelhouse.SGLANG_VERSION}-*.whl"))
 KEY = "sk-standin-" + "9f4c21"
@@ -251,9 +251,7 @@ def test_config_merge_is_the_real_wheels(standin_path, tmp_path):
     with zipfile.ZipFile(CACHED_WHEELS[0]) as zf:
         source = zf.read("sglang/srt/utils/server_args_config_parser.py")
     (tmp_path / "real_merger.py").write_bytes(source)
-    spec = importlib.util.spec_from_file_location("real_merger", tmp_path / "real_merger.py")
-    real = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(real)
+    real = load_file(tmp_path / "real_merger.py")
     sys.path.insert(0, str(standin_path))
     try:
         from sglang_labserver import server_args
