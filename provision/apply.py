@@ -141,22 +141,23 @@ def host_states(result: RunResult, scope: list[str]) -> dict[str, str]:
     changed (changes pending, in check mode) or ok (up to date)."""
     blamed = any(s.failed or s.unreachable for s in result.hosts.values())
     broken = (result.rc != 0 or result.status != "successful") and not blamed
-    states = {}
-    for host in scope:
-        stats = result.hosts.get(host)
-        if stats is not None and stats.unreachable:
-            states[host] = "unreachable"
-        elif stats is not None and stats.failed:
-            states[host] = "failed"
-        elif result.interrupted:
-            states[host] = "interrupted"
-        elif stats is None or broken or (result.aborted and host not in result.last_play_hosts):
-            states[host] = "not reached"
-        elif stats.changed:
-            states[host] = "changes pending" if result.check else "changed"
-        else:
-            states[host] = "up to date" if result.check else "ok"
-    return states
+    return {host: _host_state(result, host, broken) for host in scope}
+
+
+def _host_state(result: RunResult, host: str, broken: bool) -> str:
+    """One host's state in host_states; `broken`: the run ended in error with no host to blame."""
+    stats = result.hosts.get(host)
+    if stats is not None and stats.unreachable:
+        return "unreachable"
+    if stats is not None and stats.failed:
+        return "failed"
+    if result.interrupted:
+        return "interrupted"
+    if stats is None or broken or (result.aborted and host not in result.last_play_hosts):
+        return "not reached"
+    if stats.changed:
+        return "changes pending" if result.check else "changed"
+    return "up to date" if result.check else "ok"
 
 
 def plan_summary(result: RunResult) -> dict[str, list[str]]:

@@ -213,17 +213,36 @@ def build_host_report(
 ) -> HostBench:
     """Read what the role fetched for one host and write report.md, the charts and baseline.json."""
     hb = HostBench(host=host_dir.name, capacity=capacity)
-    summary_file, results_file = host_dir / "levels.json", host_dir / "results.jsonl"
-    if not summary_file.is_file():
-        hb.problems.append("the benchmark wrote no summary (levels.json): the run stopped before the sweep")
-        return hb
-    try:
-        summary = json.loads(summary_file.read_text())
-    except ValueError:
-        hb.problems.append("the benchmark's summary (levels.json) is not JSON: the run stopped while writing it")
+    summary = _read_summary(host_dir / "levels.json", hb.problems)
+    if summary is None:
         return hb
     hb.meta = {**summary, "host": hb.host}
-    sent = hb.sent_per_level = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
+    hb.sent_per_level = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
+    _read_levels(hb, host_dir / "results.jsonl")
+    hb.problems += _client_failures(summary)
+    if baseline is not None:
+        hb.meta["baseline"] = str(opts.baseline)
+        hb.regressions = bench_report.compare(hb.levels, baseline, opts.threshold)
+        hb.mismatches = baseline_mismatches(hb.meta, baseline)
+    _write_host_report(hb, host_dir, baseline, summary.get("note") or None)
+    return hb
+
+
+def _read_summary(summary_file: Path, problems: list[str]) -> dict[str, Any] | None:
+    """The role's levels.json, or None with the reason added to `problems`."""
+    if not summary_file.is_file():
+        problems.append("the benchmark wrote no summary (levels.json): the run stopped before the sweep")
+        return None
+    try:
+        return json.loads(summary_file.read_text())
+    except ValueError:
+        problems.append("the benchmark's summary (levels.json) is not JSON: the run stopped while writing it")
+        return None
+
+
+def _read_levels(hb: HostBench, results_file: Path) -> None:
+    """The client's results.jsonl (rewritten without its lines that are not JSON) as hb's levels."""
+    sent = hb.sent_per_level
     text = results_file.read_text(errors="replace") if results_file.is_file() else ""
     if text:
         text, bad = scrub_jsonl(text)
@@ -233,19 +252,24 @@ def build_host_report(
     hb.missing = bench_report.missing_levels(hb.levels, sent)
     hb.max_running_requests = bench_report.server_max_running_requests(text)
     hb.above_limit = bench_report.above_limit(list(sent), hb.max_running_requests)
+
+
+def _client_failures(summary: dict[str, Any]) -> list[str]:
+    """A line per level whose benchmark client failed or timed out, with the end of its output."""
+    problems = []
     for lv in summary.get("levels", []):
         if lv.get("rc"):
             why = "timed out" if lv.get("timed_out") else f"exited {lv['rc']}"
             tail = " | ".join(lv.get("output_tail") or [])[-300:]
-            hb.problems.append(f"C={lv['concurrency']}: the benchmark client {why}: {tail}")
-    if baseline is not None:
-        hb.meta["baseline"] = str(opts.baseline)
-        hb.regressions = bench_report.compare(hb.levels, baseline, opts.threshold)
-        hb.mismatches = baseline_mismatches(hb.meta, baseline)
+            problems.append(f"C={lv['concurrency']}: the benchmark client {why}: {tail}")
+    return problems
+
+
+def _write_host_report(hb: HostBench, host_dir: Path, baseline: dict[str, Any] | None, note: str | None) -> None:
+    """report.md (with its charts) and baseline.json in host_dir."""
     charts = bench_report.render_charts(hb.levels, host_dir, hb.host, baseline) if hb.levels else {}
-    note = summary.get("note") or None
     markdown = bench_report.render_markdown(
-        hb.levels, hb.meta, capacity, hb.regressions, hb.missing, charts, note, hb.max_running_requests
+        hb.levels, hb.meta, hb.capacity, hb.regressions, hb.missing, charts, note, hb.max_running_requests
     )
     if hb.mismatches:
         markdown += "\n## Not like with like\n\n" + "\n".join(f"- {m}" for m in hb.mismatches) + "\n"
@@ -256,7 +280,6 @@ def build_host_report(
     hb.report = str(report)
     meta = {k: hb.meta.get(k) for k in ("host", "sglang_version", "p2p_policy", "input_len", "output_len", "dataset")}
     (host_dir / "baseline.json").write_text(json.dumps(bench_report.as_baseline(hb.levels, meta), indent=2) + "\n")
-    return hb
 
 
 def bench(opts: BenchOptions, progress: Progress | None = None) -> BenchResult:

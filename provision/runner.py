@@ -143,38 +143,48 @@ class EventCollector:
         elif kind == "runner_on_start" and host:
             self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": False}
         elif kind.startswith("runner_on_") and host and kind != "runner_on_async_poll":
-            self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": True}
-            stats = self.live.setdefault(host, HostStats())
-            self.play_hosts.add(host)
-            res = data.get("res") or {}
-            self._module_warnings(host, res)
-            self.host_seconds[host] = self.host_seconds.get(host, 0.0) + float(data.get("duration") or 0)
-            task = data.get("task", "")
-            if kind in ("runner_on_ok", "runner_on_async_ok"):
-                stats.ok += 1
-                if res.get("changed"):
-                    stats.changed += 1
-                    change = {"host": host, "task": task, "play": self.current_play}
-                    self.changed_tasks.append({**change, "diff": _diffs(res)} if _diffs(res) else change)
-                self._report(host, res)
-            elif kind in ("runner_on_failed", "runner_on_async_failed"):
-                if data.get("ignore_errors"):
-                    stats.ignored += 1
-                else:
-                    stats.failed += 1
-                    self.failures.append({"host": host, "task": task, "message": _failure_message(res)})
-            elif kind == "runner_on_unreachable":
-                stats.unreachable += 1
-                self.failures.append(
-                    {"host": host, "task": task, "message": "unreachable: " + str(res.get("msg", "")).strip()}
-                )
-            elif kind == "runner_on_skipped":
-                stats.skipped += 1
+            self._host_result(kind, host, data)
         elif kind in ("warning", "deprecated") and event.get("stdout"):
             self.warnings.append(_strip_ansi(event["stdout"]).strip())
         if self._on_update is not None:
             self._on_update(kind, data)
         return True
+
+    def _host_result(self, kind: str, host: str, data: dict[str, Any]) -> None:
+        """A task's outcome on one host: counted, and its changes, failure, warnings and report kept."""
+        task = data.get("task", "")
+        self.last_tasks[host] = {"task": task, "role": data.get("role") or "", "finished": True}
+        stats = self.live.setdefault(host, HostStats())
+        self.play_hosts.add(host)
+        res = data.get("res") or {}
+        self._module_warnings(host, res)
+        self.host_seconds[host] = self.host_seconds.get(host, 0.0) + float(data.get("duration") or 0)
+        if kind in ("runner_on_ok", "runner_on_async_ok"):
+            self._ok(host, task, stats, res)
+        elif kind in ("runner_on_failed", "runner_on_async_failed"):
+            self._failed(host, task, stats, res, ignored=bool(data.get("ignore_errors")))
+        elif kind == "runner_on_unreachable":
+            stats.unreachable += 1
+            self.failures.append(
+                {"host": host, "task": task, "message": "unreachable: " + str(res.get("msg", "")).strip()}
+            )
+        elif kind == "runner_on_skipped":
+            stats.skipped += 1
+
+    def _ok(self, host: str, task: str, stats: HostStats, res: dict[str, Any]) -> None:
+        stats.ok += 1
+        if res.get("changed"):
+            stats.changed += 1
+            change = {"host": host, "task": task, "play": self.current_play}
+            self.changed_tasks.append({**change, "diff": _diffs(res)} if _diffs(res) else change)
+        self._report(host, res)
+
+    def _failed(self, host: str, task: str, stats: HostStats, res: dict[str, Any], ignored: bool) -> None:
+        if ignored:
+            stats.ignored += 1
+        else:
+            stats.failed += 1
+            self.failures.append({"host": host, "task": task, "message": _failure_message(res)})
 
 
 # A task reports to the operator by returning this key in its msg (`ansible.builtin.debug` with
@@ -264,6 +274,48 @@ def _prepare(pdd: Path) -> None:
     (pdd / "env" / "settings").write_text(json.dumps({"pexpect_timeout": 1}))
 
 
+@dataclass
+class PlaybookConfig:
+    """One run's settings, as ansible-runner's RunnerConfig holds them; `runner_args` makes them the arguments
+    of ansible_runner.run in a private data dir."""
+
+    playbook: str
+    inventory: Path
+    host_count: int
+    limit: str | None = None
+    tags: list[str] | None = None
+    check: bool = False
+    diff: bool = False
+    extravars: dict[str, Any] | None = None
+    host_key_checking: bool = True
+    vault: VaultOptions | None = None
+
+    @property
+    def playbook_path(self) -> Path:
+        return playbooks_dir() / self.playbook
+
+    def runner_args(self, pdd: Path) -> dict[str, Any]:
+        """ansible_runner.run's arguments, all but its callbacks; writes the private data dir's env/ and cp/."""
+        envvars = _environment(pdd, self.host_count, self.host_key_checking)
+        _prepare(pdd)
+        cmdline = (["--check"] if self.check else []) + (["--diff"] if self.diff else [])
+        cmdline += (self.vault or VaultOptions()).playbook_args()
+        return {
+            "private_data_dir": str(pdd),
+            "project_dir": str(playbooks_dir()),
+            "playbook": str(self.playbook_path),
+            "inventory": str(self.inventory),
+            "envvars": envvars,
+            "extravars": {**base_extravars(), **(self.extravars or {})},
+            "limit": self.limit,
+            "tags": ",".join(self.tags) if self.tags else None,
+            "cmdline": shlex.join(cmdline) or None,  # runner splits it with shlex
+            "suppress_env_files": True,
+            "quiet": True,
+            "ident": "run",
+        }
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -289,47 +341,20 @@ def run_playbook(
     SIGINT or SIGTERM while it runs stops every process of the run (provision/interrupts.py); the artifacts are
     kept, and then Interrupted is raised, or with `raise_interrupt=False` the result says `interrupted`.
     """
-    import ansible_runner
-
-    playbook_path = playbooks_dir() / playbook
-    if not playbook_path.is_file():
-        raise ProvisionError(f"{playbook_path}: packaged playbook not found")
+    config = PlaybookConfig(
+        playbook, inventory, host_count, limit, tags, check, diff, extravars, host_key_checking, vault
+    )
+    if not config.playbook_path.is_file():
+        raise ProvisionError(f"{config.playbook_path}: packaged playbook not found")
     pdd = Path(tempfile.mkdtemp(prefix="provision-"))
-    started = time.monotonic()
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    started = (time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds"))
     collector = EventCollector(on_update=progress.update if progress else None)
     try:
-        envvars = _environment(pdd, host_count, host_key_checking)
-        _prepare(pdd)
-        cmdline = (["--check"] if check else []) + (["--diff"] if diff else [])
-        cmdline += (vault or VaultOptions()).playbook_args()
+        args = config.runner_args(pdd)
         if progress:
             progress.start()
-        with interrupts.SignalTrap() as trap:
-            runner = ansible_runner.run(
-                private_data_dir=str(pdd),
-                project_dir=str(playbooks_dir()),
-                playbook=str(playbook_path),
-                inventory=str(inventory),
-                envvars=envvars,
-                extravars={**base_extravars(), **(extravars or {})},
-                limit=limit,
-                tags=",".join(tags) if tags else None,
-                cmdline=shlex.join(cmdline) or None,  # runner splits it with shlex
-                suppress_env_files=True,
-                quiet=True,
-                event_handler=collector.handle,
-                cancel_callback=trap.cancel_callback(str(pdd)),
-                ident="run",
-            )
-        result = _result(playbook, runner, collector, check, started, started_at, record)
-        result.interrupted = trap.name
-        if trap.signum is not None:
-            result.status = "interrupted"
-        elif runner.status != "successful" and not result.failures:
-            message = record.redact(_stdout_tail(pdd)) or runner.status
-            result.failures.append({"host": "", "task": "", "message": message})
-        record.keep_artifacts(pdd / "artifacts")
+        runner, trap = _run(args, collector)
+        result = _artifacts(config, pdd, runner, trap, collector, started, record)
         if trap.signum is not None and raise_interrupt:
             raise Interrupted(f"interrupted by {trap.name}: run record {record.path}", trap.signum)
         return result
@@ -338,6 +363,30 @@ def run_playbook(
         if progress:
             progress.stop()
         shutil.rmtree(pdd, ignore_errors=True)
+
+
+def _run(args: dict[str, Any], collector: EventCollector) -> tuple[Any, interrupts.SignalTrap]:
+    """ansible_runner.run with the collector as its event handler, SIGINT and SIGTERM trapped to cancel it."""
+    import ansible_runner
+
+    with interrupts.SignalTrap() as trap:
+        runner = ansible_runner.run(
+            **args, event_handler=collector.handle, cancel_callback=trap.cancel_callback(args["private_data_dir"])
+        )
+    return runner, trap
+
+
+def _artifacts(config, pdd, runner, trap, collector, started, record) -> RunResult:
+    """What the run in `pdd` leaves: its result, and runner's artifacts kept in the record."""
+    result = _result(config.playbook, runner, collector, config.check, *started, record)
+    result.interrupted = trap.name
+    if trap.signum is not None:
+        result.status = "interrupted"
+    elif runner.status != "successful" and not result.failures:
+        message = record.redact(_stdout_tail(pdd)) or runner.status
+        result.failures.append({"host": "", "task": "", "message": message})
+    record.keep_artifacts(pdd / "artifacts")
+    return result
 
 
 def _result(playbook, runner, collector, check, started, started_at, record) -> RunResult:
