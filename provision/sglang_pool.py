@@ -126,21 +126,34 @@ def geometry(config: dict[str, Any]) -> Geometry:
     arch = (config.get("architectures") or [""])[0]
     if "sliding_attention" in (text.get("layer_types") or []) or text.get("sliding_window_pattern"):
         raise NotModelled("sliding-window layers (pool_configurator.py:HybridSWAPoolConfigurator)")
-    common = {
+    common = _common_geometry(config, text, arch)
+    if arch in MLA_ARCHITECTURES:
+        return _mla_geometry(text, common)
+    if text.get("kv_lora_rank"):
+        raise NotModelled(f"{arch}: an MLA-style config outside the architectures modelled here")
+    return _mha_geometry(text, common)
+
+
+def _common_geometry(config: dict[str, Any], text: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The Geometry fields every attention kind has."""
+    return {
         "architecture": arch,
         "num_attention_heads": int(text["num_attention_heads"]),
         "total_layers": int(text["num_hidden_layers"]),
         "model_dtype": str(text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"),
         "kv_cache_quant_algo": (config.get("quantization_config") or {}).get("kv_cache_quant_algo"),
     }
-    if arch in MLA_ARCHITECTURES:
-        if text.get("index_topk") is not None:
-            raise NotModelled("DeepSeek DSA indexer cache (pool_configurator.py:_compute_dsa_indexer_cell_size)")
-        # kv_cache_configurator.py:calculate_mla_kv_cache_dim: kv_lora_rank + qk_rope_head_dim, one latent per token
-        mla_dim = int(text["kv_lora_rank"]) + int(text["qk_rope_head_dim"])
-        return Geometry(attention="mla", kv_layers=common["total_layers"], mla_dim=mla_dim, **common)
-    if text.get("kv_lora_rank"):
-        raise NotModelled(f"{arch}: an MLA-style config outside the architectures modelled here")
+
+
+def _mla_geometry(text: dict[str, Any], common: dict[str, Any]) -> Geometry:
+    if text.get("index_topk") is not None:
+        raise NotModelled("DeepSeek DSA indexer cache (pool_configurator.py:_compute_dsa_indexer_cell_size)")
+    # kv_cache_configurator.py:calculate_mla_kv_cache_dim: kv_lora_rank + qk_rope_head_dim, one latent per token
+    mla_dim = int(text["kv_lora_rank"]) + int(text["qk_rope_head_dim"])
+    return Geometry(attention="mla", kv_layers=common["total_layers"], mla_dim=mla_dim, **common)
+
+
+def _mha_geometry(text: dict[str, Any], common: dict[str, Any]) -> Geometry:
     kv_ids, state = _hybrid_layers(text)
     head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
     return Geometry(
