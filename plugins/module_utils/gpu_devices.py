@@ -73,15 +73,7 @@ def select_nodes(nodes: list[dict], gpus) -> list[dict]:
         if n.get("type") not in ("char", "block"):
             raise DeviceError(f"{n['path']}: PVE only passes device nodes, not {n.get('type') or 'this'}")
     present = sorted(gpu_index(p) for p in by_path if is_gpu_node(p))
-    if not present:
-        raise DeviceError("no /dev/nvidiaN GPU node on the host: is the NVIDIA driver loaded?")
-    if gpus == "all":
-        chosen = present
-    else:
-        chosen = sorted({int(g) for g in gpus})
-        missing = [g for g in chosen if g not in present]
-        if missing:
-            raise DeviceError(f"GPU(s) {missing} asked for, but the host has /dev/nvidia{present}")
+    chosen = _chosen_gpus(present, gpus)
     for required in CUDA_NODES:
         if required not in by_path:
             raise DeviceError(f"{required} is missing on the host; CUDA needs it (nvidia-modprobe -u -c0 creates it)")
@@ -89,6 +81,19 @@ def select_nodes(nodes: list[dict], gpus) -> list[dict]:
     selected += [by_path[p] for p in SHARED_NODES if p in by_path]
     selected += sorted((n for p, n in by_path.items() if p.startswith("/dev/nvidia-caps/")), key=lambda n: n["path"])
     return selected
+
+
+def _chosen_gpus(present: list[int], gpus) -> list[int]:
+    """The GPU indices `gpus` ('all' or a list) names, each of them on the host."""
+    if not present:
+        raise DeviceError("no /dev/nvidiaN GPU node on the host: is the NVIDIA driver loaded?")
+    if gpus == "all":
+        return present
+    chosen = sorted({int(g) for g in gpus})
+    missing = [g for g in chosen if g not in present]
+    if missing:
+        raise DeviceError(f"GPU(s) {missing} asked for, but the host has /dev/nvidia{present}")
+    return chosen
 
 
 def desired_entries(selected: list[dict], mode: str | None, uid: int | None, gid: int | None) -> dict[str, dict]:
@@ -121,12 +126,21 @@ def plan(config: dict, wanted: dict[str, dict]) -> dict:
     by_path: dict[str, str] = {}
     for key, value in sorted(current.items(), key=lambda kv: int(kv[0][3:])):
         by_path.setdefault(parse_entry(value).get("path", ""), key)
-    to_set: dict[str, str] = {}
     to_delete: list[str] = []
     for key, value in current.items():
         path = parse_entry(value).get("path", "")
         if is_ours(path) and (path not in wanted or by_path.get(path) != key):
             to_delete.append(key)  # deselected GPU, or a duplicate entry for the same node
+    to_set = _entries_to_set(current, wanted, by_path, to_delete)
+    after = {k: v for k, v in current.items() if k not in to_delete}
+    after.update(to_set)
+    return {"set": to_set, "delete": sorted(to_delete, key=lambda k: int(k[3:])), "before": current, "after": after}
+
+
+def _entries_to_set(current: dict, wanted: dict[str, dict], by_path: dict[str, str], to_delete: list[str]) -> dict:
+    """devN -> value for the wanted entries that are missing or differ: in their own slot when they have one that
+    stays, else in the lowest free slot."""
+    to_set: dict[str, str] = {}
     used = set(current)  # never reuse a slot deleted in the same PUT: PVE refuses set+delete of one key
     free = (f"dev{i}" for i in range(MAX_DEVICES) if f"dev{i}" not in used)
     for path, entry in wanted.items():
@@ -141,6 +155,4 @@ def plan(config: dict, wanted: dict[str, dict]) -> dict:
         except StopIteration:
             raise DeviceError("no free devN slot left (PVE allows dev0..dev255)") from None
         to_set[key] = value
-    after = {k: v for k, v in current.items() if k not in to_delete}
-    after.update(to_set)
-    return {"set": to_set, "delete": sorted(to_delete, key=lambda k: int(k[3:])), "before": current, "after": after}
+    return to_set

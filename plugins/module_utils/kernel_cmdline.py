@@ -73,36 +73,12 @@ def _same(arg: str, wanted: str) -> bool:
 
 def merge(current: str, add: list[str], remove: list[str]) -> dict:
     """Return {'line', 'added', 'replaced', 'removed', 'warnings', 'changed'}."""
-    args = split(current)
     add = [written(a) for a in add]
-    removed: list[str] = []
-    for target in remove:
-        kept = []
-        for arg in args:
-            if _same(arg, target) or ("=" not in target and key(arg) == key(target)):
-                removed.append(arg)
-            else:
-                kept.append(arg)
-        args = kept
+    args, removed = _without(split(current), remove)
     added: list[str] = []
     replaced: list[str] = []
     for wanted in add:
-        k = key(wanted)
-        if any(_same(arg, wanted) for arg in args):
-            continue
-        if k in MULTI_VALUE_KEYS or "=" not in wanted:
-            args.append(wanted)
-            added.append(wanted)
-            continue
-        positions = [i for i, arg in enumerate(args) if key(arg) == k]
-        if not positions:
-            args.append(wanted)
-            added.append(wanted)
-            continue
-        replaced.append(f"{args[positions[0]]} -> {wanted}")
-        args[positions[0]] = wanted
-        for i in reversed(positions[1:]):
-            removed.append(args.pop(i))
+        _add(args, wanted, added, replaced, removed)
     warnings = [INVALID_ARGUMENTS[a] for a in add if a in INVALID_ARGUMENTS]
     line = " ".join(args)
     return {
@@ -113,6 +89,39 @@ def merge(current: str, add: list[str], remove: list[str]) -> dict:
         "warnings": warnings,
         "changed": split(line) != split(current),
     }
+
+
+def _without(args: list[str], remove: list[str]) -> tuple[list[str], list[str]]:
+    """(args kept, args removed): `key=value` removes exactly that argument, a bare `key` every one with that key."""
+    removed: list[str] = []
+    for target in remove:
+        kept = []
+        for arg in args:
+            if _same(arg, target) or ("=" not in target and key(arg) == key(target)):
+                removed.append(arg)
+            else:
+                kept.append(arg)
+        args = kept
+    return args, removed
+
+
+def _add(args: list[str], wanted: str, added: list[str], replaced: list[str], removed: list[str]) -> None:
+    """Put one wanted argument into args (in place), noting what it did: nothing when it is there; appended when its
+    key is new, repeats (console=) or is a bare flag; else the key's first value replaced and its later ones
+    dropped."""
+    if any(_same(arg, wanted) for arg in args):
+        return
+    k = key(wanted)
+    repeats = k in MULTI_VALUE_KEYS or "=" not in wanted
+    positions = [] if repeats else [i for i, arg in enumerate(args) if key(arg) == k]
+    if not positions:
+        args.append(wanted)
+        added.append(wanted)
+        return
+    replaced.append(f"{args[positions[0]]} -> {wanted}")
+    args[positions[0]] = wanted
+    for i in reversed(positions[1:]):
+        removed.append(args.pop(i))
 
 
 def canonical(arg: str) -> str:
