@@ -47,33 +47,42 @@ def flags_from_fields_source(source: str) -> dict[str, bool]:
     """{flag: takes_a_value} for every CLI field declared in one fields/*.py module."""
     flags: dict[str, bool] = {}
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        ann = node.annotation
-        if not (isinstance(ann, ast.Subscript) and getattr(ann.value, "id", "") == "A"):
-            continue
-        parts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
-        if len(parts) < 2:
-            continue
-        type_node, meta = parts[0], parts[1]
-        names = ["--" + node.target.id.replace("_", "-")]
-        takes_value = not _is_bool(type_node)
-        if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg":
-            no_cli = _keyword(meta, "no_cli")
-            if isinstance(no_cli, ast.Constant) and no_cli.value is True:
-                continue
-            cli_name = _keyword(meta, "cli_name")
-            if isinstance(cli_name, ast.Constant):
-                names[0] = cli_name.value
-            names += _strings(_keyword(meta, "aliases"))
-            action = _keyword(meta, "action")
-            if isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"):
-                takes_value = False
-        elif not (isinstance(meta, ast.Constant) and isinstance(meta.value, str)):
-            continue
-        for name in names:
-            flags[name] = takes_value
+        flags.update(_field_flags(node))
     return flags
+
+
+def _field_flags(node: ast.AST) -> dict[str, bool]:
+    """{flag: takes_a_value} of one `name: A[type, "help"]` or `name: A[type, Arg(...)]` field; {} for anything
+    else."""
+    if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+        return {}
+    ann = node.annotation
+    if not (isinstance(ann, ast.Subscript) and getattr(ann.value, "id", "") == "A"):
+        return {}
+    parts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+    if len(parts) < 2:
+        return {}
+    type_node, meta = parts[0], parts[1]
+    name = "--" + node.target.id.replace("_", "-")
+    if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg":
+        return _arg_flags(meta, name, not _is_bool(type_node))
+    if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
+        return {name: not _is_bool(type_node)}
+    return {}
+
+
+def _arg_flags(arg: ast.Call, name: str, takes_value: bool) -> dict[str, bool]:
+    """The flags of a field declared with Arg(...): its cli_name and aliases, none when no_cli; a store_true or
+    store_false action takes no value."""
+    no_cli = _keyword(arg, "no_cli")
+    if isinstance(no_cli, ast.Constant) and no_cli.value is True:
+        return {}
+    cli_name = _keyword(arg, "cli_name")
+    names = [cli_name.value if isinstance(cli_name, ast.Constant) else name, *_strings(_keyword(arg, "aliases"))]
+    action = _keyword(arg, "action")
+    if isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"):
+        takes_value = False
+    return dict.fromkeys(names, takes_value)
 
 
 def flags_from_add_argument_source(source: str) -> dict[str, bool]:
