@@ -274,12 +274,17 @@ def plan_grub(module, add, remove):
             )
     if overrides:
         existing = read(GRUB_OVERRIDE) if os.path.exists(GRUB_OVERRIDE) else ""
-        lines = [ln for ln in existing.split("\n") if ln and not any(assignments(ln, v) for v in overrides)]
-        if not lines:
-            lines = ["# Written by provision (kernel_cmdline): the merged kernel arguments, applied last."]
-        lines += [f"{var}={quote(value)}" for var, value in overrides.items()]
-        changes[GRUB_OVERRIDE] = "\n".join(lines) + "\n"
+        changes[GRUB_OVERRIDE] = grub_override(existing, overrides)
     return changes, before, result, notes
+
+
+def grub_override(existing, overrides):
+    """GRUB_OVERRIDE's new text: its lines that set none of `overrides` ({var: value}) kept, then each var set."""
+    lines = [ln for ln in existing.split("\n") if ln and not any(assignments(ln, v) for v in overrides)]
+    if not lines:
+        lines = ["# Written by provision (kernel_cmdline): the merged kernel arguments, applied last."]
+    lines += [f"{var}={quote(value)}" for var, value in overrides.items()]
+    return "\n".join(lines) + "\n"
 
 
 def plan_systemd_boot(module, add, remove):

@@ -263,49 +263,67 @@ def write_config(p, api, ct, config, body):
 
 
 def run(module):
+    """Plan the CT's devN entries and nesting, write them with the config's digest, then restart for what is
+    pending."""
     p = module.params
     gpus = p["gpus"]
     if isinstance(gpus, str) and gpus != "all":
         gpus = [g for g in gpus.split(",") if g.strip()]
     selected = select_nodes(p["nodes"], gpus)
     wanted = desired_entries(selected, p["mode"], p["uid"], p["gid"])
-    _, ResourceException = _proxmoxer()
     api = with_retries(p, "connecting", lambda: connect(p))
     ct = api.nodes(p["node"]).lxc(p["vmid"])
+    result = write_with_digest(module, api, ct, wanted)
+    return restart_for_pending(module, api, ct, wanted, result)
+
+
+def write_with_digest(module, api, ct, wanted):
+    """Read the config, plan, and PUT the change with the digest read; when the config changed in between (PVE
+    refuses the digest), read and plan again, up to `retries` more times."""
+    p = module.params
+    _, ResourceException = _proxmoxer()
     result = dict(changed=False, restarted=False, set={}, deleted=[], attempts=0)
     for attempt in range(1, p["retries"] + 2):
         # GET config merges pending changes in; what the CT runs with is current=1 (pve-guest-common
         # load_current_config). Write towards the merged view; restart while the running one differs.
         config = with_retries(p, "reading the container config", lambda: ct.config.get())
-        change = plan(config, wanted)
-        features = wanted_features(config.get("features"), p["nesting"])
-        result["entries"] = {k: v for k, v in change["after"].items() if is_ours(parse_entry(v).get("path", ""))}
-        if not change["set"] and not change["delete"] and features is None:
-            break
-        result.update(changed=True, set=change["set"], deleted=change["delete"], attempts=attempt)
-        if features is not None:
-            result["features"] = features
-        if module._diff:
-            header = f"CT {p['vmid']} devN ({p['node']})"
-            result["diff"] = dict(before=diff_lines(change["before"]), after=diff_lines(change["after"]),
-                                  before_header=header, after_header=header)  # fmt: skip
-        if module.check_mode:
-            break
-        body = dict(change["set"])
-        if features is not None:
-            body["features"] = features
-        if change["delete"]:
-            body["delete"] = ",".join(change["delete"])
+        body = plan_body(module, config, wanted, result, attempt)
+        if body is None:
+            return result
         try:
             write_config(p, api, ct, config, body)
-            break
+            return result
         except ResourceException as exc:
             if MODIFIED in str(exc) and attempt <= p["retries"]:
                 continue  # someone changed the config between our read and write: read again
             raise
-    else:
-        raise ApiFailure(f"the container config kept changing underneath ({p['retries'] + 1} attempts)")
-    return restart_for_pending(module, api, ct, wanted, result)
+    raise ApiFailure(f"the container config kept changing underneath ({p['retries'] + 1} attempts)")
+
+
+def plan_body(module, config, wanted, result, attempt):
+    """The PUT body that brings `config` to the wanted entries and nesting, the plan noted in `result` (with a
+    diff when asked); None when nothing is to change, or in check mode."""
+    p = module.params
+    change = plan(config, wanted)
+    features = wanted_features(config.get("features"), p["nesting"])
+    result["entries"] = {k: v for k, v in change["after"].items() if is_ours(parse_entry(v).get("path", ""))}
+    if not change["set"] and not change["delete"] and features is None:
+        return None
+    result.update(changed=True, set=change["set"], deleted=change["delete"], attempts=attempt)
+    if features is not None:
+        result["features"] = features
+    if module._diff:
+        header = f"CT {p['vmid']} devN ({p['node']})"
+        result["diff"] = dict(before=diff_lines(change["before"]), after=diff_lines(change["after"]),
+                              before_header=header, after_header=header)  # fmt: skip
+    if module.check_mode:
+        return None
+    body = dict(change["set"])
+    if features is not None:
+        body["features"] = features
+    if change["delete"]:
+        body["delete"] = ",".join(change["delete"])
+    return body
 
 
 def restart_for_pending(module, api, ct, wanted, result):
