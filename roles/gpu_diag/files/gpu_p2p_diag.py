@@ -196,10 +196,8 @@ def _free_port() -> int:
 def run_nccl_allreduce(world: int, p2p_disabled: bool, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ)
     env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,P2P,SHM,NET"})
-    if p2p_disabled:
-        env["NCCL_P2P_DISABLE"] = "1"
-    else:  # "0", not absent: the venv's P2P-off .pth sets it to 1 when it is absent (roles/sglang)
-        env["NCCL_P2P_DISABLE"] = "0"
+    # "0", not absent, when P2P is allowed: the venv's P2P-off .pth sets it to 1 when it is absent (roles/sglang)
+    env["NCCL_P2P_DISABLE"] = "1" if p2p_disabled else "0"
     port = _free_port()
     procs = [
         subprocess.Popen(
@@ -212,6 +210,23 @@ def run_nccl_allreduce(world: int, p2p_disabled: bool, timeout_s: float) -> dict
         for rank in range(world)
     ]
     started = time.monotonic()
+    outputs, hung = _wait_for_workers(procs, started, timeout_s)
+    log = "\n".join(outputs)
+    result: dict[str, Any] = {
+        "p2p_disabled": p2p_disabled,
+        "seconds": round(time.monotonic() - started, 2),
+        "transports": transports_from_log(log),
+        "transport_lines": sorted({line.strip() for line in log.splitlines() if " via " in line})[:8],
+    }
+    if hung:
+        result.update(status="hang", error=f"all-reduce did not finish in {timeout_s:.0f}s")
+    else:
+        result.update(_allreduce_outcome(log, [p.returncode for p in procs], world))
+    return result
+
+
+def _wait_for_workers(procs: list[subprocess.Popen], started: float, timeout_s: float) -> tuple[list[str], bool]:
+    """(each worker's output, whether the run hung): all of them are killed once timeout_s has passed."""
     outputs, hung = [], False
     for proc in procs:
         remaining = max(1.0, timeout_s - (time.monotonic() - started))
@@ -223,28 +238,23 @@ def run_nccl_allreduce(world: int, p2p_disabled: bool, timeout_s: float) -> dict
                 p.kill()
             out, _ = proc.communicate()
         outputs.append(out or "")
-    log = "\n".join(outputs)
-    result: dict[str, Any] = {
-        "p2p_disabled": p2p_disabled,
-        "seconds": round(time.monotonic() - started, 2),
-        "transports": transports_from_log(log),
-        "transport_lines": sorted({line.strip() for line in log.splitlines() if " via " in line})[:8],
-    }
-    if hung:
-        result.update(status="hang", error=f"all-reduce did not finish in {timeout_s:.0f}s")
-        return result
+    return outputs, hung
+
+
+def _allreduce_outcome(log: str, returncodes: list[int], world: int) -> dict[str, Any]:
+    """status (ok, corrupt, no-memory or error) and what it rests on, from the workers' output and exit codes."""
     ranks = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("NCCL_RESULT ")]
-    failed = [p.returncode for p in procs if p.returncode != 0]
+    failed = [rc for rc in returncodes if rc != 0]
     if failed or len(ranks) != world:
         tail = [line for line in log.splitlines() if "error" in line.lower() or "warn" in line.lower()][-3:]
         status = "no-memory" if out_of_memory(log) else "error"
-        result.update(status=status, error=f"worker exit codes {failed}; " + " | ".join(tail))
-        return result
+        return {"status": status, "error": f"worker exit codes {failed}; " + " | ".join(tail)}
     wrong = sum(r["wrong"] for rank in ranks for r in rank["results"])
-    result["sizes_elements"] = [r["elements"] for r in ranks[0]["results"]]
-    result["wrong_elements"] = wrong
-    result["status"] = "ok" if wrong == 0 else "corrupt"
-    return result
+    return {
+        "sizes_elements": [r["elements"] for r in ranks[0]["results"]],
+        "wrong_elements": wrong,
+        "status": "ok" if wrong == 0 else "corrupt",
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -305,18 +315,11 @@ def decide(
     """The overall verdict and its reason, from the individual tests."""
     if gpu_count == 0:
         return NO_GPU, "no CUDA device is usable"
+    fault = _fault(copies, nccl_p2p, nccl_shm)
+    if fault is not None:
+        return fault
     short = [c for c in copies if c["status"] == "no-memory"]
-    short += [run for run in (nccl_p2p, nccl_shm) if run is not None and run.get("status") == "no-memory"]
-    if nccl_shm is not None and nccl_shm.get("status") not in ("ok", "no-memory"):
-        return NCCL_BROKEN, f"NCCL all-reduce fails even with NCCL_P2P_DISABLE=1 ({nccl_shm.get('status')})"
-    corrupt = [c for c in copies if c["status"] == "corrupt"]
-    if corrupt or (nccl_p2p is not None and nccl_p2p.get("status") == "corrupt"):
-        where = ", ".join(f"{c['src']}->{c['dst']}" for c in corrupt) or "NCCL all-reduce with P2P"
-        return P2P_CORRUPT, f"peer-to-peer data arrived wrong ({where})"
-    hung = [c for c in copies if c["status"] in ("hang", "error")]
-    if hung or (nccl_p2p is not None and nccl_p2p.get("status") in ("hang", "error")):
-        where = ", ".join(f"{c['src']}->{c['dst']}" for c in hung) or "NCCL all-reduce with P2P"
-        return P2P_HANG, f"peer-to-peer transfer hung or failed ({where})"
+    short += [run for run in (nccl_p2p, nccl_shm) if _status(run) == "no-memory"]
     if short:  # only when no test showed a fault: a fault seen is a fault, whatever else ran short
         return NO_MEMORY, (
             "a GPU had too little free memory for the test (a running server holds most of it): "
@@ -325,6 +328,29 @@ def decide(
     if gpu_count == 1:
         return HEALTHY, "one GPU: no peer-to-peer path exists; single-GPU work is unaffected"
     return HEALTHY, "every peer copy was bit-exact and NCCL all-reduce was exact with and without P2P"
+
+
+def _status(run: dict[str, Any] | None) -> str | None:
+    return run.get("status") if run is not None else None
+
+
+def _fault(
+    copies: list[dict[str, Any]], nccl_p2p: dict[str, Any] | None, nccl_shm: dict[str, Any] | None
+) -> tuple[str, str] | None:
+    """The fault verdict the tests show, worst first (NCCL broken without P2P, corrupt, hung), or None."""
+    if nccl_shm is not None and nccl_shm.get("status") not in ("ok", "no-memory"):
+        return NCCL_BROKEN, f"NCCL all-reduce fails even with NCCL_P2P_DISABLE=1 ({nccl_shm.get('status')})"
+    corrupt = [c for c in copies if c["status"] == "corrupt"]
+    if corrupt or _status(nccl_p2p) == "corrupt":
+        return P2P_CORRUPT, f"peer-to-peer data arrived wrong ({_where(corrupt)})"
+    hung = [c for c in copies if c["status"] in ("hang", "error")]
+    if hung or _status(nccl_p2p) in ("hang", "error"):
+        return P2P_HANG, f"peer-to-peer transfer hung or failed ({_where(hung)})"
+    return None
+
+
+def _where(pairs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{c['src']}->{c['dst']}" for c in pairs) or "NCCL all-reduce with P2P"
 
 
 def report(
@@ -390,22 +416,46 @@ def torch_run(
     except ImportError as exc:
         nodes = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia")) if os.path.isdir("/dev") else []
         extra["reason_detail"] = f"PyTorch is not importable from {sys.executable} ({exc}); device nodes: {nodes}"
-        out = report(0, [], None, None, extra)
-        out["reason"] = f"no CUDA device is usable: PyTorch not installed for {sys.executable}"
-        return out
+        return _no_gpu(extra, f"no CUDA device is usable: PyTorch not installed for {sys.executable}")
     extra["torch"] = torch.__version__
     if not torch.cuda.is_available():
         nodes = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
-        out = report(0, [], None, None, extra)
-        out["reason"] = f"no CUDA device is usable: torch.cuda.is_available() is False (device nodes: {nodes})"
-        return out
+        return _no_gpu(extra, f"no CUDA device is usable: torch.cuda.is_available() is False (device nodes: {nodes})")
     count = torch.cuda.device_count()
-    extra["devices"] = [torch.cuda.get_device_name(i) for i in range(count)]
-    extra["cuda"] = torch.version.cuda
+    extra.update(_torch_versions(torch, count))
+    copies = _torch_peer_copies(torch, count, sizes_mib, repeats, step_timeout, fault)
+    nccl_p2p = nccl_shm = None
+    if not skip_nccl and count >= 1:
+        nccl_p2p = run_nccl_allreduce(count, p2p_disabled=False, timeout_s=nccl_timeout)
+        nccl_shm = run_nccl_allreduce(count, p2p_disabled=True, timeout_s=nccl_timeout)
+    if fault:
+        extra["injected_fault"] = fault
+    out = report(count, copies, nccl_p2p, nccl_shm, extra)
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def _no_gpu(extra: dict[str, Any], reason: str) -> dict[str, Any]:
+    out = report(0, [], None, None, extra)
+    out["reason"] = reason
+    return out
+
+
+def _torch_versions(torch, count: int) -> dict[str, Any]:
+    """The devices' names, and the CUDA and NCCL versions this torch was built with."""
+    found: dict[str, Any] = {"devices": [torch.cuda.get_device_name(i) for i in range(count)]}
+    found["cuda"] = torch.version.cuda
     try:
-        extra["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:
-        extra["nccl"] = None
+        found["nccl"] = None
+    return found
+
+
+def _torch_peer_copies(
+    torch, count: int, sizes_mib: list[int], repeats: int, step_timeout: float, fault: str | None
+) -> list[dict[str, Any]]:
+    """check_peer_copies on every ordered pair of CUDA devices, each with what can_device_access_peer says."""
     pairs = [(i, j) for i in range(count) for j in range(count) if i != j]
 
     def make(src: int, size: int, seed: int):
@@ -425,15 +475,7 @@ def torch_run(
     )
     for c in copies:
         c["can_device_access_peer"] = bool(torch.cuda.can_device_access_peer(c["src"], c["dst"]))
-    nccl_p2p = nccl_shm = None
-    if not skip_nccl and count >= 1:
-        nccl_p2p = run_nccl_allreduce(count, p2p_disabled=False, timeout_s=nccl_timeout)
-        nccl_shm = run_nccl_allreduce(count, p2p_disabled=True, timeout_s=nccl_timeout)
-    if fault:
-        extra["injected_fault"] = fault
-    out = report(count, copies, nccl_p2p, nccl_shm, extra)
-    out["seconds"] = round(time.monotonic() - started, 1)
-    return out
+    return copies
 
 
 def main(argv: list[str] | None = None) -> int:
