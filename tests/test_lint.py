@@ -44,3 +44,36 @@ def test_ansible_lint_production_profile():
         env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(Path.home()), "ANSIBLE_NOCOLOR": "1"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# radon's cyclomatic complexity above which a function must be split; the tests and the lab's stand-ins (which
+# imitate other programs' code) are not held to it
+MAX_COMPLEXITY = 15
+COMPLEXITY_TREES = ["provision", "roles", "plugins"]
+COMPLEXITY_EXEMPT = [REPO / "provision" / "lab" / "standin"]
+
+
+def _functions(blocks):
+    """radon's functions, methods and closures, however deep (a method is listed beside its class too)."""
+    for block in blocks:
+        yield block
+        yield from _functions([*getattr(block, "methods", []), *getattr(block, "closures", [])])
+        yield from _functions(getattr(block, "inner_classes", []))
+
+
+def test_no_function_is_more_complex_than_the_limit():
+    try:
+        from radon.complexity import cc_visit
+        from radon.visitors import Function
+    except ImportError:
+        pytest.fail("radon is not installed: run .ci/setup (it installs the test extras)")
+    too_complex = set()
+    for tree in COMPLEXITY_TREES:
+        for path in (REPO / tree).rglob("*.py"):
+            if any(path.is_relative_to(exempt) for exempt in COMPLEXITY_EXEMPT):
+                continue
+            for block in _functions(cc_visit(path.read_text())):
+                if isinstance(block, Function) and block.complexity > MAX_COMPLEXITY:
+                    where = f"{path.relative_to(REPO)}:{block.lineno} {block.fullname}"
+                    too_complex.add(f"{where} ({block.complexity})")
+    assert not too_complex, f"above {MAX_COMPLEXITY}, split them:\n" + "\n".join(sorted(too_complex))
