@@ -561,8 +561,11 @@ def main():
             marker_file=dict(type="path"),
             line=dict(type="str"),
         ),
-        required_if=[("action", "mark_changed", ("marker_file", "line")), ("action", "configure", ("backup_dir",)),
-                     ("action", "restore", ("backup_dir",))],
+        required_if=[
+            ("action", "mark_changed", ("marker_file", "line")),
+            ("action", "configure", ("backup_dir",)),
+            ("action", "restore", ("backup_dir",)),
+        ],
         supports_check_mode=True,
     )
     p = module.params
