@@ -274,14 +274,11 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
 
     fields = {
         "inventory": args.inventory,
-        "limit": args.limit,
+        **_run_options(args),
         "tags": apply_mod.parse_tags(getattr(args, "tags", None)),
         "check": plan or getattr(args, "check", False),
         "diff": plan or getattr(args, "diff", False),
         "reboot": None if plan else args.reboot,
-        "runs_dir": args.runs_dir,
-        "host_key_checking": args.host_key_checking,
-        "vault": _vault(args),
         "full": getattr(args, "full", False),
         "break_lock": getattr(args, "break_lock", False),
     }
@@ -360,15 +357,7 @@ def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome
         args.check = False
         _confirm(args, err, what="reboots every host in the inventory")
     report = verify.verify(
-        args.inventory,
-        limit=args.limit,
-        junit=args.junit,
-        runs_dir=args.runs_dir,
-        after_reboot=args.after_reboot,
-        select=args.checks,
-        host_key_checking=args.host_key_checking,
-        vault=_vault(args),
-        progress=_progress(err),
+        args.inventory, junit=args.junit, after_reboot=args.after_reboot, select=args.checks, **_run_options(args, err)
     )
     if not args.json:
         present.print_verify(out, report)
@@ -381,15 +370,20 @@ def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> Outco
 
     sizes = parse_session_tokens(args.session_tokens)
     _load(args, err).scope(args.limit)
-    report = verify.capacity_report(
-        args.inventory, limit=args.limit, runs_dir=args.runs_dir, session_tokens=sizes,
-        host_key_checking=args.host_key_checking, vault=_vault(args), progress=_progress(err),
-    )  # fmt: skip
+    report = verify.capacity_report(args.inventory, session_tokens=sizes, **_run_options(args, err))
     if not args.json:
         present.print_capacity_run(out, report)
     result = {"capacity": report.capacity, "checks": [c.__dict__ for c in report.checks]}
     ok = report.passed and report.capacity
     return Outcome(EXIT_OK if ok else EXIT_FAILED, result, _checks_hosts(report.checks))
+
+
+def _run_options(args: argparse.Namespace, err: Console | None = None) -> dict:
+    """What every command that runs playbooks passes to the API the same way: which hosts, where the record goes,
+    how hosts and vault are trusted, and (with `err`) where progress shows."""
+    options = {"limit": args.limit, "runs_dir": args.runs_dir, "vault": _vault(args)}
+    options["host_key_checking"] = args.host_key_checking
+    return options | ({"progress": _progress(err)} if err is not None else {})
 
 
 def _progress(err: Console):
@@ -409,10 +403,7 @@ def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import diag, present
 
     _load(args, err).scope(args.limit)
-    report = diag.diag(
-        args.inventory, limit=args.limit, include_hosts=args.hosts, runs_dir=args.runs_dir, progress=_progress(err),
-        host_key_checking=args.host_key_checking, vault=_vault(args),
-    )  # fmt: skip
+    report = diag.diag(args.inventory, include_hosts=args.hosts, **_run_options(args, err))
     if not args.json:
         present.print_diag(out, report)
     hosts = {h: str(r.get("verdict", "unknown")) for h, r in report.results.items()}
@@ -432,10 +423,7 @@ def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
         prompts_per_level=args.prompts_per_level,
         baseline=args.baseline,
         threshold=args.threshold,
-        limit=args.limit,
-        runs_dir=args.runs_dir,
-        host_key_checking=args.host_key_checking,
-        vault=_vault(args),
+        **_run_options(args),
     )
     result = bench.bench(opts, progress=_progress(err))
     if not args.json:

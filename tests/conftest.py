@@ -28,6 +28,12 @@ def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> 
     return path
 
 
+def vault_encrypt(path: Path, password_file: Path) -> None:
+    """Encrypt a whole file with this virtualenv's ansible-vault, as a site encrypts group_vars/all/vault.yml."""
+    vault = Path(sys.executable).parent / "ansible-vault"
+    subprocess.run([vault, "encrypt", "--vault-password-file", password_file, path], check=True, capture_output=True)
+
+
 def run_provision(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
     return subprocess.run(
         [sys.executable, "-m", "provision", *args],

@@ -27,7 +27,7 @@ import pytest
 
 from provision import verify as verify_mod
 from provision.inventory import VaultOptions
-from tests.conftest import lab_inventory, run_provision
+from tests.conftest import lab_inventory, run_provision, vault_encrypt
 from tests.leaks import leaks
 from tests.sshtarget import start_target
 
@@ -485,10 +485,7 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
     vault.write_text(f"vault_ssh_key: {t['node1'].client_key}\n")
     password = tmp_path / "vault-pass"
     password.write_text("pw-ini-123\n")
-    ansible_vault = Path(sys.executable).parent / "ansible-vault"
-    subprocess.run(
-        [ansible_vault, "encrypt", "--vault-password-file", password, vault], check=True, capture_output=True
-    )
+    vault_encrypt(vault, password)
     vault_args = ("--vault-password-file", str(password))
     check = run_provision("inventory", "check", "--inventory", str(root), *vault_args)
     assert check.returncode == 0 and "ok (1 proxmox_hosts, 1 gpu_containers)" in check.stdout, check.stderr
@@ -606,6 +603,19 @@ def _assert_nothing_left(private: str, groups: set[int]) -> None:
     assert not left, f"processes of the run left: {left}"
 
 
+def _interrupt(proc: subprocess.Popen, sig: signal.Signals, gate: Path) -> None:
+    """Send `sig` to a running apply, which must exit 128+sig, open its gate, and check that none of the run's
+    processes is left."""
+    try:
+        private, groups = _the_runs_processes(proc)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+    finally:
+        gate.unlink(missing_ok=True)
+        proc.kill()
+    _assert_nothing_left(private, groups)
+
+
 def _lock_on(target) -> str:
     return target.ssh("cat /var/lib/provision/lock.json 2>/dev/null || true").stdout
 
@@ -627,13 +637,11 @@ def test_a_second_apply_is_refused_while_the_first_holds_the_inventory_and_sigte
         assert json.loads(second.stdout)["errors"] == [errors[0][len("error: ") :]]
         assert [p.name for p in runs.iterdir()] == [run_id], "the refused run left a record"
         assert run_id in _lock_on(ssh_lab["targets"]["node1"]), "the first run holds no host lock"
-        private, groups = _the_runs_processes(first)
-        first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=60) == 143
-    finally:
+    except BaseException:
         gate.unlink(missing_ok=True)
         first.kill()
-    _assert_nothing_left(private, groups)
+        raise
+    _interrupt(first, signal.SIGTERM, gate)
     summary = json.loads((runs / run_id / "summary.json").read_text())
     assert (summary["status"], summary["interrupted"]) == ("interrupted", "SIGTERM")
     for target in ssh_lab["targets"].values():
@@ -644,14 +652,7 @@ def test_sigint_stops_every_process_records_where_each_host_stopped_and_a_rerun_
     inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow")
     runs = tmp_path / "runs"
     proc = _start_apply(inv, runs, gate, tmp_path / "apply.json")
-    try:
-        private, groups = _the_runs_processes(proc)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
-    finally:
-        gate.unlink(missing_ok=True)
-        proc.kill()
-    _assert_nothing_left(private, groups)
+    _interrupt(proc, signal.SIGINT, gate)
     stderr = (tmp_path / "apply.err").read_text()
     (record,) = runs.iterdir()
     assert f"error: interrupted by SIGINT: run record {record}" in stderr, stderr[-2000:]

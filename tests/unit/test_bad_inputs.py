@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from provision import cli
+from tests.conftest import vault_encrypt
 from tests.unit.test_inventory import GOOD_HOSTS
 
 GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
@@ -111,10 +112,7 @@ def _write(root: Path, files: dict[str, str | bytes]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if content == "VAULT":
             path.write_text("v: 1\n")
-            subprocess.run(
-                [Path(sys.executable).parent / "ansible-vault", "encrypt", "--vault-password-file",
-                 _password_file(root), str(path)], check=True, capture_output=True,
-            )  # fmt: skip
+            vault_encrypt(path, _password_file(root))
         elif isinstance(content, bytes):
             path.write_bytes(content)
         else:

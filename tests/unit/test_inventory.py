@@ -12,6 +12,7 @@ import pytest
 
 from provision import inventory, secrets
 from provision.errors import InventoryError
+from tests.conftest import vault_encrypt
 
 GOOD_HOSTS = """\
 all:
@@ -209,9 +210,7 @@ def test_ini_inventory_with_a_host_range_and_a_vaulted_group_vars_file(tmp_path)
     vault.write_text("vault_proxmox_api_password: s3cret-from-vault\nvault_nested: {token: NestedTok777}\n")
     password = tmp_path / "pass"
     password.write_text("pw-123456\n")
-    ansible_vault = Path(sys.executable).parent / "ansible-vault"
-    encrypt = [ansible_vault, "encrypt", "--vault-password-file", password, vault]
-    subprocess.run(encrypt, check=True, capture_output=True)
+    vault_encrypt(vault, password)
     with pytest.raises(InventoryError, match="cannot decrypt"):
         inventory.load(root)
     inv = inventory.load(root, inventory.VaultOptions((password,)))

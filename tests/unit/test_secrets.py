@@ -9,13 +9,13 @@ import shlex
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
 
 from provision import inventory, secrets
 from provision.secrets import REDACTED, Redactor
+from tests.conftest import vault_encrypt
 from tests.leaks import leaks
 from tests.loaders import repo_file
 
@@ -132,9 +132,7 @@ def test_the_secret_set_holds_vault_values_declared_and_connection_secrets_rende
     vault.write_text("colour_of_the_day: vaulted-1234\nnested: {deep: [NestedTok777]}\n")
     password = tmp_path / "pass"
     password.write_text("pw-123456\n")
-    ansible_vault = Path(sys.executable).parent / "ansible-vault"
-    encrypt = [ansible_vault, "encrypt", "--vault-password-file", password, vault]
-    subprocess.run(encrypt, check=True, capture_output=True)
+    vault_encrypt(vault, password)
     inv = inventory.load(root, inventory.VaultOptions((password,)))
     found = secrets.values(inv)
     assert {"key-from-an-odd-env-name", "ssh-pass-from-env", "become-pw-1234", "vaulted-1234", "NestedTok777",
