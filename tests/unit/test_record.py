@@ -118,3 +118,39 @@ def test_every_command_defaults_to_one_runs_dir(monkeypatch):
         assert inspect.signature(command).parameters["runs_dir"].default == DEFAULT_RUNS_DIR
     monkeypatch.delenv("PROVISION_RUNS_DIR", raising=False)
     assert cli.build_parser().parse_args(["verify", "--inventory", "x"]).runs_dir == DEFAULT_RUNS_DIR
+
+
+def _stats_run(stats: dict):
+    """A run_playbook stand-in that leaves what a real run leaves in its record: the job events (a stats event
+    carrying `stats`, as set_stats hands data back) and runner's stdout, each holding the inventory's secrets."""
+
+    def run(playbook, inventory_path, *, record, **kwargs):
+        events = record.path / "artifacts" / "run" / "job_events"
+        events.mkdir(parents=True)
+        event = {"counter": 1, "event": "playbook_on_stats", "event_data": {"artifact_data": stats}}
+        (events / "1-stats.json").write_text(json.dumps(event))
+        (record.path / "artifacts" / "run" / "stdout").write_text(json.dumps(stats))
+        return RunResult(playbook, "successful", 0, False, "", 1.0, record_dir=str(record.path))
+
+    return run
+
+
+def test_verify_and_diag_records_hold_no_literal_inventory_secret(tmp_path, inv, monkeypatch):
+    """#18: verify and diag keep their records through the same RunRecord as apply, with the inventory's secret
+    set: the literal PVE password and the key from an oddly named environment variable, in the probe's and the
+    diagnostic's answers, are in no file of either record, nor in what the API returns."""
+    from provision import diag, verify
+
+    leaked = f"{KEY} and literal-pve-pw"
+    probe = {"ct1": {"vars": {"sglang_api_key": KEY}, "stdout": json.dumps({"unit": leaked}), "stderr": leaked}}
+    monkeypatch.setattr(verify, "run_playbook", _stats_run({verify.PROBE_STATS: probe}))
+    report = verify.verify(str(inv.path), runs_dir=tmp_path / "runs")
+    verdict = {"ct1": {"verdict": "x", "reason": leaked}}
+    monkeypatch.setattr(diag, "run_playbook", _stats_run({diag.DIAG_STATS: verdict}))
+    found = diag.diag(str(inv.path), runs_dir=tmp_path / "runs")
+    records = sorted((tmp_path / "runs").iterdir())
+    assert sorted(r.name.rsplit("-", 1)[1] for r in records) == ["diag", "verify"]
+    assert all((r / "artifacts" / "run" / "job_events" / "1-stats.json").is_file() for r in records)
+    assert files_with(tmp_path / "runs", KEY, "literal-pve-pw") == []
+    assert KEY not in json.dumps(report.to_dict()) and "literal-pve-pw" not in json.dumps(found.to_dict())
+    assert found.results["ct1"]["reason"] == "******** and ********"
