@@ -11,6 +11,9 @@ description:
     entries into free slots and writes with the digest, retrying a bounded number of times when PVE answers
     "detected modified configuration". Restarts the container only when a change is left pending (PVE 8, or an
     edited entry on PVE 9; a new entry hot-plugs on PVE 9). Waits for every task and checks its exitstatus.
+  - A call the network lost or PVE answered with 5xx/59x is retried with backoff; a reboot whose answer was lost is
+    looked for (a running reboot task of the CT, or the change in its running config) before it is asked for again.
+    Every failure is one line naming the CT and node and saying what to do.
   - Runs on the controller. Supports check mode and diff. Passwords and token secrets are never returned.
 options:
   api_host: {type: str, required: true}
@@ -87,10 +90,20 @@ TOKEN_DEVN_HELP = (
 MODIFIED = "detected modified configuration"
 DEVICE_MISSING = re.compile(r"Device (\S+) does not exist")
 RETRYABLE_STATUS = (500, 502, 503, 595, 596, 597, 598, 599)
+# PVE's config lock taken by another task (pve-common lock_file's timeout), or the CT's lock property (vzdump)
+LOCKED = re.compile(r"can't lock file '[^']*' - got timeout|CT is locked")
+CERTIFICATE_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed", re.I)
+CHECK_LOGIN = "check proxmox_api_user and proxmox_api_password (or the API token), then run again"
+IN_EFFECT = "in effect: PVE's answer to the reboot was lost, the running config has the change"
+LOCK_HELD = "another task holds CT {vmid}'s lock (a backup, snapshot or migration): run again once it has ended"
 
 
 class ApiFailure(Exception):
     pass
+
+
+class TaskFailed(ApiFailure):
+    """A PVE task that ended with an error exitstatus."""
 
 
 def _proxmoxer():
@@ -126,19 +139,21 @@ def connect(p):
             api.version.get()  # tokens are checked on the first request, not at construction
         return api
     except proxmoxer.AuthenticationError as exc:
-        raise ApiFailure(
-            f"authentication failed for {p['api_user']} at {where} (wrong password or user?): {exc}"
-        ) from exc
+        code = re.search(r"code: (\d+)", str(exc))
+        if code and int(code.group(1)) in RETRYABLE_STATUS:  # PVE did not answer the login: not a refusal
+            _, ResourceException = _proxmoxer()
+            raise ResourceException(int(code.group(1)), "while logging in", str(exc)) from exc
+        raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
     except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
         text = str(exc)
-        if "SSL" in type(exc).__name__ or "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        if "SSL" in type(exc).__name__ or CERTIFICATE_FAILED.search(text):
             raise ApiFailure(
                 f"TLS verification of {where} failed ({text.split('(Caused by')[0].strip()}): set proxmox_api_ca_file "
                 "to the CA that signed the PVE certificate (on a node: /etc/pve/pve-root-ca.pem)"
             ) from exc
         status = getattr(exc, "status_code", None)
         if status == 401:
-            raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {exc}") from exc
+            raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
         raise
 
 
@@ -181,45 +196,74 @@ def connect_ssh(p, proxmoxer):
         ) from exc
 
 
-def with_retries(p, what, call):
-    """Bounded retry for an API that is down or answers 5xx/59x; 4xx and modified-config are not retried here."""
+def lost_connection(exc):
+    """A request the network lost (reset, timed out, TLS cut short): worth another attempt. A certificate that
+    does not verify is no such thing."""
+    name = type(exc).__name__
+    lost = "Connection" in name or "Timeout" in name or "SSL" in name
+    return lost and not CERTIFICATE_FAILED.search(str(exc))
+
+
+def with_retries(p, what, call, explain=None):
+    """Bounded retry, with backoff, for an API that is down, cut off or answers 5xx/59x. Every other refusal is an
+    ApiFailure that says what to do (`explain(exc)`'s, for the refusals the caller knows, else `refused`'s).
+    "detected modified configuration" is re-raised: the caller reads the config again."""
     _, ResourceException = _proxmoxer()
     delay, last = 1.0, None
     for attempt in range(1, p["retries"] + 1):
         try:
             return call()
         except ResourceException as exc:
-            if exc.status_code not in RETRYABLE_STATUS or MODIFIED in str(exc) or DEVICE_MISSING.search(str(exc)):
+            if MODIFIED in str(exc):
                 raise
+            if exc.status_code not in RETRYABLE_STATUS or DEVICE_MISSING.search(str(exc)):
+                raise ((explain and explain(exc)) or refused(p, what, exc)) from exc
             last = exc
         except ApiFailure:
             raise
         except Exception as exc:
-            if "Connection" not in type(exc).__name__ and "Timeout" not in type(exc).__name__:
+            if not lost_connection(exc):
                 raise
             last = exc
         if attempt < p["retries"]:
             time.sleep(delay)
             delay *= 2
+    todo = LOCK_HELD.format(vmid=p["vmid"]) if LOCKED.search(str(last)) else "run again once it answers"
     raise ApiFailure(
-        f"{what} failed {p['retries']} times; the PVE API at {p['api_host']}:{p['api_port']} keeps failing: {last}"
+        f"{what} failed {p['retries']} times; the PVE API at {p['api_host']}:{p['api_port']} keeps failing "
+        f"({last}): {todo}"
     )
 
 
-def wait_task(p, api, node, upid):
-    """Wait for a task and check its exitstatus (proxmoxer's blocking_status does neither reliably)."""
+def refused(p, what, exc):
+    """PVE's refusal of `what`, which no retry changes, with what to do."""
+    if exc.status_code == 401:
+        todo = "the login is no longer valid: " + CHECK_LOGIN
+    elif exc.status_code == 403:
+        todo = f"{p['api_user']} lacks the privilege PVE names: grant it on /vms/{p['vmid']}, then run again"
+    else:
+        todo = "fix what PVE names, then run again"
+    return ApiFailure(f"{what} was refused ({exc}): {todo}")
+
+
+def wait_task(p, api, node, upid, what):
+    """Wait for a task (`what` names it in messages) and check its exitstatus (proxmoxer's blocking_status does
+    neither reliably). Past task_timeout, PVE's task goes on: the error says so."""
     deadline = time.monotonic() + p["task_timeout"]
     while True:
-        status = with_retries(p, "reading task status", lambda: api.nodes(node).tasks(upid).status.get())
+        status = with_retries(p, f"reading the status of {what}", lambda: api.nodes(node).tasks(upid).status.get())
         if status.get("status") == "stopped":
             exitstatus = status.get("exitstatus", "")
             if exitstatus == "OK" or str(exitstatus).startswith("WARNINGS"):
                 return exitstatus
-            log = with_retries(p, "reading the task log", lambda: api.nodes(node).tasks(upid).log.get(limit=50))
+            log = with_retries(p, f"reading the log of {what}", lambda: api.nodes(node).tasks(upid).log.get(limit=50))
             tail = " | ".join(line.get("t", "") for line in log[-5:])
-            raise ApiFailure(f"task {upid} ended with exitstatus {exitstatus!r}: {tail}")
+            raise TaskFailed(f"{what} (task {upid}) ended with exitstatus {exitstatus!r}: {tail}")
         if time.monotonic() > deadline:
-            raise ApiFailure(f"task {upid} still running after {p['task_timeout']}s")
+            raise ApiFailure(
+                f"{what} (task {upid}) is still running after {p['task_timeout']}s; PVE goes on with it: run again "
+                "once it has ended, or raise gpu_passthrough_task_timeout"
+            )
         time.sleep(1)
 
 
@@ -237,29 +281,31 @@ def diff_lines(entries):
     return "".join(f"{k}: {v}\n" for k, v in sorted(entries.items(), key=lambda kv: int(kv[0][3:])))
 
 
-def write_config(p, api, ct, config, body):
-    """PUT the change with the config's digest; PVE's refusals become one-line errors."""
-    _, ResourceException = _proxmoxer()
-    try:
-        with_retries(p, "writing the container config", lambda: ct.config.put(**dict(body, digest=config["digest"])))
-    except ResourceException as exc:
-        text = str(exc)
-        missing = DEVICE_MISSING.search(text)
-        if missing:  # LXC/Tools.pm get_device_mode_and_rdev: the path is not on the node; no retry helps
-            raise ApiFailure(
-                f"PVE refused devN for {missing.group(1)}: it does not exist on node {p['node']}. Make it there first "
-                "(the gpu phase's provision-nvidia-nodes.service does at boot) or leave that GPU out "
-                "(gpu_passthrough_gpus)"
-            ) from exc
-        if exc.status_code == 403 and p["api_token_id"] and p["backend"] == "https":
-            raise ApiFailure(TOKEN_DEVN_HELP.format(token=f"{p['api_user']}!{p['api_token_id']}")) from exc
-        if exc.status_code == 403:
-            raise ApiFailure(
-                f"PVE refused the devN change (403): {exc}. Only root@pam may change devN entries."
-            ) from exc
-        if exc.status_code == 400:
-            raise ApiFailure(f"PVE rejected the devN entries: {exc} {exc.errors or ''}") from exc
-        raise
+def write_config(p, ct, config, body):
+    """PUT the change with the config's digest; PVE's refusals become one-line errors (`put_refused`)."""
+    with_retries(p, "writing the container config", lambda: ct.config.put(**dict(body, digest=config["digest"])),
+                 explain=lambda exc: put_refused(p, exc))  # fmt: skip
+
+
+def put_refused(p, exc):
+    """What to do about PVE's refusal of the devN change, for the refusals PVE's devN rules explain (else None)."""
+    missing = DEVICE_MISSING.search(str(exc))
+    if missing:  # LXC/Tools.pm get_device_mode_and_rdev: the path is not on the node; no retry helps
+        return ApiFailure(
+            f"PVE refused devN for {missing.group(1)}: it does not exist on node {p['node']}. Make it there first "
+            "(the gpu phase's provision-nvidia-nodes.service does at boot) or leave that GPU out "
+            "(gpu_passthrough_gpus)"
+        )
+    if exc.status_code == 403 and p["api_token_id"] and p["backend"] == "https":
+        return ApiFailure(TOKEN_DEVN_HELP.format(token=f"{p['api_user']}!{p['api_token_id']}"))
+    if exc.status_code == 403:
+        return ApiFailure(
+            f"PVE refused the devN change ({exc}): only root@pam may change devN entries: set proxmox_api_user: "
+            "root@pam, then run again"
+        )
+    if exc.status_code == 400:
+        return ApiFailure(f"PVE rejected the devN entries: {exc} {exc.errors or ''}")
+    return None
 
 
 def run(module):
@@ -271,7 +317,7 @@ def run(module):
         gpus = [g for g in gpus.split(",") if g.strip()]
     selected = select_nodes(p["nodes"], gpus)
     wanted = desired_entries(selected, p["mode"], p["uid"], p["gid"])
-    api = with_retries(p, "connecting", lambda: connect(p))
+    api = with_retries(p, "logging in", lambda: connect(p))
     ct = api.nodes(p["node"]).lxc(p["vmid"])
     result = write_with_digest(module, api, ct, wanted)
     return restart_for_pending(module, api, ct, wanted, result)
@@ -291,7 +337,7 @@ def write_with_digest(module, api, ct, wanted):
         if body is None:
             return result
         try:
-            write_config(p, api, ct, config, body)
+            write_config(p, ct, config, body)
             return result
         except ResourceException as exc:
             if MODIFIED in str(exc) and attempt <= p["retries"]:
@@ -326,17 +372,20 @@ def plan_body(module, config, wanted, result, attempt):
     return body
 
 
+def left_pending(running, wanted, nesting):
+    """What the running config (current=1) lacks: the device paths whose entries differ, and whether nesting."""
+    in_effect = plan(running, wanted)
+    paths = {parse_entry(v)["path"] for v in in_effect["set"].values()}
+    paths |= {parse_entry(running[k]).get("path", k) for k in in_effect["delete"]}
+    return sorted(paths), wanted_features(running.get("features"), nesting) is not None
+
+
 def restart_for_pending(module, api, ct, wanted, result):
     """Reboot a running CT whose running config lacks our entries or nesting (PVE 8 applies no devN change
     hot; PVE 9 only adds new ones; features always wait). Left as is when asked not to, and said."""
     p = module.params
     running = with_retries(p, "reading the running config", lambda: ct.config.get(current=1))
-    in_effect = plan(running, wanted)
-    result["pending"] = sorted(
-        {parse_entry(v)["path"] for v in in_effect["set"].values()}
-        | {parse_entry(running[k]).get("path", k) for k in in_effect["delete"]}
-    )
-    result["nesting_pending"] = wanted_features(running.get("features"), p["nesting"]) is not None
+    result["pending"], result["nesting_pending"] = left_pending(running, wanted, p["nesting"])
     if not result["pending"] and not result["nesting_pending"]:
         return result
     status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
@@ -345,16 +394,55 @@ def restart_for_pending(module, api, ct, wanted, result):
     if p["restart"] == "auto" and module.check_mode:
         result.update(changed=True, would_restart=True)
     elif p["restart"] == "auto":
-        upid = with_retries(p, "rebooting the container", lambda: ct.status.reboot.post())
-        result["restart_exitstatus"] = wait_task(p, api, p["node"], upid)
+        result["restart_exitstatus"] = reboot(p, api, ct, wanted)
         result.update(restarted=True, changed=True, pending=[], nesting_pending=False)
     elif result["nesting_pending"] and not module.check_mode:
         raise ApiFailure(
-            f"CT {p['vmid']} on {p['node']} runs without features: nesting=1 (now set, pending until it restarts); "
-            "systemd in the container cannot sandbox the SGLang unit without it. Restart it "
-            f"(pct reboot {p['vmid']} on {p['node']}) and run again, or set gpu_passthrough_restart: auto"
+            "the container runs without features: nesting=1 (now set, pending until it restarts); systemd in the "
+            f"container cannot sandbox the SGLang unit without it. Restart it (pct reboot {p['vmid']} on "
+            f"{p['node']}) and run again, or set gpu_passthrough_restart: auto"
         )
     return result
+
+
+def reboot(p, api, ct, wanted):
+    """Reboot the CT through PVE, wait for the task and return its exitstatus. When the network lost PVE's
+    answer, the task may be under way or done: that is looked for before asking again, so that the container
+    is not rebooted twice (a second outage)."""
+    lost = []
+
+    def attempt():
+        started = started_reboot(p, api, ct, wanted) if lost else None
+        if started:
+            return started
+        try:
+            return ct.status.reboot.post()
+        except Exception as exc:
+            if lost_connection(exc):
+                lost.append(exc)
+            raise
+
+    upid = with_retries(p, "rebooting the container", attempt)
+    if upid == IN_EFFECT:
+        return IN_EFFECT
+    try:
+        return wait_task(p, api, p["node"], upid, "the container's reboot")
+    except TaskFailed as exc:
+        raise ApiFailure(
+            f"{exc}; the devN entries are written and wait for a restart: run again, or reboot it yourself "
+            f"(pct reboot {p['vmid']} on {p['node']})"
+        ) from exc
+
+
+def started_reboot(p, api, ct, wanted):
+    """After a lost answer: the UPID of a reboot task of the CT still running, IN_EFFECT when the running config
+    has everything (the reboot has been), or None (PVE never started it)."""
+    tasks = api.nodes(p["node"]).tasks.get(vmid=p["vmid"], typefilter="vzreboot", source="active")
+    running = [t["upid"] for t in tasks if t.get("type") == "vzreboot" and t.get("status", "running") == "running"]
+    if running:
+        return running[0]
+    pending, nesting = left_pending(ct.config.get(current=1), wanted, p["nesting"])
+    return IN_EFFECT if not pending and not nesting else None
 
 
 def main():
@@ -390,12 +478,13 @@ def main():
     )
     if not module.params["validate_certs"] and module.params["backend"] == "https":
         module.warn("proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified")
+    where = f"CT {module.params['vmid']} on {module.params['node']}: "
     try:
         result = run(module)
     except (ApiFailure, DeviceError) as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=where + " ".join(str(exc).split()))
     except Exception as exc:
-        module.fail_json(msg=f"{type(exc).__name__}: {exc}", exception=traceback.format_exc())
+        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
     module.exit_json(**result)
 
 
