@@ -11,6 +11,7 @@ written), then the first apply, then the idempotent second apply.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shlex
@@ -673,6 +674,39 @@ def test_sigint_stops_every_process_records_where_each_host_stopped_and_a_rerun_
     assert states.keys() == {"node1", "ct1"} and set(states.values()) <= {"ok", "changed"}, states
     for target in ssh_lab["targets"].values():
         assert "verify.json" in _state(target) and _lock_on(target) == ""
+
+
+def test_an_ssh_connection_dropped_mid_task_fails_its_host_only_and_a_rerun_converges(ssh_lab, tmp_path):
+    """Both hosts wait in a task; node1's sshd session processes are killed, so the controller's connection to it
+    drops mid-task. node1 is unreachable, ct1 finishes, node1's host lock is given back by provision afterwards."""
+    node1 = ssh_lab["targets"]["node1"]
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow")
+    runs = tmp_path / "runs"
+    proc = _start_apply(inv, runs, gate, tmp_path / "apply.json")
+    try:
+        tree = _tree(node1.process.pid)
+        sessions = [pid for pid, cmd in tree.items() if cmd.startswith("sshd")]
+        assert sessions, f"no ssh session to node1 to drop: {tree}"
+        for pid in sessions:  # the per-connection sshd processes of this test's node1 target
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        gate.unlink()
+        assert proc.wait(timeout=300) == 1
+    finally:
+        gate.unlink(missing_ok=True)
+        proc.kill()
+    envelope = json.loads((tmp_path / "apply.json").read_text())
+    assert envelope["hosts"] == {"node1": "unreachable", "ct1": envelope["hosts"]["ct1"]}, envelope["hosts"]
+    assert envelope["hosts"]["ct1"] in ("ok", "changed"), "the other host did not finish"
+    messages = [f["message"] for f in envelope["result"]["failures"] if f["host"] == "node1"]
+    assert messages and all(m.startswith("unreachable: ") for m in messages), messages
+    assert any("closed by remote host" in m for m in messages), messages
+    assert json.loads(next(runs.iterdir()).joinpath("summary.json").read_text())["host_locks_left"] == []
+    assert _lock_on(node1) == "", "the dropped host's lock was not given back"
+    rerun = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify",
+                          "--runs-dir", str(runs))  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert set(json.loads(rerun.stdout)["hosts"].values()) <= {"ok", "changed"}
 
 
 def test_a_host_lock_held_by_another_controller_stops_its_host_until_break_lock(ssh_lab, inv, tmp_path):

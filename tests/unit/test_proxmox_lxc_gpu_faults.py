@@ -166,7 +166,8 @@ class Served:
         """The config with pending changes merged in, as PVE shows it, and what the container runs with."""
         ct = self.ct
         merged = {k: v for k, v in {**ct.config, **ct.pending}.items() if v is not None}
-        return {"merged": merged, "running": dict(ct.config), "digest": ct.digest(), "status": ct.status}
+        return {"merged": merged, "running": dict(ct.config), "digest": ct.digest(), "status": ct.status,
+                "reboots": self.reboots()}  # fmt: skip
 
 
 class Clock:
@@ -409,6 +410,7 @@ def _state_after(case: Case, before: dict, after: dict) -> None:
     assert {k: after["merged"].get(k) for k in UNRELATED} == UNRELATED, "an unrelated entry was touched"
     if not case.written:
         assert after["digest"] == before["digest"], "the config changed although the run stopped before writing"
+        assert after["reboots"] == 0, "rebooted for nothing"
         return
     assert ours(after["merged"]) == WANTED and after["merged"]["features"] == "nesting=1", "written in part"
     running = ours(after["running"]) == WANTED and after["running"].get("features") == "nesting=1"
