@@ -385,14 +385,15 @@ def test_api_fault(case, served, module):
     result = run(module, served, **dict(case.params))
     served.pve.fault = None
     assert served.reboots() <= 1, "the container was rebooted twice"
-    _sees(case, result, fault)
+    _sees(case, result, fault, module.time.sleeps)
     served.idle()
     _state_after(case, before, served.state())
     _converges(case, served, module)
 
 
-def _sees(case: Case, result: dict, fault: Fault) -> None:
-    """The run succeeds, or fails with the one line the case names, after 3 attempts or 1 as the fault asks."""
+def _sees(case: Case, result: dict, fault: Fault, sleeps: list[float]) -> None:
+    """The run succeeds, or fails with the one line the case names: after 3 attempts 1 s and 2 s apart, or after
+    one for what no retry changes."""
     if case.sees is None:
         assert not result.get("failed") and result["changed"], result.get("msg")
         return
@@ -400,7 +401,7 @@ def _sees(case: Case, result: dict, fault: Fault) -> None:
     assert pattern(case.sees).fullmatch(result["msg"]), result["msg"]
     assert "exception" not in result, "a fault the module knows is no traceback"
     if "keeps failing" in case.sees:
-        assert fault.hits == 3, "a bounded retry: 3 attempts"
+        assert (fault.hits, sleeps) == (3, [1.0, 2.0]), "a bounded retry with backoff"
     elif "was refused" in case.sees:
         assert fault.hits == 1, "no retry of what no retry changes"
 
