@@ -2,14 +2,15 @@
 
 The role's own tasks (roles/kernel_cmdline, its stage 1: merge the arguments, regenerate, check the generated
 configuration, or restore the backup when anything of that fails) run through ansible-playbook on this machine,
-inside a private mount namespace: /etc is a copy-on-write overlay there (the GRUB files, /etc/kernel/cmdline),
-/boot a small tmpfs, and for systemd-boot the ESP a small file system on a loop device, named under
-/dev/disk/by-uuid as proxmox-boot-tool expects (ext2, not FAT: this machine's kernel may lack vfat, and what matters
-here is only that a write finds no free block). Nothing outside the namespace changes. The regenerators are
-stand-ins that write as the real tools do: update-grub writes grub.cfg.new and moves it over grub.cfg only when
-complete (grub-mkconfig); proxmox-boot-tool refresh copies each kernel and initrd, oldest first, then writes its
-loader entry in place (proxmox-kernel-helper's zz-proxmox-boot), stopping at the first write that fails. The
-disks are filled to the last block, so a write that needs room fails with ENOSPC as it would on the node.
+inside a private mount namespace: /etc and /var/lib are copy-on-write overlays there (the GRUB files,
+/etc/kernel/cmdline), /boot a small tmpfs, and for systemd-boot the ESP a small file system on a loop device,
+named under /dev/disk/by-uuid as proxmox-boot-tool expects (ext2, not FAT: this machine's kernel may lack vfat,
+and what matters here is only that a write finds no free block). Nothing outside the namespace changes. The
+regenerators are stand-ins that write as the real tools do: update-grub writes grub.cfg.new and moves it over
+grub.cfg only when complete (grub-mkconfig); proxmox-boot-tool refresh copies each kernel and initrd, oldest
+first, then writes its loader entry in place (proxmox-kernel-helper's zz-proxmox-boot), stopping at the first
+write that fails. The disks are filled to the last block, so a write that needs room fails with ENOSPC as it
+would on the node.
 
 Each test checks the user's message, that the configuration on disk is the one from before the run (the edited
 file restored from its backup, the boot menu untouched, no marker of a changed line), and that with space freed
@@ -134,14 +135,18 @@ class Node:
     def __init__(self, root: Path, bootloader: str):
         self.root, self.bootloader = root, bootloader
         self.bin, self.state = root / "bin", root / "state"
-        for d in ("bin", "state", "etc-up", "etc-work", "dev-up", "dev-work"):
+        for d in ("bin", "state", "etc-up", "etc-work", "lib-up", "lib-work", "dev-up", "dev-work"):
             (root / d).mkdir()
         (self.bin / "update-grub").write_text(UPDATE_GRUB)
         (self.bin / "proxmox-boot-tool").write_text(PROXMOX_BOOT_TOOL)
         for tool in self.bin.iterdir():
             tool.chmod(0o755)
         self.ns = Namespace()
-        self.sh(f"mount -t overlay overlay -o lowerdir=/etc,upperdir={root}/etc-up,workdir={root}/etc-work /etc")
+        # copy-on-write /etc and /var/lib (where the role's state would go were its directory not the test's own)
+        for path, name in (("/etc", "etc"), ("/var/lib", "lib")):
+            upper = f"upperdir={root}/{name}-up,workdir={root}/{name}-work"
+            self.sh(f"mount -t overlay overlay -o lowerdir={path},{upper} {path}")
+        self.sh("mount -t tmpfs tmpfs /var/tmp")  # where proxmox-boot-tool mounts the ESPs
 
     def sh(self, script: str, check: bool = True) -> subprocess.CompletedProcess:
         env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "KVER": KVER, "ROOT": str(self.root)}
@@ -153,7 +158,7 @@ class Node:
         outcome = self.root / "outcome.json"
         outcome.unlink(missing_ok=True)
         extra = {"kernel_cmdline_bootloader": self.bootloader, "kernel_cmdline_snp_profile": False,
-                 "kernel_cmdline_extra_args": [NEW_ARG], "kernel_cmdline_state_dir": str(self.state),
+                 "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(self.state),
                  "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
         (self.root / "site.yml").write_text(PLAYBOOK)
         (self.root / "extra.json").write_text(json.dumps(extra))
@@ -187,7 +192,6 @@ update-grub
 NEW_KVER = "6.8.12-5-pve"
 SDBOOT_NODE = rf"""
 mount -t tmpfs -o size=4m,mode=0755 tmpfs /boot
-mount -t tmpfs tmpfs /var/tmp  # where proxmox-boot-tool mounts the ESPs
 head -c 200000 /dev/urandom > /boot/vmlinuz-$KVER; head -c 200000 /dev/urandom > /boot/initrd.img-$KVER
 truncate -s 1M $ROOT/esp.img && mkfs.ext2 -q -F -m 0 -b 1024 $ROOT/esp.img
 losetup --find --show $ROOT/esp.img > $ROOT/loop
