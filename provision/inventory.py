@@ -546,6 +546,24 @@ def unverified_tls_warnings(inv: Inventory) -> list[str]:
     return _per_source(found)
 
 
+# Variables an earlier release read and this one ignores, with what replaced each (#18: one state directory)
+REMOVED_VARIABLES = {
+    name: "provision_state_dir (roles/provision_common), one state directory for every role"
+    for name in ("kernel_cmdline_state_dir", "gpu_diag_state_dir", "sglang_state_dir", "sglang_bench_state_dir")
+}
+
+
+def removed_variable_warnings(inv: Inventory) -> list[str]:
+    """Where the inventory still sets a variable no role reads any more: it would be ignored without a word."""
+    found = [
+        (host.where(name), host.name, f"{name} is no longer read: set {instead}")
+        for host in inv.hosts.values()
+        for name, instead in REMOVED_VARIABLES.items()
+        if name in host.vars
+    ]
+    return _per_source(found)
+
+
 def plain_text_secret_warnings(inv: Inventory) -> list[str]:
     warnings = []
     seen: set[tuple[str, str]] = set()
@@ -571,5 +589,5 @@ def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_c
     problems = validate(inv, host_key_checking)
     if problems:
         raise InventoryError(problems)
-    inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv)
+    inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
     return inv

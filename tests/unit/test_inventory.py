@@ -153,6 +153,16 @@ def test_plain_text_secret_warns(tmp_path):
     assert "hunter22" not in inv.warnings[0]
 
 
+def test_a_state_dir_variable_of_an_earlier_release_is_warned_about_not_ignored(tmp_path):
+    """#18 made one provision_state_dir; an inventory that still moves sglang_state_dir would otherwise lose it
+    without a word."""
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_state_dir: /srv/state\n"})
+    (warning,) = inventory.load(root).warnings
+    assert warning.endswith("host ct1: sglang_state_dir is no longer read: set provision_state_dir "
+                            "(roles/provision_common), one state directory for every role"), warning  # fmt: skip
+    assert "gpu_containers" in warning.split(": host")[0], "the warning names the file that sets it"
+
+
 def test_cli_broken_inventory_exits_2_without_connecting(tmp_path):
     # the host points at a port where a listener would notice a connection
     import socket
