@@ -78,10 +78,14 @@ def test_break_takes_it_and_names_whose_it_was(tmp_path):
 RELEASE = Path(__file__).resolve().parents[2] / "roles" / "provision_state" / "files" / "release_lock.sh"
 
 
-def _release(state_dir, holder) -> bool:
+def _release_argv(state_dir, holder) -> list[str]:
     """The release as tasks/unlock.yml runs it: sh -c <file> with the holder's run id and controller as JSON."""
-    argv = [str(state_dir), json.dumps(holder["run_id"]), json.dumps(holder["controller"]), str(holder["pid"])]
-    proc = subprocess.run(["sh", "-c", RELEASE.read_text(), "release_lock", *argv], capture_output=True, text=True)
+    args = [str(state_dir), json.dumps(holder["run_id"]), json.dumps(holder["controller"]), str(holder["pid"])]
+    return ["sh", "-c", RELEASE.read_text(), "release_lock", *args]
+
+
+def _release(state_dir, holder) -> bool:
+    proc = subprocess.run(_release_argv(state_dir, holder), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["lock"]["released"]
 
@@ -105,8 +109,7 @@ def test_release_waits_for_the_state_directorys_flock(tmp_path):
     script.take_lock(str(tmp_path), _holder(), now=NOW)
     fd = os.open(tmp_path, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    argv = [str(tmp_path), json.dumps(_holder()["run_id"]), json.dumps("ctl-a"), "4242"]
-    proc = subprocess.Popen(["sh", "-c", RELEASE.read_text(), "release_lock", *argv], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_release_argv(tmp_path, _holder()), stdout=subprocess.PIPE, text=True)
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=0.5)
