@@ -13,7 +13,8 @@ description:
     edited entry on PVE 9; a new entry hot-plugs on PVE 9). Waits for every task and checks its exitstatus.
   - A call the network lost or PVE answered with 5xx/59x is retried with backoff; a reboot whose answer was lost is
     looked for (a running reboot task of the CT, or the change in its running config) before it is asked for again.
-    Every failure is one line naming the CT and node and saying what to do.
+    Every failure is one line naming the CT and node and saying what to do. The login, the retries and the
+    refusals are module_utils/pve_api.py's, shared with every module that calls the API.
   - Runs on the controller. Supports check mode and diff. Passwords and token secrets are never returned.
 options:
   api_host: {type: str, required: true}
@@ -66,12 +67,12 @@ pending: {description: device paths whose devN entry the running CT does not hav
 nesting_pending: {description: whether the running CT lacks features nesting=1, type: bool, returned: always}
 """
 
-import os
 import re
 import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils import pve_api
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import (
     DeviceError,
     desired_entries,
@@ -80,6 +81,13 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices i
     plan,
     select_nodes,
 )
+from ansible_collections.provision.pve_sglang.plugins.module_utils.pve_api import (
+    DEVICE_MISSING,
+    MODIFIED,
+    ApiFailure,
+    connect,
+    lost_connection,
+)
 
 TOKEN_DEVN_HELP = (
     "PVE lets only root@pam change devN entries, and an API token ({token}) is refused even when it belongs to "
@@ -87,163 +95,22 @@ TOKEN_DEVN_HELP = (
     "the environment or vault, and no proxmox_api_token_id), or gpu_passthrough_api_backend: ssh, which runs "
     "pvesh on the node as root over ssh with its host key checked"
 )
-MODIFIED = "detected modified configuration"
-DEVICE_MISSING = re.compile(r"Device (\S+) does not exist")
-RETRYABLE_STATUS = (500, 502, 503, 595, 596, 597, 598, 599)
 # PVE's config lock taken by another task (pve-common lock_file's timeout), or the CT's lock property (vzdump)
 LOCKED = re.compile(r"can't lock file '[^']*' - got timeout|CT is locked")
-CERTIFICATE_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed", re.I)
-CHECK_LOGIN = "check proxmox_api_user and proxmox_api_password (or the API token), then run again"
 IN_EFFECT = "in effect: PVE's answer to the reboot was lost, the running config has the change"
 LOCK_HELD = "another task holds CT {vmid}'s lock (a backup, snapshot or migration): run again once it has ended"
-
-
-class ApiFailure(Exception):
-    pass
 
 
 class TaskFailed(ApiFailure):
     """A PVE task that ended with an error exitstatus."""
 
 
-def _proxmoxer():
-    try:
-        import proxmoxer
-        from proxmoxer.core import ResourceException
-
-        return proxmoxer, ResourceException
-    except ImportError as exc:
-        raise ApiFailure(
-            f"proxmoxer is not installed for the controller's Python ({os.sys.executable}); it comes with provision"
-        ) from exc
-
-
-def connect(p):
-    proxmoxer, _ = _proxmoxer()
-    if p["backend"] == "ssh":
-        return connect_ssh(p, proxmoxer)
-    where = f"https://{p['api_host']}:{p['api_port']}"
-    kwargs = dict(port=p["api_port"], user=p["api_user"], timeout=30, service="PVE")
-    kwargs["verify_ssl"] = (p["ca_file"] or True) if p["validate_certs"] else False
-    if p["api_token_id"]:
-        if not p["api_token_secret"]:
-            raise ApiFailure("proxmox_api_token_id is set but proxmox_api_token_secret is empty")
-        kwargs.update(token_name=p["api_token_id"], token_value=p["api_token_secret"])
-    else:
-        if not p["api_password"]:
-            raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
-        kwargs["password"] = p["api_password"]
-    try:
-        api = proxmoxer.ProxmoxAPI(p["api_host"], backend="https", **kwargs)
-        if p["api_token_id"]:
-            api.version.get()  # tokens are checked on the first request, not at construction
-        return api
-    except proxmoxer.AuthenticationError as exc:
-        code = re.search(r"code: (\d+)", str(exc))
-        if code and int(code.group(1)) in RETRYABLE_STATUS:  # PVE did not answer the login: not a refusal
-            _, ResourceException = _proxmoxer()
-            raise ResourceException(int(code.group(1)), "while logging in", str(exc)) from exc
-        raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
-    except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
-        text = str(exc)
-        if "SSL" in type(exc).__name__ or CERTIFICATE_FAILED.search(text):
-            raise ApiFailure(
-                f"TLS verification of {where} failed ({text.split('(Caused by')[0].strip()}): set proxmox_api_ca_file "
-                "to the CA that signed the PVE certificate (on a node: /etc/pve/pve-root-ca.pem)"
-            ) from exc
-        status = getattr(exc, "status_code", None)
-        if status == 401:
-            raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
-        raise
-
-
-def connect_ssh(p, proxmoxer):
-    """pvesh on the node over ssh (as root@pam, so devN changes are allowed), host key checked."""
-    import paramiko
-    from proxmoxer.backends import ssh_paramiko
-
-    known_hosts = p["ssh_known_hosts"] or os.path.expanduser("~/.ssh/known_hosts")
-    host = p["ssh_host"] or p["api_host"]
-
-    def checked_connect(session):
-        client = paramiko.SSHClient()
-        client.load_host_keys(known_hosts)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(
-            session.host,
-            port=session.port,
-            username=session.user,
-            key_filename=session.private_key_file,
-            allow_agent=True,
-            look_for_keys=not session.private_key_file,
-            timeout=30,
-        )
-        return client
-
-    ssh_paramiko.SshParamikoSession._connect = checked_connect
-    try:
-        return proxmoxer.ProxmoxAPI(
-            host,
-            backend="ssh_paramiko",
-            user=p["ssh_user"],
-            port=p["ssh_port"],
-            private_key_file=p["ssh_private_key_file"],
-            service="PVE",
-        )
-    except paramiko.SSHException as exc:
-        raise ApiFailure(
-            f"ssh to {host}:{p['ssh_port']} refused (host key checked against {known_hosts}): {exc}"
-        ) from exc
-
-
-def lost_connection(exc):
-    """A request the network lost (reset, timed out, TLS cut short): worth another attempt. A certificate that
-    does not verify is no such thing."""
-    name = type(exc).__name__
-    lost = "Connection" in name or "Timeout" in name or "SSL" in name
-    return lost and not CERTIFICATE_FAILED.search(str(exc))
-
-
 def with_retries(p, what, call, explain=None):
-    """Bounded retry, with backoff, for an API that is down, cut off or answers 5xx/59x. Every other refusal is an
-    ApiFailure that says what to do (`explain(exc)`'s, for the refusals the caller knows, else `refused`'s).
-    "detected modified configuration" is re-raised: the caller reads the config again."""
-    _, ResourceException = _proxmoxer()
-    delay, last = 1.0, None
-    for attempt in range(1, p["retries"] + 1):
-        try:
-            return call()
-        except ResourceException as exc:
-            if MODIFIED in str(exc):
-                raise
-            if exc.status_code not in RETRYABLE_STATUS or DEVICE_MISSING.search(str(exc)):
-                raise ((explain and explain(exc)) or refused(p, what, exc)) from exc
-            last = exc
-        except ApiFailure:
-            raise
-        except Exception as exc:
-            if not lost_connection(exc):
-                raise
-            last = exc
-        if attempt < p["retries"]:
-            time.sleep(delay)
-            delay *= 2
-    todo = LOCK_HELD.format(vmid=p["vmid"]) if LOCKED.search(str(last)) else "run again once it answers"
-    raise ApiFailure(
-        f"{what} failed {p['retries']} times; the PVE API at {p['api_host']}:{p['api_port']} keeps failing "
-        f"({last}): {todo}"
-    )
-
-
-def refused(p, what, exc):
-    """PVE's refusal of `what`, which no retry changes, with what to do."""
-    if exc.status_code == 401:
-        todo = "the login is no longer valid: " + CHECK_LOGIN
-    elif exc.status_code == 403:
-        todo = f"{p['api_user']} lacks the privilege PVE names: grant it on /vms/{p['vmid']}, then run again"
-    else:
-        todo = "fix what PVE names, then run again"
-    return ApiFailure(f"{what} was refused ({exc}): {todo}")
+    """pve_api.with_retries for this CT: a 403 names /vms/<vmid>, a lock still held at the end says who holds it."""
+    return pve_api.with_retries(
+        p, what, call, explain, grant_on=f"/vms/{p['vmid']}",
+        still_failing=lambda last: LOCK_HELD.format(vmid=p["vmid"]) if LOCKED.search(str(last)) else None,
+    )  # fmt: skip
 
 
 def wait_task(p, api, node, upid, what):
@@ -327,7 +194,7 @@ def write_with_digest(module, api, ct, wanted):
     """Read the config, plan, and PUT the change with the digest read; when the config changed in between (PVE
     refuses the digest), read and plan again, up to `retries` more times."""
     p = module.params
-    _, ResourceException = _proxmoxer()
+    _, ResourceException = pve_api.proxmoxer_modules()
     result = dict(changed=False, restarted=False, set={}, deleted=[], attempts=0)
     for attempt in range(1, p["retries"] + 2):
         # GET config merges pending changes in; what the CT runs with is current=1 (pve-guest-common
@@ -448,14 +315,7 @@ def started_reboot(p, api, ct, wanted):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            api_host=dict(type="str", required=True),
-            api_port=dict(type="int", default=8006),
-            api_user=dict(type="str", default="root@pam"),
-            api_password=dict(type="str", no_log=True),
-            api_token_id=dict(type="str", no_log=False),
-            api_token_secret=dict(type="str", no_log=True),
-            validate_certs=dict(type="bool", default=True),
-            ca_file=dict(type="path"),
+            pve_api.ARGUMENT_SPEC,
             backend=dict(type="str", choices=["https", "ssh"], default="https"),
             ssh_host=dict(type="str"),
             ssh_port=dict(type="int", default=22),
@@ -471,18 +331,17 @@ def main():
             gid=dict(type="int"),
             restart=dict(type="str", choices=["auto", "never"], default="auto"),
             nesting=dict(type="bool", default=True),
-            retries=dict(type="int", default=3),
             task_timeout=dict(type="int", default=300),
         ),
         supports_check_mode=True,
     )
     if not module.params["validate_certs"] and module.params["backend"] == "https":
-        module.warn("proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified")
+        module.warn(pve_api.UNVERIFIED)
     where = f"CT {module.params['vmid']} on {module.params['node']}: "
     try:
         result = run(module)
     except (ApiFailure, DeviceError) as exc:
-        module.fail_json(msg=where + " ".join(str(exc).split()))
+        module.fail_json(msg=where + pve_api.one_line(exc))
     except Exception as exc:
         module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
     module.exit_json(**result)

@@ -200,7 +200,10 @@ def served(pki):
 @pytest.fixture
 def module(monkeypatch):
     mod = collection.module("proxmox_lxc_gpu")
-    monkeypatch.setattr(mod, "time", Clock())
+    clock = Clock()
+    # the module's task polls, and the retries' backoff in module_utils/pve_api.py
+    monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(mod.pve_api, "time", clock)
     return mod
 
 

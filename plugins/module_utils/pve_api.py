@@ -1,0 +1,192 @@
+"""The Proxmox VE API from the controller, one way for every module that calls it (proxmox_lxc_gpu, pve_node_guests).
+
+One login (a ticket for a user's password, or an API token; TLS verified against the system's CAs or
+`ca_file`, or not at all when `validate_certs` is false), one bounded retry with backoff for an API that is down,
+cut off or answers 5xx/59x, and PVE's refusals turned into one line that says what to do. The caller names what it
+was doing (`what`) and, for a 403, where the privilege is needed (`grant_on`); the module adds its own prefix
+("CT 101 on pve1: ", "pve1: ").
+
+`p` is the module's params: api_host, api_port, api_user, api_password, api_token_id, api_token_secret,
+validate_certs, ca_file, retries (and for proxmox_lxc_gpu's ssh backend: backend, ssh_*). proxmoxer is imported
+only when a call is made, so this file loads without it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+RETRYABLE_STATUS = (500, 502, 503, 595, 596, 597, 598, 599)
+MODIFIED = "detected modified configuration"
+DEVICE_MISSING = re.compile(r"Device (\S+) does not exist")
+CERTIFICATE_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed", re.I)
+CHECK_LOGIN = "check proxmox_api_user and proxmox_api_password (or the API token), then run again"
+RUN_AGAIN = "run again once it answers"
+UNVERIFIED = "proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified"
+
+# The module options every API module takes, as AnsibleModule's argument_spec (DOCUMENTATION lists them too).
+ARGUMENT_SPEC = dict(
+    api_host=dict(type="str", required=True),
+    api_port=dict(type="int", default=8006),
+    api_user=dict(type="str", default="root@pam"),
+    api_password=dict(type="str", no_log=True),
+    api_token_id=dict(type="str", no_log=False),
+    api_token_secret=dict(type="str", no_log=True),
+    validate_certs=dict(type="bool", default=True),
+    ca_file=dict(type="path"),
+    retries=dict(type="int", default=3),
+)
+
+
+class ApiFailure(Exception):
+    pass
+
+
+def proxmoxer_modules():
+    """(proxmoxer, ResourceException), or an ApiFailure that says proxmoxer is missing."""
+    try:
+        import proxmoxer
+        from proxmoxer.core import ResourceException
+
+        return proxmoxer, ResourceException
+    except ImportError as exc:
+        raise ApiFailure(
+            f"proxmoxer is not installed for the controller's Python ({os.sys.executable}); it comes with provision"
+        ) from exc
+
+
+def connect(p):
+    """A logged-in proxmoxer.ProxmoxAPI. A login PVE did not answer (5xx/59x) is raised as ResourceException, so
+    that with_retries tries again; a refused one, or a certificate that does not verify, is an ApiFailure."""
+    proxmoxer, _ = proxmoxer_modules()
+    if p.get("backend", "https") == "ssh":
+        return connect_ssh(p, proxmoxer)
+    where = f"https://{p['api_host']}:{p['api_port']}"
+    kwargs = dict(port=p["api_port"], user=p["api_user"], timeout=30, service="PVE")
+    kwargs["verify_ssl"] = (p["ca_file"] or True) if p["validate_certs"] else False
+    if p["api_token_id"]:
+        if not p["api_token_secret"]:
+            raise ApiFailure("proxmox_api_token_id is set but proxmox_api_token_secret is empty")
+        kwargs.update(token_name=p["api_token_id"], token_value=p["api_token_secret"])
+    else:
+        if not p["api_password"]:
+            raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
+        kwargs["password"] = p["api_password"]
+    try:
+        api = proxmoxer.ProxmoxAPI(p["api_host"], backend="https", **kwargs)
+        if p["api_token_id"]:
+            api.version.get()  # tokens are checked on the first request, not at construction
+        return api
+    except proxmoxer.AuthenticationError as exc:
+        code = re.search(r"code: (\d+)", str(exc))
+        if code and int(code.group(1)) in RETRYABLE_STATUS:  # PVE did not answer the login: not a refusal
+            _, ResourceException = proxmoxer_modules()
+            raise ResourceException(int(code.group(1)), "while logging in", str(exc)) from exc
+        raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
+    except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
+        text = str(exc)
+        if "SSL" in type(exc).__name__ or CERTIFICATE_FAILED.search(text):
+            raise ApiFailure(
+                f"TLS verification of {where} failed ({text.split('(Caused by')[0].strip()}): set proxmox_api_ca_file "
+                "to the CA that signed the PVE certificate (on a node: /etc/pve/pve-root-ca.pem)"
+            ) from exc
+        status = getattr(exc, "status_code", None)
+        if status == 401:
+            raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
+        raise
+
+
+def connect_ssh(p, proxmoxer):
+    """pvesh on the node over ssh (as root@pam, so devN changes are allowed), host key checked."""
+    import paramiko
+    from proxmoxer.backends import ssh_paramiko
+
+    known_hosts = p["ssh_known_hosts"] or os.path.expanduser("~/.ssh/known_hosts")
+    host = p["ssh_host"] or p["api_host"]
+
+    def checked_connect(session):
+        client = paramiko.SSHClient()
+        client.load_host_keys(known_hosts)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(
+            session.host,
+            port=session.port,
+            username=session.user,
+            key_filename=session.private_key_file,
+            allow_agent=True,
+            look_for_keys=not session.private_key_file,
+            timeout=30,
+        )
+        return client
+
+    ssh_paramiko.SshParamikoSession._connect = checked_connect
+    try:
+        return proxmoxer.ProxmoxAPI(
+            host,
+            backend="ssh_paramiko",
+            user=p["ssh_user"],
+            port=p["ssh_port"],
+            private_key_file=p["ssh_private_key_file"],
+            service="PVE",
+        )
+    except paramiko.SSHException as exc:
+        raise ApiFailure(
+            f"ssh to {host}:{p['ssh_port']} refused (host key checked against {known_hosts}): {exc}"
+        ) from exc
+
+
+def lost_connection(exc):
+    """A request the network lost (reset, timed out, TLS cut short): worth another attempt. A certificate that
+    does not verify is no such thing."""
+    name = type(exc).__name__
+    lost = "Connection" in name or "Timeout" in name or "SSL" in name
+    return lost and not CERTIFICATE_FAILED.search(str(exc))
+
+
+def with_retries(p, what, call, explain=None, grant_on="/", still_failing=None):
+    """Bounded retry, with backoff, for an API that is down, cut off or answers 5xx/59x. Every other refusal is an
+    ApiFailure that says what to do (`explain(exc)`'s, for the refusals the caller knows, else `refused`'s).
+    "detected modified configuration" is re-raised: the caller reads the config again. After the last attempt,
+    `still_failing(last)` may name what to do about the last answer (else: run again once the API answers)."""
+    _, ResourceException = proxmoxer_modules()
+    delay, last = 1.0, None
+    for attempt in range(1, p["retries"] + 1):
+        try:
+            return call()
+        except ResourceException as exc:
+            if MODIFIED in str(exc):
+                raise
+            if exc.status_code not in RETRYABLE_STATUS or DEVICE_MISSING.search(str(exc)):
+                raise ((explain and explain(exc)) or refused(p, what, exc, grant_on)) from exc
+            last = exc
+        except ApiFailure:
+            raise
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
+            last = exc
+        if attempt < p["retries"]:
+            time.sleep(delay)
+            delay *= 2
+    todo = (still_failing and still_failing(last)) or RUN_AGAIN
+    raise ApiFailure(
+        f"{what} failed {p['retries']} times; the PVE API at {p['api_host']}:{p['api_port']} keeps failing "
+        f"({last}): {todo}"
+    )
+
+
+def refused(p, what, exc, grant_on):
+    """PVE's refusal of `what`, which no retry changes, with what to do."""
+    if exc.status_code == 401:
+        todo = "the login is no longer valid: " + CHECK_LOGIN
+    elif exc.status_code == 403:
+        todo = f"{p['api_user']} lacks the privilege PVE names: grant it on {grant_on}, then run again"
+    else:
+        todo = "fix what PVE names, then run again"
+    return ApiFailure(f"{what} was refused ({exc}): {todo}")
+
+
+def one_line(text):
+    """A message as one line (PVE's answers and task logs may hold several)."""
+    return " ".join(str(text).split())
