@@ -141,6 +141,22 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "boot config written, not checked, not rebooted",
         "boot config written, not rebooted",
     ),
+    "Put the node in HA maintenance mode": (
+        "HA maintenance mode being asked for: the node's HA services may be moving away; not rebooted: run apply "
+        "again, or take it off (ha-manager crm-command node-maintenance disable <node>)",
+        "node in HA maintenance mode, its HA services moving away; not rebooted: run apply again, or take it off "
+        "(ha-manager crm-command node-maintenance disable <node>)",
+    ),
+    "Wait for the HA services to leave the node": (
+        "node in HA maintenance mode, its HA services moving away; not rebooted: run apply again, or take it off "
+        "(ha-manager crm-command node-maintenance disable <node>)",
+        "node in HA maintenance mode, its HA services moved away; not rebooted: run apply again, or take it off "
+        "(ha-manager crm-command node-maintenance disable <node>)",
+    ),
+    "Take the node out of HA maintenance mode": (
+        "rebooted; HA maintenance mode being taken off (ha-manager crm-command node-maintenance disable <node>)",
+        "rebooted; HA maintenance mode taken off: HA moves the node's services back",
+    ),
     "Reboot into the new kernel command line": (
         "reboot under way or done: the node may be booting the new line, its findings not recorded",
         "rebooted into the new line, its findings not recorded",

@@ -69,6 +69,10 @@ CITED = [
         "exit 1, a failure for the frozen node (its text is not checked)",
         "the other node not rebooted and its new line not applied", NOT_SHOWN,
         LAB_KERNEL + "test_a_host_that_does_not_come_back_stops_the_rollout", False, False),
+    Row("a running VM the inventory does not own on the node to reboot (created through the lab's API)", "kernel",
+        "exit 1, `pve-grub: not rebooting: guests running that the inventory does not own: VM 105 (snp-tenant); …`",
+        "not rebooted (same boot id)", NOT_SHOWN,
+        LAB_KERNEL + "test_a_running_guest_the_inventory_does_not_own_stops_the_reboot", True, False),
     Row("a GRUB snippet that makes grub-mkconfig fail", "kernel",
         "`the new boot configuration was refused (…); the previous files were restored from … not rebooted`",
         "grub.cfg, /etc/default/grub and the change marker as before; no reboot", NOT_SHOWN,
@@ -101,8 +105,9 @@ def rows() -> list[Row]:
     """Every row: the fast tests' own (PVE API, kernel regeneration), then the cited ones."""
     from tests.unit.test_kernel_cmdline_faults import FAULT_ROWS as kernel
     from tests.unit.test_proxmox_lxc_gpu_faults import FAULT_ROWS as api
+    from tests.unit.test_pve_node_guests import FAULT_ROWS as before_reboot
 
-    return [*api, *kernel, *CITED]
+    return [*api, *kernel, *before_reboot, *CITED]
 
 
 def counts(table: list[Row]) -> dict[str, int]:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, boots, canonical, set_host_vars, split_cmdline
+from tests.lab.helpers import apply, boots, canonical, pve_api, set_host_vars, split_cmdline, wait_task
 
 SNP_ADD = ["kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
 # mem_encrypt=on: host SME is opt-in (kernel_cmdline_snp_mem_encrypt), and removed where an earlier profile put it
@@ -26,6 +26,7 @@ MARKER = "/var/lib/provision/cmdline-changed"
 GRUB_KEEP = ["quiet", "dyndbg=module iommu +p", "site_arg=1", "console=ttyS0,115200n8"]
 SDBOOT_KEEP = ["quiet", "acpi_osi=Windows 2020", "console=ttyS0,115200n8"]
 FILES = "/etc/default/grub /etc/default/grub.d/* /etc/kernel/cmdline /boot/grub/grub.cfg"
+TENANT = 105  # a VM the inventory does not own, created on pve-grub through the lab's PVE API
 
 
 def write(machine, path: str, content: str) -> None:
@@ -112,6 +113,33 @@ def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
     assert "zz-provision.cfg" in hosts["pve-grub"].ssh("ls /etc/default/grub.d").stdout
     entry = hosts["pve-sdboot"].ssh("proxmox-boot-tool status").stdout
     assert "configured with: uefi" in entry
+
+
+def test_a_running_guest_the_inventory_does_not_own_stops_the_reboot(hosts, runs, lab):
+    """A VM on pve-grub that the inventory does not own (the SNP tenant; created and started through the lab's PVE
+    API): the reboot left pending by the last test is refused, naming the VM, and nothing changes; CT 101, the
+    inventory's own container on pve-grub, runs there too and is no reason to refuse."""
+    grub, api = hosts["pve-grub"], pve_api(lab)
+    assert not all(a in args_of(grub) for a in SNP_ADD), "this test needs the reboot the last test left pending"
+    qemu = api.nodes("pve-grub").qemu
+    assert wait_task(api, "pve-grub", qemu.post(vmid=TENANT, name="snp-tenant", memory=512))["exitstatus"] == "OK"
+    try:
+        assert wait_task(api, "pve-grub", qemu(TENANT).status.start.post())["exitstatus"] == "OK"
+        before = (grub.boot_id(), checksums(grub), marker(grub))
+        rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", "pve-grub")
+        assert rc == 1, err[-2000:]
+        message = " ".join(f["message"] for f in result["failures"] if f["host"] == "pve-grub")
+        assert message.startswith(
+            f"pve-grub: not rebooting: guests running that the inventory does not own: VM {TENANT} (snp-tenant); "
+            "stop or migrate them, or set kernel_cmdline_reboot_running_guests: allow"
+        ), message
+        assert "CT 101" not in message, "the inventory's own container is no reason to refuse"
+        assert (grub.boot_id(), checksums(grub), marker(grub)) == before, "refused, yet the node rebooted or changed"
+    finally:
+        if qemu(TENANT).status.current.get()["status"] == "running":
+            wait_task(api, "pve-grub", qemu(TENANT).status.stop.post())
+        wait_task(api, "pve-grub", qemu(TENANT).delete())
+    assert TENANT not in [vm["vmid"] for vm in qemu.get()]
 
 
 def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):

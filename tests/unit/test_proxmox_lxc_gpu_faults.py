@@ -135,9 +135,9 @@ def faulty_pve_class():
 class Served:
     """A FaultyPve on its own event loop in a thread, seeded with one running container."""
 
-    def __init__(self, cafile: str, keyfile: str):
+    def __init__(self, cafile: str, keyfile: str, pve_class=None):
         self.cafile = cafile
-        self.pve = faulty_pve_class()(host="127.0.0.1", port=0)
+        self.pve = (pve_class or faulty_pve_class())(host="127.0.0.1", port=0)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
