@@ -71,7 +71,7 @@ CITED = [
         LAB_KERNEL + "test_a_host_that_does_not_come_back_stops_the_rollout", False, False),
     Row("a running VM the inventory does not own on the node to reboot (created through the lab's API)", "kernel",
         "exit 1, `pve-grub: not rebooting: guests running that the inventory does not own: VM 105 (snp-tenant); …`",
-        "not rebooted (same boot id)", NOT_SHOWN,
+        "not rebooted (same boot id); boot files and change marker as before", NOT_SHOWN,
         LAB_KERNEL + "test_a_running_guest_the_inventory_does_not_own_stops_the_reboot", True, False),
     Row("a GRUB snippet that makes grub-mkconfig fail", "kernel",
         "`the new boot configuration was refused (…); the previous files were restored from … not rebooted`",
