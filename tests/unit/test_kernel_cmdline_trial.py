@@ -1,0 +1,298 @@
+"""The kernel_cmdline module's trial boot, end to end on this machine, with nothing outside a mount namespace changed.
+
+As in test_kernel_cmdline_faults.py, the node is this machine inside a private mount namespace: /etc and /var/lib
+copy-on-write, /boot a tmpfs, for systemd-boot an ESP on a loop device named under /dev/disk/by-uuid. There, a
+tmpfs over /sys/firmware stands for the EFI variables (efivarfs file format: 4 bytes of attributes, then UTF-16)
+and a file bound over /proc/cmdline for the running kernel's command line, so that "the node booted the trial" is
+the state a real boot leaves: the bootloader took the one-shot, the kernel runs the trial's line.
+The bootloader's tools are stand-ins that do what the real ones do to the files the module reads: grub-editenv
+keeps KEY=VALUE lines, grub-reboot sets next_entry with it (util/grub-reboot.in), grub-probe answers what the test
+says; bootctl set-oneshot writes or deletes LoaderEntryOneShot (src/boot/bootctl.c verb_set_efivar()).
+
+The module runs as Ansible runs it (tests/unit/test_provision_state_module.py's call), the same actions the role
+calls: configure (the trial, or the commit after it), running, trial_remove.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit import collection
+from tests.unit.test_kernel_cmdline_faults import KVER, NEW_KVER, Node
+from tests.unit.test_provision_state_module import PLUGINS, RUNNER
+
+NEW_ARG = "provision_trial=1"
+GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+ESP_UUID = "B1C2-D3E4"
+DEBIAN12_GRUB_CFG = Path(__file__).parent / "fixtures" / "boot" / "debian12-grub.cfg"
+OLD_LINE = "root=UUID=6b3d2f9e-1a2b-4c3d-8e4f-5a6b7c8d9e0f ro console=ttyS0,115200n8 quiet"
+USER_CUSTOM = "menuentry 'memtest86+' {\n\tlinux16 /boot/memtest86+.bin\n}\n"
+
+GRUB_EDITENV = r"""#!/bin/sh
+# stand-in: grub-editenv FILE list | set KEY=VALUE | unset KEY, on KEY=VALUE lines
+f=$1; cmd=$2; shift 2; touch "$f"
+case $cmd in
+  list) cat "$f" ;;
+  set) for kv in "$@"; do
+         grep -v "^${kv%%=*}=" "$f" > "$f.new" || true; echo "$kv" >> "$f.new"; mv "$f.new" "$f"
+       done ;;
+  unset) for k in "$@"; do grep -v "^$k=" "$f" > "$f.new" || true; mv "$f.new" "$f"; done ;;
+esac
+"""
+GRUB_REBOOT = """#!/bin/sh
+exec grub-editenv /boot/grub/grubenv set next_entry="$1"
+"""
+GRUB_PROBE = """#!/bin/sh
+# stand-in: the answers the test gives for --target=abstraction and --target=fs
+case "$1" in
+  --target=abstraction) cat "$ROOT/probe-abstraction" ;;
+  --target=fs) cat "$ROOT/probe-fs" ;;
+  *) exit 1 ;;
+esac
+"""
+BOOTCTL = f"""#!{sys.executable}
+# stand-in: bootctl set-oneshot ID (an empty ID deletes the variable), as efivarfs stores it
+import os, sys
+assert sys.argv[1] == "set-oneshot", sys.argv
+path = "/sys/firmware/efi/efivars/LoaderEntryOneShot-{GUID}"
+if sys.argv[2]:
+    open(path, "wb").write((7).to_bytes(4, "little") + (sys.argv[2] + "\\0").encode("utf-16-le"))
+elif os.path.exists(path):
+    os.unlink(path)
+"""
+
+
+class TrialNode(Node):
+    """A Node (test_kernel_cmdline_faults.py) with the trial's tools, EFI variables and a /proc/cmdline of its own."""
+
+    def __init__(self, root: Path, bootloader: str):
+        super().__init__(root, bootloader)
+        for name, text in (("grub-editenv", GRUB_EDITENV), ("grub-reboot", GRUB_REBOOT), ("grub-probe", GRUB_PROBE),
+                           ("bootctl", BOOTCTL)):  # fmt: skip
+            (self.bin / name).write_text(text)
+            (self.bin / name).chmod(0o755)
+        self.sh("mount -t tmpfs tmpfs /sys/firmware")
+        self.sh(f"touch $ROOT/cmdline && mount --bind $ROOT/cmdline /proc/cmdline && rm -f {' '.join(PBT_FILES)}")
+
+    def boots(self, line: str, selected: str | None = None) -> None:
+        """The node now runs `line` (and, with `selected`, systemd-boot says it booted that entry)."""
+        (self.root / "cmdline").write_text(f"BOOT_IMAGE=/boot/vmlinuz-{KVER} {line}\n")
+        if selected:
+            self.efi_var("LoaderEntrySelected", selected)
+
+    def efi_var(self, name: str, value: str | None = None) -> str | None:
+        """Set (or with None read) a systemd-boot EFI variable, in efivarfs's format."""
+        path = f"/sys/firmware/efi/efivars/{name}-{GUID}"
+        if value is None:
+            script = f"import sys; d = open({path!r}, 'rb').read(); print(d[4:].decode('utf-16-le').rstrip(chr(0)))"
+            proc = self.sh(f'{sys.executable} -c "{script}"', check=False)
+            return proc.stdout.strip() if proc.returncode == 0 else None
+        data = (6).to_bytes(4, "little") + (value + "\0").encode("utf-16-le")
+        self.sh(f"mkdir -p /sys/firmware/efi/efivars && echo {data.hex()} | {sys.executable} -c "
+                f"\"import sys; open({path!r}, 'wb').write(bytes.fromhex(sys.stdin.read().strip()))\"")  # fmt: skip
+        return value
+
+    def module(self, **args) -> dict:
+        """The kernel_cmdline module, as Ansible runs it, inside the namespace."""
+        args = {"bootloader": self.bootloader, "add": [NEW_ARG], "remove": [],
+                "backup_dir": str(self.state / "kernel-cmdline"), **args}  # fmt: skip
+        args_file = self.root / "args.json"
+        args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+        module = PLUGINS / "modules" / "kernel_cmdline.py"
+        proc = self.sh(f'{sys.executable} -c "{RUNNER}" {collection.COLLECTIONS} {module} {args_file}', check=False)
+        assert proc.stdout, proc.stderr
+        return json.loads(proc.stdout)
+
+    def read(self, path: str) -> str | None:
+        proc = self.sh(f"cat {path}", check=False)
+        return proc.stdout if proc.returncode == 0 else None
+
+
+PBT_FILES = ("/etc/kernel/proxmox-boot-uuids", "/etc/kernel/cmdline", "/etc/default/grub.d/*.cfg")
+GRUB_SETUP = rf"""
+mount -t tmpfs -o mode=0755 tmpfs /boot
+mkdir -p /etc/default/grub.d /boot/grub
+cp {DEBIAN12_GRUB_CFG} /boot/grub/grub.cfg
+printf 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n' > /etc/default/grub
+printf 'GRUB_CMDLINE_LINUX="console=ttyS0,115200n8"\n' >> /etc/default/grub
+printf %s "{USER_CUSTOM}" > /boot/grub/custom.cfg
+echo ext2 > $ROOT/probe-fs; : > $ROOT/probe-abstraction
+"""
+SDBOOT_SETUP = rf"""
+mount -t tmpfs -o mode=0755 tmpfs /boot
+for k in {KVER} {NEW_KVER}; do
+  head -c 1000 /dev/urandom > /boot/vmlinuz-$k; head -c 1000 /dev/urandom > /boot/initrd.img-$k
+done
+truncate -s 2M $ROOT/esp.img && mkfs.ext2 -q -F -m 0 -b 1024 $ROOT/esp.img
+losetup --find --show $ROOT/esp.img > $ROOT/loop
+mount -t overlay overlay -o lowerdir=/dev,upperdir=$ROOT/dev-up,workdir=$ROOT/dev-work /dev
+mkdir -p /dev/disk/by-uuid $ROOT/esp && ln -s $(cat $ROOT/loop) /dev/disk/by-uuid/{ESP_UUID}
+mount /dev/disk/by-uuid/{ESP_UUID} $ROOT/esp && mkdir -p $ROOT/esp/loader/entries $ROOT/esp/EFI/proxmox
+printf 'timeout 3\ndefault proxmox-*\n' > $ROOT/esp/loader/loader.conf
+mkdir -p /etc/kernel
+echo '{OLD_LINE}' > /etc/kernel/cmdline
+echo {ESP_UUID} > /etc/kernel/proxmox-boot-uuids
+proxmox-boot-tool refresh >/dev/null
+umount $ROOT/esp
+mkdir -p /sys/firmware/efi/efivars
+"""
+ESP = f"mount /dev/disk/by-uuid/{ESP_UUID} $ROOT/esp && {{}}; umount $ROOT/esp"
+
+
+@pytest.fixture
+def node(tmp_path, request):
+    tools = ("unshare", "nsenter", "losetup", "mkfs.ext2")
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in tools):
+        pytest.skip(f"needs root and {', '.join(tools)}")
+    node = TrialNode(tmp_path, request.param)
+    node.sh(GRUB_SETUP if request.param == "grub" else SDBOOT_SETUP)
+    node.boots(OLD_LINE)
+    if request.param == "systemd-boot":
+        node.efi_var("LoaderInfo", "systemd-boot 252.39-1~deb12u2")  # what systemd-boot sets when it boots a node
+    yield node
+    node.close()
+
+
+def grub_files(node) -> dict:
+    return {p: node.read(p) for p in ("/etc/default/grub", "/boot/grub/grub.cfg", "/boot/grub/custom.cfg")}
+
+
+def next_entry(node) -> str | None:
+    listing = node.read("/boot/grub/grubenv") or ""
+    return next((ln.split("=", 1)[1] for ln in listing.split("\n") if ln.startswith("next_entry=")), None)
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+def test_grub_boots_the_new_line_once_from_custom_cfg_then_commits_it(node):
+    before = grub_files(node)
+    out = node.module(trial_boot="auto")
+    assert out["changed"] and out["trial"]["mode"] == "trial", out
+    after = grub_files(node)
+    assert after["/etc/default/grub"] == before["/etc/default/grub"], "the default line was written before its trial"
+    assert after["/boot/grub/grub.cfg"] == before["/boot/grub/grub.cfg"]
+    custom = after["/boot/grub/custom.cfg"]
+    assert custom.startswith(USER_CUSTOM) and "--id provision-trial" in custom, "the user's entry kept, ours added"
+    assert f"/boot/vmlinuz-6.1.0-57-amd64 {OLD_LINE} {NEW_ARG}\n" in custom
+    assert next_entry(node) == "provision-trial", "grub-reboot selected it once"
+    assert not (node.state / "kernel-cmdline" / "backups").exists(), "nothing of the default was backed up: unchanged"
+
+    # the node booted the trial: GRUB cleared next_entry (00_header's save_env), the kernel runs the trial's line
+    node.sh("grub-editenv /boot/grub/grubenv unset next_entry")
+    node.boots(out["trial"]["line"])
+    assert node.module(action="running")["reboot_needed"] is False
+
+    commit = node.module()  # the role's commit.yml: a configure call without a trial
+    assert commit["changed"] and commit["trial"]["mode"] == "none" and commit["backup"]
+    assert commit["trial_removed"] == ["/boot/grub/custom.cfg: the trial menu entry"]
+    assert NEW_ARG in node.read("/etc/default/grub") and node.read("/boot/grub/custom.cfg") == USER_CUSTOM
+    assert not (node.state / "kernel-cmdline" / "trial.json").exists()
+    again = node.module(trial_boot="auto")
+    assert not again["changed"] and again["trial"]["mode"] == "none" and again["trial_removed"] == []
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+def test_a_grub_node_back_on_its_old_line_keeps_its_default_and_loses_the_trial_entry(node):
+    before = grub_files(node)
+    assert node.module(trial_boot="auto")["trial"]["mode"] == "trial"
+    # power-cycled after a hang: GRUB had taken the one-shot, the default entry booted
+    node.sh("grub-editenv /boot/grub/grubenv unset next_entry")
+    assert node.module(action="running")["reboot_needed"] is True
+    out = node.module(action="trial_remove")
+    assert out["changed"] and out["trial_removed"] == ["/boot/grub/custom.cfg: the trial menu entry"]
+    assert grub_files(node) == before and next_entry(node) is None
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+def test_the_next_run_removes_a_trial_entry_an_interrupted_run_left_before_anything_else(node):
+    node.sh("rm /boot/grub/custom.cfg")
+    assert node.module(trial_boot="auto")["trial"]["mode"] == "trial"  # then interrupted: never rebooted
+    assert node.module(action="configure", _ansible_check_mode=True)["trial_removed"] == [
+        "/boot/grub/custom.cfg: the trial menu entry", "/boot/grub/grubenv: next_entry=provision-trial",
+    ], "check mode says what it would remove"  # fmt: skip
+    assert node.read("/boot/grub/custom.cfg") is not None, "and removes nothing"
+    out = node.module(reboot="never", trial_boot="auto")
+    assert len(out["trial_removed"]) == 2 and out["trial"]["mode"] == "none"
+    assert node.read("/boot/grub/custom.cfg") is None and next_entry(node) is None, "ours alone: the file went"
+    assert NEW_ARG in node.read("/etc/default/grub"), "reboot never: the default written, no trial"
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+@pytest.mark.parametrize(("abstraction", "fs", "reason"), [("lvm", "ext2", "/boot/grub is on lvm"),
+                                                           ("", "btrfs", "/boot/grub is on btrfs")])  # fmt: skip
+def test_where_grub_cannot_clear_the_one_shot_required_changes_nothing_and_auto_warns(node, abstraction, fs, reason):
+    node.sh(f"echo '{abstraction}' > $ROOT/probe-abstraction; echo {fs} > $ROOT/probe-fs")
+    before = grub_files(node)
+    out = node.module(trial_boot="required")
+    assert out["trial"]["mode"] == "refuse" and out["trial"]["reason"].startswith(reason) and not out["changed"]
+    assert grub_files(node) == before and not (node.state / "kernel-cmdline").exists(), "something was written"
+    out = node.module(trial_boot="auto")
+    assert out["trial"]["mode"] == "warn" and out["trial"]["reason"].startswith(reason) and out["backup"]
+    assert NEW_ARG in node.read("/etc/default/grub") and node.read("/boot/grub/custom.cfg") == USER_CUSTOM
+    assert next_entry(node) is None
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+def test_a_grub_default_other_than_the_first_entry_rules_the_trial_out(node):
+    node.sh("sed -i 's/^GRUB_DEFAULT=0/GRUB_DEFAULT=saved/' /etc/default/grub")
+    out = node.module(trial_boot="auto")
+    assert out["trial"] == {"mode": "warn", "reason": "GRUB_DEFAULT is 'saved', not 0: the entry the node boots by "
+                            "default is not the first"}  # fmt: skip
+
+
+@pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
+def test_systemd_boot_boots_a_copy_of_the_default_entry_once_then_commits(node):
+    entries = node.sh(ESP.format("cat $ROOT/esp/loader/entries/*.conf")).stdout
+    out = node.module(trial_boot="auto")
+    assert out["trial"]["mode"] == "trial", out
+    assert node.read("/etc/kernel/cmdline") == OLD_LINE + "\n", "the default line was written before its trial"
+    listing = node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout.split()
+    assert sorted(listing) == ["provision-trial.conf", f"proxmox-{KVER}.conf", f"proxmox-{NEW_KVER}.conf"]
+    trial = node.sh(ESP.format("cat $ROOT/esp/loader/entries/provision-trial.conf")).stdout
+    assert f"options  {OLD_LINE} {NEW_ARG}\n" in trial, trial
+    assert f"linux    /EFI/proxmox/{NEW_KVER}/vmlinuz-{NEW_KVER}" in trial, "a copy of the newest: the default"
+    assert node.sh(ESP.format("cat $ROOT/esp/loader/entries/proxmox-*.conf")).stdout == entries
+    assert node.efi_var("LoaderEntryOneShot") == "provision-trial.conf"
+
+    # systemd-boot took the one-shot (deleting the variable) and booted the trial entry
+    node.sh(f"rm /sys/firmware/efi/efivars/LoaderEntryOneShot-{GUID}")
+    node.boots(out["trial"]["line"], selected="provision-trial.conf")
+    seen = node.module(action="running")
+    assert seen["reboot_needed"] is False and seen["loader_entry_selected"] == "provision-trial.conf"
+
+    commit = node.module()
+    assert (
+        commit["changed"]
+        and commit["backup"]
+        and commit["trial_removed"] == [f"{ESP_UUID}:loader/entries/provision-trial.conf"]
+    )
+    assert node.read("/etc/kernel/cmdline") == f"{OLD_LINE} {NEW_ARG}\n"
+    assert "provision-trial.conf" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+
+
+@pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
+def test_a_systemd_boot_node_back_on_its_old_line_loses_the_entry_and_an_untaken_one_shot(node):
+    assert node.module(trial_boot="auto")["trial"]["mode"] == "trial"
+    # the one-shot was not taken (the firmware booted another way): the variable is still set, the old line runs
+    out = node.module(action="trial_remove")
+    assert out["trial_removed"] == [
+        f"{ESP_UUID}:loader/entries/provision-trial.conf",
+        "EFI variable LoaderEntryOneShot",
+    ]
+    assert node.efi_var("LoaderEntryOneShot") is None
+    assert node.read("/etc/kernel/cmdline") == OLD_LINE + "\n"
+    assert "provision-trial" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+
+
+@pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
+def test_a_node_not_booted_by_systemd_boot_cannot_take_a_one_shot(node):
+    node.sh("rm -rf /sys/firmware/efi")
+    assert node.module(trial_boot="auto")["trial"] == {"mode": "warn", "reason": "the node did not boot with UEFI"}
+    node.sh("mkdir -p /sys/firmware/efi/efivars")
+    out = node.module(trial_boot="required", add=["other=1"])
+    assert out["trial"]["mode"] == "refuse" and "no LoaderInfo EFI variable" in out["trial"]["reason"]
