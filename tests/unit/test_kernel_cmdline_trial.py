@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import Row
 from tests.unit import collection
-from tests.unit.test_kernel_cmdline_faults import KVER, NEW_KVER, Node
+from tests.unit.test_kernel_cmdline_faults import KVER, NEW_KVER, Node, pattern
 from tests.unit.test_provision_state_module import PLUGINS, RUNNER
 
 NEW_ARG = "provision_trial=1"
@@ -296,3 +297,186 @@ def test_a_node_not_booted_by_systemd_boot_cannot_take_a_one_shot(node):
     node.sh("mkdir -p /sys/firmware/efi/efivars")
     out = node.module(trial_boot="required", add=["other=1"])
     assert out["trial"]["mode"] == "refuse" and "no LoaderInfo EFI variable" in out["trial"]["reason"]
+
+
+# ----------------------------------------------------------------- the role's trial flow, through ansible-playbook
+# The role runs as playbooks/kernel.yml runs it, from a copy of the collection in which two tasks of reboot.yml are
+# replaced: the reboot becomes BOOT (below), which does to the node's files what a reboot through its bootloader
+# does, and the wait for pve-guests.service goes (this machine may not run systemd). Everything after the boot (the
+# check, the trial's verdict, the commit, the rescue) is the role's own.
+BOOT = f"""#!{sys.executable}
+# stand-in for a reboot: BOOT trial | hang | not-taken | trial-then-full-boot. The bootloader takes its one-shot
+# (GRUB: next_entry, cleared as 00_header's save_env does; systemd-boot: LoaderEntryOneShot, deleted as
+# config_load_defaults() does) unless not-taken; trial boots the trial entry, hang hangs in it and is power-cycled
+# into the default entry.
+import glob, os, re, subprocess, sys
+mode, root = sys.argv[1], os.environ["ROOT"]
+efivars = "/sys/firmware/efi/efivars/{{}}-{GUID}"
+
+def args_of(text, after=""):
+    text = text.split(after, 1)[1] if after else text
+    return re.search(r"^\\s*linux\\s+\\S+ (.*)$", text, re.M).group(1)
+
+if not os.path.exists("/etc/kernel/proxmox-boot-uuids"):
+    env = open("/boot/grub/grubenv").read() if os.path.exists("/boot/grub/grubenv") else ""
+    once = re.search(r"^next_entry=(.*)$", env, re.M)
+    if once and mode != "not-taken":
+        subprocess.run(["grub-editenv", "/boot/grub/grubenv", "unset", "next_entry"], check=True)
+    if once and mode.startswith("trial"):
+        line = args_of(open("/boot/grub/custom.cfg").read(), "--id " + once.group(1))
+    else:
+        line = args_of(open("/boot/grub/grub.cfg").read())
+    selected = None
+else:
+    var = efivars.format("LoaderEntryOneShot")
+    once = open(var, "rb").read()[4:].decode("utf-16-le").rstrip("\\0") if os.path.exists(var) else None
+    if once and mode != "not-taken":
+        os.unlink(var)
+    esp = os.path.join(root, "esp")
+    subprocess.run(["mount", "/dev/disk/by-uuid/{ESP_UUID}", esp], check=True)
+    entries = sorted(glob.glob(esp + "/loader/entries/proxmox-*.conf"))
+    selected = once if once and mode == "trial" else os.path.basename(entries[-1])
+    line = re.search(r"^options\\s+(.*)$", open(esp + "/loader/entries/" + selected).read(), re.M).group(1)
+    subprocess.run(["umount", esp], check=True)
+    data = (6).to_bytes(4, "little") + (selected + "\\0").encode("utf-16-le")
+    open(efivars.format("LoaderEntrySelected"), "wb").write(data)
+open(os.path.join(root, "cmdline"), "w").write("BOOT_IMAGE=/vmlinuz " + line + "\\n")
+if mode == "trial-then-full-boot":  # /boot fills up while the node is on its trial boot, leaving 8 KiB
+    subprocess.run("dd if=/dev/zero of=/boot/filler bs=4096 2>/dev/null; truncate -s -8K /boot/filler", shell=True)
+"""
+PLAYBOOK = """- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: The kernel phase of one node, its reboot a stand-in
+      block:
+        - name: Merge, boot the trial, judge it, commit
+          ansible.builtin.include_role:
+            name: provision.pve_sglang.kernel_cmdline
+      rescue:
+        - name: Keep the failure the user sees
+          ansible.builtin.set_fact:
+            _failure: "{{ ansible_failed_result.msg }}"
+      always:
+        - name: Write the outcome for the test
+          ansible.builtin.copy:
+            dest: "{{ outcome_file }}"
+            content: "{{ {'failed': _failure | default(None)} | to_json }}"
+            mode: "0600"
+"""
+
+
+@pytest.fixture(scope="module")
+def stand_in_reboot(tmp_path_factory):
+    """A copy of the collection whose reboot (and wait for pve-guests) is the BOOT stand-in."""
+    import yaml
+
+    collections = tmp_path_factory.mktemp("collections")
+    copy = collections / "ansible_collections" / "provision" / "pve_sglang"
+    copy.mkdir(parents=True)
+    for part in ("galaxy.yml", "meta", "plugins", "roles"):
+        source = PLUGINS.parent / part
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / part)
+    reboot = copy / "roles" / "kernel_cmdline" / "tasks" / "reboot.yml"
+    tasks = yaml.safe_load(reboot.read_text())
+    assert [t["name"] for t in tasks[:2]] == [
+        "Reboot into the new kernel command line",
+        "Wait for the node's onboot guests",
+    ]
+    tasks[:2] = [{"name": "Boot through the bootloader stand-in", "ansible.builtin.command": "boot {{ boot_mode }}",
+                  "when": tasks[0]["when"], "register": tasks[0]["register"], "changed_when": True}]  # fmt: skip
+    reboot.write_text(yaml.safe_dump(tasks, sort_keys=False))
+    return collections
+
+
+def apply(node: TrialNode, collections: Path, boot_mode: str) -> str | None:
+    """The role on the node through ansible-playbook, its reboot the BOOT stand-in; the failure message or None."""
+    (node.bin / "boot").write_text(BOOT)
+    (node.bin / "boot").chmod(0o755)
+    outcome = node.root / "outcome.json"
+    outcome.unlink(missing_ok=True)
+    extra = {"kernel_cmdline_bootloader": node.bootloader, "kernel_cmdline_snp_profile": False,
+             "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(node.state), "boot_mode": boot_mode,
+             "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
+    (node.root / "site.yml").write_text(PLAYBOOK)
+    (node.root / "extra.json").write_text(json.dumps(extra))
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    env = f"ANSIBLE_COLLECTIONS_PATH={collections} ANSIBLE_NOCOLOR=1"
+    proc = node.sh(f"{env} {playbook} -i localhost, -e @{node.root}/extra.json {node.root}/site.yml", check=False)
+    assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(outcome.read_text())["failed"]
+
+
+def boot_config(node) -> dict:
+    """The node's default boot configuration: what boots after a power cycle."""
+    if node.bootloader == "grub":
+        return {p: node.read(p) for p in ("/etc/default/grub", "/boot/grub/grub.cfg")}
+    return {"/etc/kernel/cmdline": node.read("/etc/kernel/cmdline"),
+            "ESP": node.sh(ESP.format("cat $ROOT/esp/loader/entries/proxmox-*.conf")).stdout}  # fmt: skip
+
+
+def trial_left(node) -> list[str]:
+    """What of a trial entry is on the node."""
+    left = [f"next_entry={e}" for e in [next_entry(node)] if e]
+    left += ["custom.cfg block" for c in [node.read("/boot/grub/custom.cfg")] if c and "provision-trial" in c]
+    if node.bootloader == "systemd-boot":
+        left += [n for n in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout.split() if "trial" in n]
+        left += ["LoaderEntryOneShot" for v in [node.efi_var("LoaderEntryOneShot")] if v]
+    return left
+
+
+def running(node) -> str:
+    return (node.root / "cmdline").read_text()
+
+
+@pytest.mark.parametrize(("node", "boot_mode"), [("grub", "hang"), ("systemd-boot", "not-taken")],
+                         indirect=["node"])  # fmt: skip
+def test_a_node_back_on_its_old_line_keeps_its_default_and_the_next_run_converges(node, stand_in_reboot, boot_mode):
+    """hang: the trial entry booted and hung, and a power cycle booted the default; not-taken: the bootloader did not
+    take the one-shot (still set). Either way the role stops with one line; a run that boots the trial commits it."""
+    before = boot_config(node)
+    failed = apply(node, stand_in_reboot, boot_mode)
+    files = ("/etc/default/grub, /boot/grub/grub.cfg" if node.bootloader == "grub"
+             else "/etc/kernel/cmdline, loader/entries/proxmox-*.conf on the ESPs")  # fmt: skip
+    assert failed == (
+        f"localhost: the trial boot did not come up on the new line (running: BOOT_IMAGE=/vmlinuz {OLD_LINE}"
+        + ("; booted entry proxmox-6.8.12-5-pve.conf" if node.bootloader == "systemd-boot" else "")
+        + f"); the default boot entry is unchanged ({files}), trial entry removed; nothing else was changed"
+    )
+    assert boot_config(node) == before and trial_left(node) == [] and NEW_ARG not in running(node)
+    assert not (node.state / "cmdline-changed").exists()
+
+    assert apply(node, stand_in_reboot, "trial") is None
+    assert NEW_ARG in running(node).split(), "the trial booted the new line"
+    config = boot_config(node)
+    assert all(NEW_ARG in text for text in config.values()), f"then made the default: {config}"
+    assert trial_left(node) == [] and (node.state / "cmdline-changed").exists()
+
+
+COMMIT_FAULT_SEES = (
+    "the new boot configuration was refused (non-zero return code cat: write error: No space left on device); the "
+    "previous files were restored from …/kernel-cmdline/backups/… but regenerating failed too, so the boot "
+    "configuration on disk is the one from before this run; the node runs the new line from its trial boot until it "
+    "reboots, and its default boot entry stays the old line"
+)
+FAULT_ROWS = [
+    Row("/boot full when a trial boot's line is made the default (`update-grub` after the trial)", "kernel",
+        f"`{COMMIT_FAULT_SEES}`",
+        "/etc/default/grub and /boot/grub/grub.cfg as before, the trial entry removed, no marker; the node runs the "
+        "new line until its next boot",
+        "yes: with room made, the next run writes the default without another reboot",
+        "tests/unit/test_kernel_cmdline_trial.py::test_a_full_boot_when_the_trial_is_committed", True, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+def test_a_full_boot_when_the_trial_is_committed(node, stand_in_reboot):
+    node.sh("umount /boot && mount -t tmpfs -o size=256k,mode=0755 tmpfs /boot && " + GRUB_SETUP.split("\n", 2)[2])
+    before = boot_config(node)
+    failed = apply(node, stand_in_reboot, "trial-then-full-boot")
+    assert failed and pattern(COMMIT_FAULT_SEES).fullmatch(failed), failed
+    assert boot_config(node) == before and trial_left(node) == [] and NEW_ARG in running(node).split()
+    assert not (node.state / "cmdline-changed").exists()
+    node.sh("rm /boot/filler")
+    assert apply(node, stand_in_reboot, "hang") is None, "no reboot is due: the node runs the line"
+    assert NEW_ARG in boot_config(node)["/boot/grub/grub.cfg"] and (node.state / "cmdline-changed").exists()
