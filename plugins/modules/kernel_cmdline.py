@@ -23,13 +23,13 @@ description:
   - A trial boot (I(trial_boot)) boots the new line once before it becomes the default
     (plugins/module_utils/boot_trial.py has the rules and their sources). When C(configure) would change the
     boot configuration and the running kernel lacks the wanted arguments (a reboot is due, I(reboot=auto)), it
-    writes no default file: it writes a one-shot entry instead. GRUB, a copy of the first menu entry of
+    writes no default file but a one-shot entry instead. On GRUB, a copy of the first menu entry of
     C(/boot/grub/grub.cfg) with the merged arguments, in a delimited block of C(/boot/grub/custom.cfg), and
-    C(grub-reboot provision-trial); systemd-boot, C(loader/entries/provision-trial.conf) on every ESP (a copy
-    of the entry systemd-boot boots by default, options replaced by the merged first line of
-    C(/etc/kernel/cmdline)), and C(bootctl set-oneshot provision-trial.conf). The next C(configure) call (after
-    the trial boot: the commit, which writes the default files as without a trial) and C(trial_remove) remove
-    it, and the C(trial.json) record in I(backup_dir) that says it was written.
+    C(grub-reboot provision-trial). On systemd-boot, C(loader/entries/provision-trial.conf) on every ESP (a copy
+    of the entry systemd-boot boots by default, its options the merged first line of C(/etc/kernel/cmdline)),
+    and C(bootctl set-oneshot provision-trial.conf). The next C(configure) call (after the trial boot, the commit,
+    which writes the default files as without a trial) and C(trial_remove) remove it, and the C(trial.json)
+    record in I(backup_dir) that says it was written.
 options:
   action:
     type: str
