@@ -122,9 +122,11 @@ trial_removed:
   type: list
   returned: configure, trial_remove
 loader_entry_selected:
-  description: the systemd-boot entry this boot came from (EFI variable LoaderEntrySelected), or null
+  description:
+    - the systemd-boot entry this boot came from (EFI variable LoaderEntrySelected), or null; action=configure
+      returns it inside C(running)
   type: str
-  returned: configure, running, findings
+  returned: running, findings
 backup: {description: directory holding the originals, type: str, returned: when changed}
 """
 
@@ -480,7 +482,8 @@ def remove_trial(module, bootloader):
     try:
         removed = trial_for(module, bootloader).remove(module.check_mode, os.path.exists(record))
     except (TrialError, OSError) as e:
-        module.fail_json(msg=f"cannot remove the trial boot entry: {e}")
+        hint = f"; {record} records it: remove that file once the entry is gone" if os.path.exists(record) else ""
+        module.fail_json(msg=f"cannot remove the trial boot entry: {e}{hint}")
     if os.path.exists(record) and not module.check_mode:
         os.unlink(record)
     return removed
