@@ -69,7 +69,8 @@ def trial_left(machine) -> list[str]:
     """What of a trial boot entry is on the node: ours in custom.cfg, on an ESP, a one-shot, our record of it."""
     out = machine.ssh(
         "grep -l provision-trial /boot/grub/custom.cfg 2>/dev/null; "
-        "grub-editenv /boot/grub/grubenv list 2>/dev/null | grep '^next_entry='; "
+        # GRUB's save_env leaves `next_entry=` (empty) once it has taken the one-shot
+        "grub-editenv /boot/grub/grubenv list 2>/dev/null | grep '^next_entry=.'; "
         "ls /sys/firmware/efi/efivars/LoaderEntryOneShot-* /var/lib/provision/kernel-cmdline/trial.json 2>/dev/null; "
         + on_each_esp("ls loader/entries/provision-trial.conf 2>/dev/null")
     ).stdout
