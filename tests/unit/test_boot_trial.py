@@ -115,6 +115,7 @@ def test_grubenv_next_entry(trial):
     listing = "saved_entry=0\nnext_entry=provision-trial\n"
     assert trial.grubenv_next_entry(listing) == "provision-trial"
     assert trial.grubenv_next_entry("saved_entry=0\n") is None
+    assert trial.grubenv_next_entry("next_entry=\n") == "", "what GRUB's save_env leaves once it took the one-shot"
 
 
 # ----------------------------------------------------------------- systemd-boot
