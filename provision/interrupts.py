@@ -130,16 +130,19 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "nothing changed",
     ),
     "Merge the wanted arguments into the bootloader's kernel command line": (
-        "kernel command line being written (a backup is kept), boot config not regenerated, not rebooted",
-        "kernel command line written, boot config not regenerated, not rebooted",
+        "kernel command line (or, for a trial boot, a one-shot entry) being written (a backup is kept), boot config "
+        "not regenerated, not rebooted: the next run removes a trial entry left behind",
+        "kernel command line (or, for a trial boot, a one-shot entry) written, boot config not regenerated, "
+        "not rebooted: the next run removes a trial entry left behind",
     ),
+    # also run after a trial boot that passed (its commit): "not rebooted into it" holds before and after that boot
     "Regenerate the boot configuration for this bootloader": (
-        "boot config being regenerated, not rebooted: run apply again to regenerate it",
-        "boot config written, not rebooted",
+        "boot config being regenerated, not rebooted into it: run apply again to regenerate it",
+        "boot config written, not rebooted into it",
     ),
     "Check that the generated boot configuration carries the new arguments": (
-        "boot config written, not checked, not rebooted",
-        "boot config written, not rebooted",
+        "boot config written, not checked, not rebooted into it",
+        "boot config written, not rebooted into it",
     ),
     "Put the node in HA maintenance mode": (
         "HA maintenance mode being asked for: the node's HA services may be moving away; not rebooted: run apply "
@@ -158,8 +161,17 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "rebooted; HA maintenance mode taken off: HA moves the node's services back",
     ),
     "Reboot into the new kernel command line": (
-        "reboot under way or done: the node may be booting the new line, its findings not recorded",
-        "rebooted into the new line, its findings not recorded",
+        "reboot under way or done: the node may be booting the new line (once, from its trial entry, where one was "
+        "written: its default entry is the old line), its findings not recorded",
+        "rebooted into the new line (from its trial entry, where one was written), its findings not recorded",
+    ),
+    "Remove the trial boot entry of a node that came back on its old line": (
+        "back on its old line after the trial boot, the default unchanged; the trial entry being removed",
+        "back on its old line after the trial boot, the default unchanged, the trial entry removed",
+    ),
+    "Write the trial boot's kernel command line into the default boot configuration": (
+        "trial boot passed; its line being written as the default (a backup is kept), boot config not regenerated",
+        "trial boot passed; its line written as the default, boot config not regenerated",
     ),
     "Check the running kernel's arguments and record this boot's IOMMU and SEV-SNP findings": (
         "rebooted, findings being recorded",

@@ -65,15 +65,20 @@ CITED = [
     Row("an unknown ssh host key", "all", "the host `unreachable`; `verify` names the host key; exit 1",
         "with the `--no-host-key-checking` opt-out, no unverified key written to any known_hosts file", NOT_SHOWN,
         SSH + "test_unknown_host_key_is_refused", True, False),
-    Row("a node frozen during its reboot (qemu `stop`)", "kernel",
-        "exit 1, a failure for the frozen node (its text is not checked)",
-        "the other node not rebooted and its new line not applied", NOT_SHOWN,
-        LAB_KERNEL + "test_a_host_that_does_not_come_back_stops_the_rollout", False, False),
+    Row("a node frozen in its trial boot (qemu `stop` once the kernel with the new line prints its command line), "
+        "then reset (qemu `system_reset`)", "kernel",
+        "exit 1; `<node>: the trial boot did not come up on the new line (running: …); the default boot entry is "
+        "unchanged (…), trial entry removed; nothing else was changed`",
+        "the frozen node back on its old line, its default boot configuration (GRUB files, grub.cfg, "
+        "/etc/kernel/cmdline, the ESP's entries) as before and no trial entry left; the other node's boot "
+        "configuration untouched and not rebooted",
+        "yes: the next run boots each node's trial and makes it the default; no trial entry is left",
+        LAB_KERNEL + "test_a_trial_boot_that_hangs_comes_back_on_the_old_line_and_stops_the_rollout", True, True),
     Row("a running VM the inventory does not own on the node to reboot (created through the lab's API)", "kernel",
         "exit 1, `pve-grub: not rebooting: guests running that the inventory does not own: VM 105 (snp-tenant); …`",
         "not rebooted (same boot id); boot files and change marker as before", NOT_SHOWN,
         LAB_KERNEL + "test_a_running_guest_the_inventory_does_not_own_stops_the_reboot", True, False),
-    Row("a GRUB snippet that makes grub-mkconfig fail", "kernel",
+    Row("a GRUB snippet that makes grub-mkconfig fail (`kernel_cmdline_trial_boot: off`: before any reboot)", "kernel",
         "`the new boot configuration was refused (…); the previous files were restored from … not rebooted`",
         "grub.cfg, /etc/default/grub and the change marker as before; no reboot", NOT_SHOWN,
         LAB_KERNEL + "test_failed_generation_restores_the_old_config_and_does_not_reboot", True, False),
@@ -102,12 +107,13 @@ NOT_YET = [
 
 
 def rows() -> list[Row]:
-    """Every row: the fast tests' own (PVE API, kernel regeneration), then the cited ones."""
+    """Every row: the fast tests' own (PVE API, kernel regeneration, the trial boot's commit), then the cited ones."""
     from tests.unit.test_kernel_cmdline_faults import FAULT_ROWS as kernel
+    from tests.unit.test_kernel_cmdline_trial import FAULT_ROWS as trial
     from tests.unit.test_proxmox_lxc_gpu_faults import FAULT_ROWS as api
     from tests.unit.test_pve_node_guests import FAULT_ROWS as before_reboot
 
-    return [*api, *kernel, *before_reboot, *CITED]
+    return [*api, *kernel, *trial, *before_reboot, *CITED]
 
 
 def counts(table: list[Row]) -> dict[str, int]:

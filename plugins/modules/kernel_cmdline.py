@@ -20,10 +20,20 @@ description:
     (plugins/module_utils/kernel_findings.py and sev_snp.py, which the GPU diagnostic reads them by too).
   - C(mark_changed) records that the boot configuration changed (C(marker_file), JSON with C(changed_at) in UTC
     and the new C(line)), so that verdicts taken before the change (the GPU diagnostic's) can be refused.
+  - A trial boot (I(trial_boot)) boots the new line once before it becomes the default
+    (plugins/module_utils/boot_trial.py has the rules and their sources). When C(configure) would change the
+    boot configuration and the running kernel lacks the wanted arguments (a reboot is due, I(reboot=auto)), it
+    writes no default file but a one-shot entry instead. On GRUB, a copy of the first menu entry of
+    C(/boot/grub/grub.cfg) with the merged arguments, in a delimited block of C(/boot/grub/custom.cfg), and
+    C(grub-reboot provision-trial). On systemd-boot, C(loader/entries/provision-trial.conf) on every ESP (a copy
+    of the entry systemd-boot boots by default, its options the merged first line of C(/etc/kernel/cmdline)),
+    and C(bootctl set-oneshot provision-trial.conf). The next C(configure) call (after the trial boot, the commit,
+    which writes the default files as without a trial) and C(trial_remove) remove it, and the C(trial.json)
+    record in I(backup_dir) that says it was written.
 options:
   action:
     type: str
-    choices: [configure, verify_generated, restore, running, findings, mark_changed]
+    choices: [configure, verify_generated, restore, running, findings, mark_changed, trial_remove]
     default: configure
   bootloader:
     type: str
@@ -53,6 +63,19 @@ options:
       - SEV-SNP must be proven on this node. With action=configure, a node that would need a reboot into the
         new line but cannot do SEV-SNP (no C(sev_snp) CPU flag, or a kernel older than 6.11 to boot) fails before
         anything is written. Recorded in wanted.json for C(provision verify).
+  trial_boot:
+    type: str
+    choices: [auto, required, "off"]
+    default: "off"
+    description:
+      - with action=configure, boot a changed line once before it becomes the default. C(auto) where the
+        bootloader can (else C(trial) says why not, and the default files are written as with C(off)),
+        C(required) writes nothing where it cannot (C(trial.mode) is C(refuse)).
+  reboot:
+    type: str
+    choices: [auto, never]
+    default: auto
+    description: with action=configure, whether the caller reboots a node that needs it (C(never) means no trial).
   marker_file:
     type: path
     description: with action=mark_changed, the file to write
@@ -88,9 +111,26 @@ snp_before_reboot:
   description: SEV-SNP prerequisites missing for the next boot (empty when none or not required)
   type: list
   returned: configure
+trial:
+  description:
+    - the trial boot decision, C(mode) one of C(trial) (written; C(entry) says where, C(line) the trial's
+      arguments), C(warn) or C(refuse) (not possible; C(reason) says why), C(none) (not wanted)
+  type: dict
+  returned: configure
+trial_removed:
+  description: what of a trial boot entry was removed (in check mode, would be)
+  type: list
+  returned: configure, trial_remove
+loader_entry_selected:
+  description:
+    - the systemd-boot entry this boot came from (EFI variable LoaderEntrySelected), or null; action=configure
+      returns it inside C(running)
+  type: str
+  returned: running, findings
 backup: {description: directory holding the originals, type: str, returned: when changed}
 """
 
+import contextlib
 import datetime
 import glob
 import json
@@ -100,7 +140,7 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.provision.pve_sglang.plugins.module_utils import kernel_findings
+from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, kernel_findings
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
     assigned_word,
     assignments,
@@ -128,6 +168,14 @@ PBT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
 PBT_PIN = "/etc/kernel/proxmox-boot-pin"
 DEFAULT_VAR = "GRUB_CMDLINE_LINUX_DEFAULT"
 LINUX_VAR = "GRUB_CMDLINE_LINUX"
+GRUB_CUSTOM = "/boot/grub/custom.cfg"
+GRUB_DIR = "/boot/grub"
+GRUBENV = "/boot/grub/grubenv"
+EFI_DIR = "/sys/firmware/efi"
+# systemd-boot's variables (the Boot Loader Interface): efivarfs names them <name>-<vendor GUID>
+LOADER_VARS = "/sys/firmware/efi/efivars/{}-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+TRIAL_RECORD = "trial.json"  # in backup_dir: a trial entry was written and not yet removed
+ACTIONS = ("configure", "verify_generated", "restore", "running", "findings", "mark_changed", "trial_remove")
 
 
 # ------------------------------------------------------------------ detection
@@ -240,6 +288,235 @@ def record_wanted(directory, bootloader, add, remove, snp_required):
     write_if_different(path, json.dumps(wanted, indent=1, sort_keys=True) + "\n")
 
 
+# ------------------------------------------------------------------ ESPs (proxmox-boot-tool)
+class EspError(Exception):
+    """An ESP that cannot be read or written; the message names it."""
+
+
+def esp_uuids():
+    """The ESPs proxmox-boot-tool keeps in sync, by file system UUID."""
+    text = read_if_exists(PBT_UUIDS, "")
+    return [ln.split()[0] for ln in text.split("\n") if ln.strip()]
+
+
+@contextlib.contextmanager
+def mounted_esp(module, uuid, writable=False):
+    """The ESP mounted on a directory of its own for the block (ESPs are not mounted on a PVE node)."""
+    device = "/dev/disk/by-uuid/" + uuid
+    if not os.path.exists(device):
+        raise EspError(f"ESP {device} listed in {PBT_UUIDS} does not exist")
+    mnt = tempfile.mkdtemp(prefix="provision-esp-")
+    rc, _, err = module.run_command(["mount", "-o", "rw" if writable else "ro", device, mnt])
+    if rc != 0:
+        os.rmdir(mnt)
+        raise EspError(f"cannot mount ESP {device}: {err.strip()}")
+    try:
+        yield mnt
+    finally:
+        module.run_command(["umount", mnt])
+        os.rmdir(mnt)
+
+
+def replace_file(path, content):
+    """Write a file on a FAT file system: a temporary file renamed over it (FAT has no modes to keep), synced."""
+    tmp = f"{path}.provision-tmp"
+    with open(tmp, "w") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def efi_variable(name):
+    """A systemd-boot EFI variable's string value, or None where it is not set (or the node has no EFI)."""
+    try:
+        with open(LOADER_VARS.format(name), "rb") as f:
+            return boot_trial.efi_string(f.read())
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------ trial boot
+class TrialError(Exception):
+    """Preparing the trial boot failed; what was written is removed again."""
+
+
+class GrubTrial:
+    """A one-shot GRUB menu entry: our block in /boot/grub/custom.cfg, selected once by grub-reboot."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def run(self, argv):
+        rc, out, err = self.module.run_command(argv)
+        if rc != 0:
+            raise TrialError(f"{' '.join(argv)} failed: {(err or out).strip()[-300:]}")
+        return out
+
+    def problem(self, add, remove):
+        """Why this node cannot boot a one-shot GRUB entry, or None."""
+        cfg = read_if_exists(GRUB_CFG)
+        if cfg is None:
+            return f"{GRUB_CFG} does not exist"
+        if os.path.exists(PBT_UUIDS):
+            return (f"GRUB boots from the ESPs proxmox-boot-tool manages ({PBT_UUIDS}), whose grub.cfg and grubenv "
+                    f"are not {GRUB_DIR}'s")  # fmt: skip
+        tools = ("grub-probe", "grub-reboot", "grub-editenv")
+        missing_tool = next((t for t in tools if not self.module.get_bin_path(t)), None)
+        if missing_tool:
+            return f"{missing_tool} is not installed"
+        found = boot_trial.grub_cfg_problem(cfg) or boot_trial.grub_default_problem(
+            effective_grub_value(self.module, "GRUB_DEFAULT")
+        )
+        if found:
+            return found
+        try:
+            answers = [self.run(["grub-probe", f"--target={t}", GRUB_DIR]) for t in ("abstraction", "fs")]
+            found = boot_trial.grub_env_problem(*answers)
+            boot_trial.grub_trial_entry(cfg, add, remove)
+        except (TrialError, boot_trial.Unavailable) as e:
+            return str(e)
+        return found
+
+    def prepare(self, add, remove, line):
+        entry, trial_line = boot_trial.grub_trial_entry(read_file(GRUB_CFG), add, remove)
+        atomic_write(GRUB_CUSTOM, boot_trial.custom_cfg_with(read_if_exists(GRUB_CUSTOM), entry))
+        self.run(["grub-reboot", boot_trial.TRIAL_ID])
+        return dict(entry=f"{GRUB_CUSTOM} (menuentry --id {boot_trial.TRIAL_ID}, once through grub-reboot)",
+                    line=trial_line)  # fmt: skip
+
+    def remove(self, dry_run, recorded):
+        """Take out our custom.cfg block and a next_entry still naming it; what was (or would be) removed."""
+        removed = []
+        existing = read_if_exists(GRUB_CUSTOM)
+        if boot_trial.has_block(existing):
+            removed.append(f"{GRUB_CUSTOM}: the trial menu entry")
+            if not dry_run:
+                kept = boot_trial.custom_cfg_without(existing)
+                if kept is None:
+                    os.unlink(GRUB_CUSTOM)  # the file was ours alone
+                else:
+                    atomic_write(GRUB_CUSTOM, kept)
+        if os.path.exists(GRUBENV) and self.module.get_bin_path("grub-editenv"):
+            rc, listing, _ = self.module.run_command(["grub-editenv", GRUBENV, "list"])
+            if rc == 0 and boot_trial.grubenv_next_entry(listing) == boot_trial.TRIAL_ID:
+                removed.append(f"{GRUBENV}: next_entry={boot_trial.TRIAL_ID}")
+                if not dry_run:
+                    self.run(["grub-editenv", GRUBENV, "unset", "next_entry"])
+        return removed
+
+
+class SdbootTrial:
+    """A one-shot systemd-boot entry: loader/entries/provision-trial.conf on every ESP, and LoaderEntryOneShot."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def problem(self, add, remove):
+        """Why this node cannot boot a one-shot systemd-boot entry, or None."""
+        if not os.path.isdir(EFI_DIR):
+            return "the node did not boot with UEFI"
+        if not os.path.exists(LOADER_VARS.format("LoaderInfo")):
+            return "systemd-boot did not boot this node (no LoaderInfo EFI variable)"
+        if not self.module.get_bin_path("bootctl"):
+            return "bootctl is not installed (Debian package systemd-boot)"
+        if not esp_uuids():
+            return f"{PBT_UUIDS} lists no ESP"
+        return None
+
+    def prepare(self, add, remove, line):
+        written = []
+        for uuid in esp_uuids():
+            with mounted_esp(self.module, uuid, writable=True) as esp:
+                entries = os.path.join(esp, "loader", "entries")
+                names = os.listdir(entries) if os.path.isdir(entries) else []
+                default = boot_trial.sdboot_default_entry(
+                    names, boot_trial.loader_default(read_if_exists(os.path.join(esp, "loader", "loader.conf")))
+                )
+                if default is None:
+                    raise TrialError(f"ESP {uuid}: no proxmox-*.conf loader entry matches loader.conf's default")
+                text = boot_trial.sdboot_trial_entry(read_file(os.path.join(entries, default)), line)
+                replace_file(os.path.join(entries, boot_trial.SDBOOT_ENTRY), text)
+                written.append(f"{uuid}:loader/entries/{boot_trial.SDBOOT_ENTRY} (a copy of {default})")
+        rc, out, err = self.module.run_command(["bootctl", "set-oneshot", boot_trial.SDBOOT_ENTRY])
+        if rc != 0:
+            raise TrialError(f"bootctl set-oneshot {boot_trial.SDBOOT_ENTRY} failed: {(err or out).strip()[-300:]}")
+        return dict(entry="; ".join(written) + ", once through bootctl set-oneshot", line=line)
+
+    def remove(self, dry_run, recorded):
+        """Remove the entry from every ESP (mounted only when our record says one was written) and a one-shot still
+        naming it; what was (or would be) removed."""
+        removed = []
+        oneshot = (efi_variable("LoaderEntryOneShot") or "").lower() == boot_trial.SDBOOT_ENTRY
+        if recorded or oneshot:
+            for uuid in esp_uuids():
+                try:
+                    with mounted_esp(self.module, uuid, writable=not dry_run) as esp:
+                        path = os.path.join(esp, "loader", "entries", boot_trial.SDBOOT_ENTRY)
+                        if os.path.exists(path):
+                            removed.append(f"{uuid}:loader/entries/{boot_trial.SDBOOT_ENTRY}")
+                            if not dry_run:
+                                os.unlink(path)
+                except EspError as e:
+                    raise TrialError(str(e)) from e
+        if oneshot:
+            removed.append("EFI variable LoaderEntryOneShot")
+            if not dry_run:
+                rc, out, err = self.module.run_command(["bootctl", "set-oneshot", ""])
+                if rc != 0:
+                    raise TrialError(f"bootctl set-oneshot '' failed: {(err or out).strip()[-300:]}")
+        return removed
+
+
+def trial_for(module, bootloader):
+    return GrubTrial(module) if bootloader == "grub" else SdbootTrial(module)
+
+
+def trial_record(module):
+    return os.path.join(module.params["backup_dir"], TRIAL_RECORD)
+
+
+def remove_trial(module, bootloader):
+    """Remove a trial entry (an earlier run's, or this run's after its trial boot); in check mode only say what."""
+    record = trial_record(module)
+    try:
+        removed = trial_for(module, bootloader).remove(module.check_mode, os.path.exists(record))
+    except (TrialError, OSError) as e:
+        hint = f"; {record} records it: remove that file once the entry is gone" if os.path.exists(record) else ""
+        module.fail_json(msg=f"cannot remove the trial boot entry: {e}{hint}")
+    if os.path.exists(record) and not module.check_mode:
+        os.unlink(record)
+    return removed
+
+
+def plan_trial(module, bootloader, changes, running_check):
+    """The trial decision for this configure call (module_utils/boot_trial.decision); the probes read only."""
+    p = module.params
+    wanted = bool(changes) and running_check["reboot_needed"] and p["reboot"] == "auto"
+    problem = None
+    if wanted and p["trial_boot"] != "off":
+        problem = trial_for(module, bootloader).problem(p["add"], p["remove"])
+    mode = boot_trial.decision(p["trial_boot"], wanted, problem)
+    return dict(mode=mode, reason=problem or "")
+
+
+def prepare_trial(module, bootloader, line):
+    """Write the trial entry and its one-shot (after our record of it); on a failure remove them and stop."""
+    record = trial_record(module)
+    os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    atomic_write(record, json.dumps({"bootloader": bootloader, "prepared_at": stamp}) + "\n")
+    trial = trial_for(module, bootloader)
+    try:
+        return trial.prepare(module.params["add"], module.params["remove"], line)
+    except (TrialError, EspError, boot_trial.Unavailable, OSError) as e:
+        with contextlib.suppress(TrialError, EspError, OSError):
+            trial.remove(False, True)
+        with contextlib.suppress(OSError):
+            os.unlink(record)
+        module.fail_json(msg=f"cannot prepare the trial boot ({e}): its entry was removed again; nothing was changed")
+
+
 # ------------------------------------------------------------------ configure
 def plan_grub(module, add, remove):
     """Return (changes {path: new content}, before line, after line, notes)."""
@@ -329,12 +606,15 @@ def refuse_unbootable_snp(module, bootloader, changes, running_check):
 
 
 def configure(module, bootloader, add, remove):
+    # a trial entry left by an earlier run, or by this run's own trial boot (this call is then its commit), goes first
+    trial_removed = remove_trial(module, bootloader)
     planner = plan_grub if bootloader == "grub" else plan_systemd_boot
     changes, before, result, notes = planner(module, add, remove)
     running_check = {k: v for k, v in running(add, remove).items() if k != "changed"}
     snp_gaps = refuse_unbootable_snp(module, bootloader, changes, running_check)
+    trial = plan_trial(module, bootloader, changes, running_check)
     out = dict(
-        changed=bool(changes),
+        changed=bool(changes) or bool(trial_removed),
         line=result["line"],
         previous=before,
         files=sorted(changes),
@@ -343,28 +623,40 @@ def configure(module, bootloader, add, remove):
         removed=result["removed"],
         warnings_list=result["warnings"],
         notes=notes,
+        trial=trial,
+        trial_removed=trial_removed,
+        running=running_check,
+        snp_before_reboot=snp_gaps,
     )
+    if trial["mode"] == "refuse":  # kernel_cmdline_trial_boot: required, and no trial possible: write nothing
+        out["changed"] = bool(trial_removed)
+        return out
     if changes and module._diff:
-        out["diff"] = []
-        for path, new in sorted(changes.items()):
-            old = read_if_exists(path, "")
-            out["diff"].append(dict(before=old, after=new, before_header=path, after_header=path))
+        out["diff"] = [
+            dict(before=read_if_exists(path, ""), after=new, before_header=path, after_header=path)
+            for path, new in sorted(changes.items())
+        ]
     if not module.check_mode:
         record_wanted(module.params["backup_dir"], bootloader, add, remove, module.params["snp_required"])
-    if changes and not module.check_mode:
+        write_planned(module, bootloader, changes, result["line"], out)
+    # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
+    # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
+    if not running_check["reboot_needed"]:
+        out["findings"] = findings(module, add, remove)["findings"]
+    return out
+
+
+def write_planned(module, bootloader, changes, line, out):
+    """A trial entry in place of the default files, or the default files (each backed up first)."""
+    if out["trial"]["mode"] == "trial":
+        out["trial"].update(prepare_trial(module, bootloader, line))
+    elif changes:
         backup = Backup(module.params["backup_dir"])
         for path in changes:
             backup.save(path)
         out["backup"] = backup.commit()
         for path, new in changes.items():
             atomic_write(path, new)
-    # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
-    # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
-    out["running"] = running_check
-    out["snp_before_reboot"] = snp_gaps
-    if not out["running"]["reboot_needed"]:
-        out["findings"] = findings(module, add, remove)["findings"]
-    return out
 
 
 # ------------------------------------------------------------------ checks
@@ -379,26 +671,16 @@ def generated_lines(module, bootloader):
                     found.append((GRUB_CFG, " ".join(stripped.split()[2:])))
                     break  # the default (first) entry is what boots
         return found
-    with open(PBT_UUIDS) as f:
-        uuids = [ln.split()[0] for ln in f if ln.strip()]
-    for uuid in uuids:
-        device = "/dev/disk/by-uuid/" + uuid
-        if not os.path.exists(device):
-            module.fail_json(msg=f"ESP {device} listed in {PBT_UUIDS} does not exist")
-        mnt = tempfile.mkdtemp(prefix="provision-esp-")
-        rc, _, err = module.run_command(["mount", "-o", "ro", device, mnt])
-        if rc != 0:
-            os.rmdir(mnt)
-            module.fail_json(msg=f"cannot mount ESP {device}: {err.strip()}")
+    for uuid in esp_uuids():
         try:
-            for entry in sorted(glob.glob(os.path.join(mnt, "loader", "entries", "proxmox-*.conf"))):
-                with open(entry) as f:
-                    for line in f:
-                        if line.startswith("options"):
-                            found.append((f"{uuid}:{os.path.basename(entry)}", line.split(None, 1)[1].strip()))
-        finally:
-            module.run_command(["umount", mnt])
-            os.rmdir(mnt)
+            with mounted_esp(module, uuid) as mnt:
+                for entry in sorted(glob.glob(os.path.join(mnt, "loader", "entries", "proxmox-*.conf"))):
+                    with open(entry) as f:
+                        for line in f:
+                            if line.startswith("options"):
+                                found.append((f"{uuid}:{os.path.basename(entry)}", line.split(None, 1)[1].strip()))
+        except EspError as e:
+            module.fail_json(msg=str(e))
     return found
 
 
@@ -473,7 +755,9 @@ def running(add, remove):
     with open("/proc/cmdline") as f:
         line = f.read().strip()
     gap = missing(line, add, remove)
-    return dict(changed=False, proc_cmdline=line, reboot_needed=not gap["ok"], **gap)
+    # after a systemd-boot trial boot, the entry it came from (null where the variable does not exist)
+    selected = efi_variable("LoaderEntrySelected")
+    return dict(changed=False, proc_cmdline=line, reboot_needed=not gap["ok"], loader_entry_selected=selected, **gap)
 
 
 def read_text(path):
@@ -550,7 +834,7 @@ def main():
             action=dict(
                 type="str",
                 default="configure",
-                choices=["configure", "verify_generated", "restore", "running", "findings", "mark_changed"],
+                choices=list(ACTIONS),
             ),
             bootloader=dict(type="str", default="auto", choices=["auto", "grub", "systemd-boot"]),
             add=dict(type="list", elements="str", default=[]),
@@ -560,11 +844,14 @@ def main():
             snp_required=dict(type="bool", default=False),
             marker_file=dict(type="path"),
             line=dict(type="str"),
+            trial_boot=dict(type="str", default="off", choices=list(boot_trial.MODES)),
+            reboot=dict(type="str", default="auto", choices=["auto", "never"]),
         ),
         required_if=[
             ("action", "mark_changed", ("marker_file", "line")),
             ("action", "configure", ("backup_dir",)),
             ("action", "restore", ("backup_dir",)),
+            ("action", "trial_remove", ("backup_dir",)),
         ],
         supports_check_mode=True,
     )
@@ -587,6 +874,9 @@ def main():
         result = running(p["add"], p["remove"])
     elif action == "mark_changed":
         result = mark_changed(module)
+    elif action == "trial_remove":
+        removed = remove_trial(module, bootloader)
+        result = dict(changed=bool(removed), trial_removed=removed)
     else:
         result = findings(module, p["add"], p["remove"])
     module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)

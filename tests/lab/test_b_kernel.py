@@ -5,6 +5,9 @@ iommu=pt, kvm_amd.sev=0 and the mem_encrypt=on of an earlier profile in /etc/def
 argument appended only by a grub.d snippet; pve-sdboot has quotes, iommu.passthrough=1 and
 kvm_amd.sev=0 in /etc/kernel/cmdline without a trailing newline. The lab's inventory says SEV-SNP
 is not required (its VMs cannot do it): the profile applies and the reports say "SNP not proven".
+A run that changes a node's line and reboots it boots the line once, as a trial, before it becomes the default
+(roles/kernel_cmdline/README.md, "Trial boot, then commit"); a run that only reboots into a line already written
+(after --reboot never) does not.
 """
 
 from __future__ import annotations
@@ -25,8 +28,22 @@ SNP_GONE = ["iommu=pt", "iommu.passthrough=1", "kvm_amd.sev=0", "mem_encrypt=on"
 MARKER = "/var/lib/provision/cmdline-changed"
 GRUB_KEEP = ["quiet", "dyndbg=module iommu +p", "site_arg=1", "console=ttyS0,115200n8"]
 SDBOOT_KEEP = ["quiet", "acpi_osi=Windows 2020", "console=ttyS0,115200n8"]
-FILES = "/etc/default/grub /etc/default/grub.d/* /etc/kernel/cmdline /boot/grub/grub.cfg"
+FILES = "/etc/default/grub /etc/default/grub.d/* /etc/kernel/cmdline /boot/grub/grub.cfg /boot/grub/custom.cfg"
 TENANT = 105  # a VM the inventory does not own, created on pve-grub through the lab's PVE API
+
+
+def on_each_esp(command: str) -> str:
+    """A shell loop running `command` (its output prefixed with the ESP's UUID) in each ESP proxmox-boot-tool keeps,
+    mounted read-only for the moment."""
+    return (
+        "for u in $(cat /etc/kernel/proxmox-boot-uuids 2>/dev/null); do m=$(mktemp -d); "
+        f'mount -o ro /dev/disk/by-uuid/$u $m && (cd $m && {command} | sed "s#^#$u: #"); umount $m; rmdir $m; done'
+    )
+
+
+# the kernel prints its command line on the serial console (x86 setup_arch "Command line:", KERN_INFO; init/main.c
+# "Kernel command line:", KERN_NOTICE): seen there, the kernel of the new line is booting
+NEW_LINE_BOOTING = re.compile(r"[Cc]ommand line: [^\n]*\blab_new=2\b")
 
 
 def write(machine, path: str, content: str) -> None:
@@ -41,6 +58,31 @@ def marker(machine) -> dict | None:
 
 def checksums(machine) -> str:
     return machine.ssh(f"sha256sum {FILES} 2>/dev/null").stdout
+
+
+def boot_config(machine) -> str:
+    """What the node boots by default (after a power cycle): the GRUB files and grub.cfg, or /etc/kernel/cmdline and
+    the ESPs' loader entries; a trial entry (custom.cfg, provision-trial.conf) shows here too."""
+    return checksums(machine) + machine.ssh(on_each_esp("sha256sum loader/loader.conf loader/entries/*.conf")).stdout
+
+
+def trial_left(machine) -> list[str]:
+    """What of a trial boot entry is on the node: ours in custom.cfg, on an ESP, a one-shot, our record of it."""
+    out = machine.ssh(
+        "grep -l provision-trial /boot/grub/custom.cfg 2>/dev/null; "
+        # GRUB's save_env leaves `next_entry=` (empty) once it has taken the one-shot
+        "grub-editenv /boot/grub/grubenv list 2>/dev/null | grep '^next_entry=.'; "
+        "ls /sys/firmware/efi/efivars/LoaderEntryOneShot-* /var/lib/provision/kernel-cmdline/trial.json 2>/dev/null; "
+        + on_each_esp("ls loader/entries/provision-trial.conf 2>/dev/null")
+    ).stdout
+    return out.split()
+
+
+def serial_since(machine, offset: int) -> str:
+    """What the VM wrote to its serial console since `offset` (provision/lab/vm.py: qemu's -serial file)."""
+    with open(machine.serial, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 def args_of(machine) -> list[str]:
@@ -196,7 +238,10 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     grub = hosts["pve-grub"]
     # valid shell when sourced alone, but aborts grub-mkconfig (set -e, GRUB_DEVICE set): a broken snippet
     write(grub, "/etc/default/grub.d/60-broken.cfg", '[ -z "${GRUB_DEVICE:-}" ]\n')
-    set_host_vars(hosts["inventory"], "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=1"]})
+    # without a trial boot the default is regenerated before any reboot, where this refusal costs no reboot; with one,
+    # the same refusal comes at the commit after the trial boot (tests/unit/test_kernel_cmdline_trial.py)
+    set_host_vars(hosts["inventory"], "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=1"],
+                                                   "kernel_cmdline_trial_boot": "off"})  # fmt: skip
     before = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
               grub.boot_id(), marker(grub))  # fmt: skip
     try:
@@ -212,63 +257,90 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     assert after == before, "the previous boot configuration (and its marker) must stay in place, without a reboot"
 
 
-def test_a_host_that_does_not_come_back_stops_the_rollout(hosts, runs, lab):
-    """Freeze whichever node goes down first (qemu `stop`): the other must not reboot."""
+def test_a_trial_boot_that_hangs_comes_back_on_the_old_line_and_stops_the_rollout(hosts, runs, lab):
+    """Acceptance (#16): apply a new argument to both nodes. Whichever node goes first is frozen (qemu `stop`) once
+    the kernel of its trial boot prints the new line on the serial console (its bootloader has taken the one-shot
+    by then), then reset (qemu `system_reset`) and let run: it boots its default entry, the old line. apply fails on
+    it with one line; its default boot configuration is as before, the other node's untouched and not rebooted.
+    A re-run without the freeze converges: each node boots its trial and makes it the default."""
     import threading
 
     inv = hosts["inventory"]
     names = ("pve-grub", "pve-sdboot")
+    # loglevel=7 after the lines' `quiet` (the later one wins): the kernel's command line reaches the serial console
+    new = {"kernel_cmdline_extra_args": ["lab_new=2", "loglevel=7"]}
     for name in names:
-        set_host_vars(inv, name, {"kernel_cmdline_extra_args": ["lab_new=2"], "kernel_cmdline_reboot_timeout": 60})
-    ids = {n: hosts[n].boot_id() for n in names}
+        set_host_vars(inv, name, new)
+    before = {n: (boot_config(hosts[n]), hosts[n].boot_id(), args_of(hosts[n])) for n in names}
+    offsets = {n: hosts[n].serial.stat().st_size for n in names}
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(r=apply(inv, runs, "--tags", "kernel")))
     runner.start()
     frozen = None
     try:
         while runner.is_alive() and frozen is None:
-            for name in names:
-                if hosts[name].ssh("true", timeout=8).returncode != 0 and hosts[name].ssh("true", timeout=8).returncode:
-                    hosts[name].pause()
-                    frozen = name
-                    break
-            time.sleep(1)
-        runner.join(timeout=900)
+            frozen = next((n for n in names if NEW_LINE_BOOTING.search(serial_since(hosts[n], offsets[n]))), None)
+            time.sleep(0.5)
+        if frozen:
+            vm = hosts[frozen]
+            vm.pause()
+            time.sleep(5)  # hung
+            vm.hmp("system_reset")  # the power cycle
+            vm.resume()
+        runner.join(timeout=1800)
+        assert frozen, "no node booted the new line: the bootloader did not take the trial entry"
+        other = next(n for n in names if n != frozen)
+        rc, result, _ = outcome["r"]
+        assert rc == 1
+        message = " ".join(f["message"] for f in result["failures"] if f["host"] == frozen)
+        assert message.startswith(f"{frozen}: the trial boot did not come up on the new line (running: "), message
+        assert message.endswith("trial entry removed; nothing else was changed"), message
+        vm = hosts[frozen]
+        assert vm.boot_id() != before[frozen][1], f"{frozen} did not reboot"
+        assert args_of(vm) == before[frozen][2], f"{frozen} is not back on its old line"
+        assert boot_config(vm) == before[frozen][0], f"{frozen}'s default boot configuration changed"
+        assert trial_left(vm) == []
+        assert hosts[other].boot_id() == before[other][1], f"{other} rebooted although {frozen} failed"
+        assert boot_config(hosts[other]) == before[other][0], f"{other}'s boot configuration was touched"
+
+        rc, result, err = apply(inv, runs, "--tags", "kernel")
+        assert rc == 0, err[-3000:]
+        for name in names:
+            assert "lab_new=2" in args_of(hosts[name]), name
+            assert trial_left(hosts[name]) == [], name
+            assert any(
+                m.startswith("trial boot of the new line passed; made permanent") for m in result["reports"][name]
+            )
+            assert "lab_new=2" in hosts[name].ssh(f"cat {FILES} 2>/dev/null").stdout, f"{name}: not the default"
     finally:
         for name in names:
             set_host_vars(inv, name, None)
-        if frozen:
+        if frozen and hosts[frozen].boot_id() is None:  # the test failed while the node was paused
             hosts[frozen].resume()
-            hosts[frozen].wait_for_ssh(600, not_boot_id=ids[frozen])
-    assert frozen, "no node went down for its reboot"
-    other = next(n for n in names if n != frozen)
-    rc, result, _ = outcome["r"]
-    assert rc == 1
-    assert result["hosts"][frozen]["failed"] + result["hosts"][frozen]["unreachable"] >= 1
-    assert hosts[other].boot_id() == ids[other], "the second node rebooted although the first did not come back"
-    assert "lab_new=2" not in args_of(hosts[other])
-    assert any(f["host"] == frozen for f in result["failures"])
+            hosts[frozen].wait_for_ssh(600)
     hosts["frozen"] = frozen
 
 
 def test_rollback_restores_the_previous_line_and_reboots_only_where_needed(hosts, runs):
+    """Rolls back the node the last test froze (both now run lab_new=2, made the default by the re-run): its latest
+    backup is the configuration before that commit. `--limit` keeps the other node out (one reboot, not two)."""
     frozen = hosts.get("frozen", "pve-sdboot")
     other = "pve-grub" if frozen == "pve-sdboot" else "pve-sdboot"
-    rebooted, untouched = hosts[frozen], hosts[other]
-    assert "lab_new=2" in args_of(rebooted)  # it came back with the argument, just too late
-    untouched_id, untouched_args = untouched.boot_id(), args_of(untouched)
-    proc = run_provision("rollback", "--inventory", str(hosts["inventory"]), "--limit", "proxmox_hosts", "--yes",
+    rolled, untouched = hosts[frozen], hosts[other]
+    rolled_id, rolled_args = rolled.boot_id(), args_of(rolled)
+    assert "lab_new=2" in rolled_args  # the re-run made it the default and booted it
+    untouched_state = (untouched.boot_id(), boot_config(untouched))
+    proc = run_provision("rollback", "--inventory", str(hosts["inventory"]), "--limit", frozen, "--yes",
                          "--json", "--runs-dir", str(runs), timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     reports = json.loads(proc.stdout)["result"]["reports"]
-    assert "lab_new=2" not in args_of(rebooted), f"{frozen} must reboot into the restored line"
     # the same rule as apply: reboot only when the running kernel differs from the restored line
-    restored = next(m for m in reports[other] if m.startswith("restored ")).split("configured line now: ", 1)[1]
-    already_running = all(canonical(a) in untouched_args for a in split_cmdline(restored))
-    assert (untouched.boot_id() == untouched_id) == already_running, (other, restored, untouched_args)
-    for vm in (rebooted, untouched):
-        assert (
-            "lab_new=2"
-            not in vm.ssh("cat /etc/kernel/cmdline /etc/default/grub /etc/default/grub.d/* 2>/dev/null").stdout
-        )
-        assert "lab_new=2" not in args_of(vm)
+    restored = next(m for m in reports[frozen] if m.startswith("restored ")).split("configured line now: ", 1)[1]
+    already_running = all(canonical(a) in rolled_args for a in split_cmdline(restored))
+    assert not already_running and rolled.boot_id() != rolled_id, (frozen, restored, rolled_args)
+    assert "lab_new=2" not in args_of(rolled), f"{frozen} must reboot into the restored line"
+    assert (
+        "lab_new=2"
+        not in rolled.ssh("cat /etc/kernel/cmdline /etc/default/grub /etc/default/grub.d/* 2>/dev/null").stdout
+    )
+    assert (untouched.boot_id(), boot_config(untouched)) == untouched_state, f"{other} is not in --limit"

@@ -45,7 +45,7 @@ def test_every_task_the_table_names_exists():
 
 def test_left_behind_by_task_and_by_phase():
     assert interrupts.left_behind("Regenerate the boot configuration for this bootloader", finished=True) == (
-        "boot config written, not rebooted"
+        "boot config written, not rebooted into it"
     )
     assert "not rebooted" in interrupts.left_behind("Regenerate the boot configuration for this bootloader")
     assert interrupts.left_behind("Something new", "provision.pve_sglang.kernel_cmdline") == (

@@ -1,7 +1,8 @@
 """The fault matrix of the kernel phase's regeneration: a /boot or an ESP with no space left.
 
-The role's own tasks (roles/kernel_cmdline, its stage 1: merge the arguments, regenerate, check the generated
-configuration, or restore the backup when anything of that fails) run through ansible-playbook on this machine,
+The role's own tasks (roles/kernel_cmdline with kernel_cmdline_reboot: never, so that it merges the arguments,
+regenerates, checks the generated configuration, or restores the backup when anything of that fails, and never
+reboots this machine; with never there is no trial boot either) run through ansible-playbook on this machine,
 inside a private mount namespace: /etc and /var/lib are copy-on-write overlays there (the GRUB files,
 /etc/kernel/cmdline), /boot a small tmpfs, and for systemd-boot the ESP a small file system on a loop device,
 named under /dev/disk/by-uuid as proxmox-boot-tool expects (ext2, not FAT: this machine's kernel may lack vfat,
@@ -89,7 +90,11 @@ PLAYBOOK = """- hosts: localhost
   connection: local
   gather_facts: false
   tasks:
-    - name: The kernel phase's first stage, as playbooks/kernel.yml runs it before any reboot
+    - name: This machine is the node, which the role must never reboot
+      ansible.builtin.assert:
+        that: kernel_cmdline_reboot == 'never'
+
+    - name: The kernel phase up to its reboot, which kernel_cmdline_reboot never leaves out
       block:
         - name: Merge, regenerate and check, or restore
           ansible.builtin.include_role:
@@ -153,11 +158,13 @@ class Node:
         return self.ns.sh(script, env=env, check=check)
 
     def apply(self) -> dict:
-        """The role's first stage through ansible-playbook: the message it failed with (None: it succeeded), and
+        """The role through ansible-playbook, never rebooting: the message it failed with (None: it succeeded), and
         whether its merge changed the configuration."""
         outcome = self.root / "outcome.json"
         outcome.unlink(missing_ok=True)
+        # never: this machine is the node; the role must not reboot it
         extra = {"kernel_cmdline_bootloader": self.bootloader, "kernel_cmdline_snp_profile": False,
+                 "kernel_cmdline_reboot": "never",
                  "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(self.state),
                  "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
         (self.root / "site.yml").write_text(PLAYBOOK)
