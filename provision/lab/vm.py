@@ -31,6 +31,15 @@ def _qemu_version() -> str:
     return subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
 
 
+def cpu_args(accel: str) -> list[str]:
+    """The virtual CPUs: the guest boots with them, so a booted snapshot is only good for the same ones."""
+    if accel == "kvm":
+        return ["-smp", "2", "-accel", "kvm", "-cpu", "host,-arch-capabilities"]
+    smp = os.environ.get("PROVISION_LAB_TCG_SMP", "2")
+    cpu = os.environ.get("PROVISION_LAB_TCG_CPU", "max")
+    return ["-smp", smp, "-accel", "tcg,thread=multi,tb-size=512", "-cpu", cpu]
+
+
 def choose_accel() -> str:
     """KVM only where a stock kernel can run under it: /dev/kvm *and* hardware virtualisation
     flags. On PVM hosts (/dev/kvm from kvm_pvm, no vmx/svm) guests crawl or hang: use TCG."""
@@ -84,11 +93,7 @@ class LabVm(LabMachine):
 
     def command(self, accel: str) -> list[str]:
         s = self.spec
-        cmd = ["qemu-system-x86_64", "-name", s.name, "-machine", "q35", "-smp", "2", "-m", str(s.memory_mb)]
-        if accel == "kvm":
-            cmd += ["-accel", "kvm", "-cpu", "host,-arch-capabilities"]
-        else:
-            cmd += ["-accel", "tcg,thread=multi,tb-size=512", "-cpu", "max"]
+        cmd = ["qemu-system-x86_64", "-name", s.name, "-machine", "q35", "-m", str(s.memory_mb), *cpu_args(accel)]
         if s.bootloader == "sdboot":
             cmd += [
                 "-drive",
@@ -148,7 +153,7 @@ class LabVm(LabMachine):
         (disk image, name, bootloader, GPUs, driver, memory, its ssh keys), the accelerator and qemu."""
         spec = {k: v for k, v in vars(self.spec).items() if k != "port"}
         client = Path(f"{self.client_key}.pub").read_text()
-        key = json.dumps([str(self.disk), spec, accel, _qemu_version(), client], sort_keys=True)
+        key = json.dumps([str(self.disk), spec, accel, cpu_args(accel), _qemu_version(), client], sort_keys=True)
         return cache_root() / "snapshots" / f"{self.spec.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def cached_snapshot(self, accel: str) -> Path | None:

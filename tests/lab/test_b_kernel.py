@@ -205,6 +205,10 @@ def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
                    for m in result["reports"][name]), result["reports"][name]  # fmt: skip
         # this run only rebooted: the boot configuration was already written, so the marker is as it was
         assert marker(vm) == hosts["markers"][name]
+    # the lab's own proof that each bootloader booted the line: GRUB's BOOT_IMAGE, systemd-boot's EFI initrd path
+    assert hosts["pve-grub"].ssh("cat /proc/cmdline").stdout.startswith("BOOT_IMAGE=/boot/vmlinuz-")
+    sdboot_line = hosts["pve-sdboot"].ssh("cat /proc/cmdline").stdout.split()
+    assert any(a.startswith("initrd=\\EFI\\proxmox\\") for a in sdboot_line), "not booted through systemd-boot"
     cmdline_file = hosts["pve-sdboot"].ssh("cat /etc/kernel/cmdline").stdout
     assert cmdline_file.count("\n") == 1, "the first line only, newline-terminated"
 

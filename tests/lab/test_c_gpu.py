@@ -3,6 +3,11 @@
 The lab's PVE runs the container: a new devN on a running container hot-plugs (PVE 9; none on PVE 8); an
 edited one stays pending until the container reboots, which the role then does once. Every start makes
 the nodes inside from the devN entries and refuses a path missing on the node.
+
+A wrong password, an API that keeps failing (500, 596: retried, then one clear line) and a task that ends in
+an error are rows of the fault matrix, run against fakepve in process with the same module
+(tests/unit/test_proxmox_lxc_gpu_faults.py, docs/reliability.md). The lab keeps the errors that need its own
+TLS endpoint, a closed port and a real token.
 """
 
 from __future__ import annotations
@@ -140,12 +145,6 @@ def test_token_auth_explains_the_root_pam_rule_and_changes_nothing(lab, inv, run
     assert ct_config(lab)["digest"] == digest, "the config must be untouched"
 
 
-def test_wrong_password_is_a_clear_auth_error(lab, inv, runs):
-    rc, result, _ = apply(inv, runs, "--tags", "gpu", env={"PROXMOX_PASSWORD": "not-the-password"})
-    assert rc == 1
-    assert "authentication failed for root@pam" in " ".join(f["message"] for f in result["failures"])
-
-
 def test_wrong_ca_is_a_clear_tls_error(lab, inv, runs, tmp_path):
     from fakepve.certs import make_cert
 
@@ -155,20 +154,6 @@ def test_wrong_ca_is_a_clear_tls_error(lab, inv, runs, tmp_path):
     assert rc == 1
     message = " ".join(f["message"] for f in result["failures"])
     assert "TLS verification of https://127.0.0.1" in message and "proxmox_api_ca_file" in message
-
-
-@pytest.mark.parametrize("status", [500, 596])
-def test_failing_api_gets_a_bounded_retry_then_a_clear_error(lab, inv, runs, status):
-    lab.pve_control("POST", "/fail", {"method": "GET", "suffix": CONFIG_PATH, "status": status,
-                                      "message": "Broken pipe" if status == 596 else "boom", "times": 10})  # fmt: skip
-    try:
-        # nothing changed since the last run, so only --full makes the phase read the API
-        rc, result, _ = apply(inv, runs, "--tags", "gpu", "--full")
-    finally:
-        lab.pve_control("POST", "/reset")
-    assert rc == 1
-    message = " ".join(f["message"] for f in result["failures"])
-    assert "failed 3 times" in message and "keeps failing" in message, message
 
 
 def test_api_that_is_down_gets_a_clear_error(lab, inv, runs):
@@ -183,23 +168,8 @@ def test_api_that_is_down_gets_a_clear_error(lab, inv, runs):
     assert "keeps failing" in " ".join(f["message"] for f in result["failures"])
 
 
-def test_task_error_exitstatus_is_a_failure(lab, inv, runs):
-    rc, _, err = apply(inv, runs, "--tags", "gpu")  # entries in place: the next edit stays pending
-    assert rc == 0, err[-2000:]
-    set_host_vars(inv, "sglang-01", {"gpu_passthrough_mode": "0644"})
-    lab.pve_control("POST", "/fail", {"method": "POST", "suffix": f"/nodes/pve-grub/lxc/{VMID}/status/reboot",
-                                      "error": "did_not_stop", "times": 1})  # fmt: skip
-    try:
-        rc, result, _ = apply(inv, runs, "--tags", "gpu")
-    finally:
-        lab.pve_control("POST", "/reset")
-    assert rc == 1
-    message = " ".join(f["message"] for f in result["failures"])
-    assert "exitstatus" in message and "container did not stop" in message, message
-
-
 def test_device_nodes_inside_follow_the_entries_and_apply_puts_them_back(lab, inv, runs):
-    rc, _, err = apply(inv, runs, "--tags", "gpu")  # from whatever the fault tests above left
+    rc, _, err = apply(inv, runs, "--tags", "gpu")  # from whatever the error tests above left
     assert rc == 0, err[-2000:]
     api, ct = pve_api(lab), lab.container()
     lxc = api.nodes("pve-grub").lxc(VMID)

@@ -3,6 +3,7 @@ test exists."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ def test_every_row_names_a_test_that_exists():
     table = faults.rows()
     files = sorted({row.test.split("::")[0] for row in table})
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
-                          cwd=REPO, capture_output=True, text=True)  # fmt: skip
+                          cwd=REPO, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})  # fmt: skip
     collected = {line.strip() for line in proc.stdout.splitlines() if "::" in line}
     missing = [row.test for row in table if row.test not in collected]
     assert missing == [], proc.stdout[-2000:] + proc.stderr[-2000:]
