@@ -78,6 +78,16 @@ CITED = [
         "exit 1, `pve-grub: not rebooting: guests running that the inventory does not own: VM 105 (snp-tenant); …`",
         "not rebooted (same boot id); boot files and change marker as before", NOT_SHOWN,
         LAB_KERNEL + "test_a_running_guest_the_inventory_does_not_own_stops_the_reboot", True, False),
+    Row("an NVIDIA installer whose sha256 is not the inventory's (ansible-playbook on this machine)", "gpu",
+        "`<host>: <source> has sha256 …, not gpu_passthrough_userspace_installer_sha256 (…); it was removed and not "
+        "run`", "the installer not run and not left in the downloads directory", NOT_SHOWN,
+        "tests/unit/test_gpu_userspace_installer.py::test_a_wrong_checksum_removes_the_file_and_runs_nothing",
+        True, False),
+    Row("a file planted where the NVIDIA installer goes (ansible-playbook on this machine)", "gpu",
+        "the run succeeds", "the planted file replaced by the checked installer, which ran from a root-only (0700) "
+        "directory; the planted one never ran", "yes: the next run finds the userspace current and runs nothing",
+        "tests/unit/test_gpu_userspace_installer.py::"
+        "test_the_checked_installer_runs_from_a_root_only_directory_and_a_planted_one_is_replaced", True, True),
     Row("a GRUB snippet that makes grub-mkconfig fail (`kernel_cmdline_trial_boot: off`: before any reboot)", "kernel",
         "`the new boot configuration was refused (…); the previous files were restored from … not rebooted`",
         "grub.cfg, /etc/default/grub and the change marker as before; no reboot", NOT_SHOWN,

@@ -9,6 +9,7 @@ stops everything and removes both.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -439,10 +440,14 @@ class Lab:
                 "Lab run against SGLang's stand-in (no model, no GPU): the figures measure nothing; "
                 "they show that every step of the pipeline ran."
             ),
-            # the lab's stand-in for NVIDIA's .run installer (it installs an nvidia-smi that reports the version)
+            # the lab's stand-in for NVIDIA's .run installer (it installs an nvidia-smi that reports the version),
+            # and its sha256, as a site pins the checksum of NVIDIA's file
             "gpu_passthrough_userspace_installer": (
                 f"{WHEELHOUSE_IN_CONTAINER}/NVIDIA-Linux-x86_64-{{{{ gpu_passthrough_node_driver }}}}.run"
             ),
+            "gpu_passthrough_userspace_installer_sha256": hashlib.sha256(
+                (self.dir / "wheelhouse" / f"NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run").read_bytes()
+            ).hexdigest(),
         }
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
         return inv

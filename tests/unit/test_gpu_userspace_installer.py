@@ -1,0 +1,118 @@
+"""The NVIDIA userspace installer runs as root only from a root-only directory and only when its sha256 is the
+inventory's (#16 Files): the role's userspace tasks through ansible-playbook on this machine, the installer a shell
+script that leaves a mark where it ran. Runs as root (CI does), as the role's root-owned directory needs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.collection import COLLECTIONS
+
+VERSION = "580.95.05"
+PLAYBOOK = """- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: The container's userspace step
+      block:
+        - name: Install or check the userspace
+          ansible.builtin.include_role:
+            name: provision.pve_sglang.gpu_passthrough
+            tasks_from: userspace.yml
+      rescue:
+        - name: Keep the failure the user sees
+          ansible.builtin.set_fact:
+            _failure: "{{ ansible_failed_result.msg }}"
+      always:
+        - name: Write the outcome for the test
+          ansible.builtin.copy:
+            dest: "{{ outcome_file }}"
+            content: "{{ {'failed': _failure | default(None)} | to_json }}"
+            mode: "0600"
+"""
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role makes a root-owned directory: run as root")
+
+
+def installer(tmp_path: Path, bindir: Path, marker: Path) -> Path:
+    """Stands in for NVIDIA-Linux-x86_64-<v>.run: writes `marker`, and an nvidia-smi that reports VERSION."""
+    script = tmp_path / "source" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
+    script.parent.mkdir(exist_ok=True)
+    smi = f"#!/bin/sh\necho 'DRIVER version                      : {VERSION}'\n"
+    script.write_text(
+        f'#!/bin/sh\nset -eu\necho "$0 $*" >> {marker}\n'
+        f"cat > {bindir}/nvidia-smi <<'EOF'\n{smi}EOF\nchmod 0755 {bindir}/nvidia-smi\n"
+    )
+    return script
+
+
+def run(tmp_path: Path, source: Path, sha256: str, bindir: Path) -> str | None:
+    outcome = tmp_path / "outcome.json"
+    outcome.unlink(missing_ok=True)
+    extra = {"provision_state_dir": str(tmp_path / "state"), "gpu_passthrough_node_driver": VERSION,
+             "gpu_passthrough_userspace_installer": str(source),
+             "gpu_passthrough_userspace_installer_sha256": sha256,
+             "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
+    (tmp_path / "site.yml").write_text(PLAYBOOK)
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{bindir}:{os.environ['PATH']}"}  # fmt: skip
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    proc = subprocess.run([str(playbook), "-i", "localhost,", "-e", f"@{tmp_path / 'extra.json'}",
+                           str(tmp_path / "site.yml")], env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(outcome.read_text())["failed"]
+
+
+@pytest.fixture
+def setup(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    marker = tmp_path / "ran"
+    source = installer(tmp_path, bindir, marker)
+    return {"bindir": bindir, "marker": marker, "source": source,
+            "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "target": tmp_path / "state" / "downloads" / source.name}  # fmt: skip
+
+
+def test_no_checksum_refuses_before_anything_is_copied_or_run(tmp_path, setup):
+    failed = run(tmp_path, setup["source"], "", setup["bindir"])
+    assert failed == (
+        "localhost: gpu_passthrough_userspace_installer_sha256 must be the sha256 of "
+        f"NVIDIA-Linux-x86_64-{VERSION}.run (64 hex digits; `sha256sum` of the file NVIDIA publishes for the node's "
+        "driver): the installer runs as root and is checked against it first"
+    )
+    assert not setup["marker"].exists() and not (tmp_path / "state").exists()
+
+
+def test_a_wrong_checksum_removes_the_file_and_runs_nothing(tmp_path, setup):
+    wrong = "0" * 64
+    failed = run(tmp_path, setup["source"], wrong, setup["bindir"])
+    assert failed == (
+        f"localhost: {setup['source']} has sha256 {setup['sha256']}, not gpu_passthrough_userspace_installer_sha256 "
+        f"({wrong}); it was removed and not run"
+    )
+    assert not setup["marker"].exists() and not setup["target"].exists()
+
+
+def test_the_checked_installer_runs_from_a_root_only_directory_and_a_planted_one_is_replaced(tmp_path, setup):
+    downloads = setup["target"].parent
+    downloads.mkdir(parents=True)
+    setup["target"].write_text(f"#!/bin/sh\necho planted >> {setup['marker']}\n")  # a file already there
+    assert run(tmp_path, setup["source"], setup["sha256"].upper(), setup["bindir"]) is None
+    assert setup["marker"].read_text().split() == [str(setup["target"]), "--silent", "--no-kernel-module"]
+    mode = downloads.stat()
+    assert stat.S_IMODE(mode.st_mode) == 0o700 and mode.st_uid == 0
+    assert hashlib.sha256(setup["target"].read_bytes()).hexdigest() == setup["sha256"]
+    # converged: the userspace reports the node's version, so nothing is copied or run again
+    setup["marker"].unlink()
+    assert run(tmp_path, setup["source"], setup["sha256"], setup["bindir"]) is None
+    assert not setup["marker"].exists()
