@@ -32,3 +32,18 @@ def module(name: str) -> ModuleType:
     if str(COLLECTIONS) not in sys.path:
         sys.path.insert(0, str(COLLECTIONS))
     return importlib.import_module(f"{PACKAGE}.modules.{name}")
+
+
+def main_result(mod: ModuleType, args: dict) -> dict:
+    """Run a module's main() as Ansible starts it (its arguments through ansible's patch_module_args) and return
+    the JSON it exits with: the result, with msg and failed on a failure."""
+    import contextlib
+    import io
+    import json
+
+    from ansible.module_utils.testing import patch_module_args
+
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        mod.main()
+    return json.loads(out.getvalue())

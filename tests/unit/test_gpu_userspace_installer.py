@@ -14,30 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.playbooks import role_outcome_playbook
 from tests.unit.collection import COLLECTIONS
 
 VERSION = "580.95.05"
-PLAYBOOK = """- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: The container's userspace step
-      block:
-        - name: Install or check the userspace
-          ansible.builtin.include_role:
-            name: provision.pve_sglang.gpu_passthrough
-            tasks_from: userspace.yml
-      rescue:
-        - name: Keep the failure the user sees
-          ansible.builtin.set_fact:
-            _failure: "{{ ansible_failed_result.msg }}"
-      always:
-        - name: Write the outcome for the test
-          ansible.builtin.copy:
-            dest: "{{ outcome_file }}"
-            content: "{{ {'failed': _failure | default(None)} | to_json }}"
-            mode: "0600"
-"""
+PLAYBOOK = role_outcome_playbook("gpu_passthrough", "The container's userspace step", tasks_from="userspace.yml")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role makes a root-owned directory: run as root")
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import Row
+from tests.playbooks import role_outcome_playbook
 from tests.unit import collection
 
 KVER = "6.8.12-4-pve"
@@ -86,30 +87,16 @@ done < /etc/kernel/proxmox-boot-uuids
 """
 
 
-PLAYBOOK = """- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: This machine is the node, which the role must never reboot
-      ansible.builtin.assert:
-        that: kernel_cmdline_reboot == 'never'
-
-    - name: The kernel phase up to its reboot, which kernel_cmdline_reboot never leaves out
-      block:
-        - name: Merge, regenerate and check, or restore
-          ansible.builtin.include_role:
-            name: provision.pve_sglang.kernel_cmdline
-      rescue:
-        - name: Keep the failure the user sees
-          ansible.builtin.set_fact:
-            _failure: "{{ ansible_failed_result.msg }}"
-      always:
-        - name: Write the outcome for the test
-          ansible.builtin.copy:
-            dest: "{{ outcome_file }}"
-            content: "{{ {'failed': _failure | default(None), 'changed': _kernel_cmdline_config.changed} | to_json }}"
-            mode: "0600"
-"""
+PLAYBOOK = role_outcome_playbook(
+    "kernel_cmdline",
+    "The kernel phase up to its reboot, which kernel_cmdline_reboot never leaves out",
+    extra_outcome=", 'changed': _kernel_cmdline_config.changed",
+    pre_tasks="""
+        - name: This machine is the node, which the role must never reboot
+          ansible.builtin.assert:
+            that: kernel_cmdline_reboot == 'never'
+    """,
+)
 
 
 class Namespace:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import Row
+from tests.playbooks import role_outcome_playbook
 from tests.unit import collection
 from tests.unit.test_kernel_cmdline_faults import KVER, NEW_KVER, Node, pattern
 from tests.unit.test_provision_state_module import PLUGINS, RUNNER
@@ -344,26 +345,7 @@ open(os.path.join(root, "cmdline"), "w").write("BOOT_IMAGE=/vmlinuz " + line + "
 if mode == "trial-then-full-boot":  # /boot fills up while the node is on its trial boot, leaving 8 KiB
     subprocess.run("dd if=/dev/zero of=/boot/filler bs=4096 2>/dev/null; truncate -s -8K /boot/filler", shell=True)
 """
-PLAYBOOK = """- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: The kernel phase of one node, its reboot a stand-in
-      block:
-        - name: Merge, boot the trial, judge it, commit
-          ansible.builtin.include_role:
-            name: provision.pve_sglang.kernel_cmdline
-      rescue:
-        - name: Keep the failure the user sees
-          ansible.builtin.set_fact:
-            _failure: "{{ ansible_failed_result.msg }}"
-      always:
-        - name: Write the outcome for the test
-          ansible.builtin.copy:
-            dest: "{{ outcome_file }}"
-            content: "{{ {'failed': _failure | default(None)} | to_json }}"
-            mode: "0600"
-"""
+PLAYBOOK = role_outcome_playbook("kernel_cmdline", "The kernel phase of one node, its reboot a stand-in")
 
 
 @pytest.fixture(scope="module")

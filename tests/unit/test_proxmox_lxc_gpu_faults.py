@@ -18,9 +18,6 @@ call: log in, read the config, write it, read the running config, read the statu
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
-import json
 import re
 import socket
 import struct
@@ -197,26 +194,29 @@ def served(pki):
     served.stop()
 
 
-@pytest.fixture
-def module(monkeypatch):
-    mod = collection.module("proxmox_lxc_gpu")
-    clock = Clock()
-    # the module's task polls, and the retries' backoff in module_utils/pve_api.py
+def clocked(monkeypatch, name: str, clock: Clock):
+    """The collection's module `name`, its task polls and the retries' backoff (module_utils/pve_api.py) on `clock`."""
+    mod = collection.module(name)
     monkeypatch.setattr(mod, "time", clock)
     monkeypatch.setattr(mod.pve_api, "time", clock)
     return mod
 
 
+def api_args(served: Served) -> dict:
+    """The connection arguments every API module takes, for the fakepve `served`."""
+    return {"api_host": "127.0.0.1", "api_port": served.pve.port, "api_user": "root@pam", "api_password": "secret",
+            "ca_file": served.cafile}  # fmt: skip
+
+
+@pytest.fixture
+def module(monkeypatch):
+    return clocked(monkeypatch, "proxmox_lxc_gpu", Clock())
+
+
 def run(module, served: Served, **params) -> dict:
     """One run of the module, as Ansible starts it: its result (msg and failed on a failure)."""
-    from ansible.module_utils.testing import patch_module_args
-
-    args = {"api_host": "127.0.0.1", "api_port": served.pve.port, "api_user": "root@pam", "api_password": "secret",
-            "ca_file": served.cafile, "node": NODE, "vmid": VMID, "nodes": HOST_NODES, **params}  # fmt: skip
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        module.main()
-    return json.loads(out.getvalue())
+    args = {**api_args(served), "node": NODE, "vmid": VMID, "nodes": HOST_NODES, **params}
+    return collection.main_result(module, args)
 
 
 def ours(config: dict) -> set[str]:

@@ -17,8 +17,6 @@ ansible-playbook on this machine, with a stand-in `ha-manager` that records what
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -33,7 +31,18 @@ import pytest
 
 from tests.faults import Row
 from tests.unit import collection
-from tests.unit.test_proxmox_lxc_gpu_faults import LOGIN, NODE, VMID, Call, Clock, Fault, Served, faulty_pve_class
+from tests.unit.test_proxmox_lxc_gpu_faults import (
+    LOGIN,
+    NODE,
+    VMID,
+    Call,
+    Clock,
+    Fault,
+    Served,
+    api_args,
+    clocked,
+    faulty_pve_class,
+)
 
 OTHER_NODE = "pve2"
 TENANT = 105  # a VM the inventory does not own: the SNP tenant the profile exists for
@@ -98,24 +107,13 @@ class MovingClock(Clock):
 
 @pytest.fixture
 def module(monkeypatch):
-    mod = collection.module("pve_node_guests")
-    clock = MovingClock()
-    monkeypatch.setattr(mod, "time", clock)
-    monkeypatch.setattr(mod.pve_api, "time", clock)
-    return mod
+    return clocked(monkeypatch, "pve_node_guests", MovingClock())
 
 
 def run(module, served: Served, check: bool = False, **params) -> dict:
     """One run of the module, as Ansible starts it: its result (msg and failed on a failure)."""
-    from ansible.module_utils.testing import patch_module_args
-
-    args = {"api_host": "127.0.0.1", "api_port": served.pve.port, "api_user": "root@pam", "api_password": "secret",
-            "ca_file": served.cafile, "node": NODE, "owned": [VMID], "_ansible_check_mode": check,
-            **params}  # fmt: skip
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        module.main()
-    return json.loads(out.getvalue())
+    args = {**api_args(served), "node": NODE, "owned": [VMID], "_ansible_check_mode": check, **params}
+    return collection.main_result(module, args)
 
 
 def only_read(served: Served) -> None:

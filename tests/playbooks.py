@@ -1,0 +1,36 @@
+"""One shape for the tests that run a role's tasks through ansible-playbook on this machine: the role in a block
+whose failure is kept, and an outcome file the test reads (`{"failed": <the message the user sees, or null>, ...}`)."""
+
+from __future__ import annotations
+
+import textwrap
+
+
+def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_outcome: str = "",
+                          pre_tasks: str = "") -> str:  # fmt: skip
+    """A localhost play that includes provision.pve_sglang.<role> (`tasks_from` if given) under the task name `what`;
+    `extra_outcome` adds Jinja dict entries to the outcome (", 'changed': x"); `pre_tasks` is YAML for tasks first."""
+    include = f"name: provision.pve_sglang.{role}" + (f"\n    tasks_from: {tasks_from}" if tasks_from else "")
+    play = f"""\
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+{textwrap.indent(textwrap.dedent(pre_tasks).strip(chr(10)) + chr(10), "    ") if pre_tasks else ""}\
+    - name: {what}
+      block:
+        - name: Run the role's tasks
+          ansible.builtin.include_role:
+            {textwrap.indent(include, "        ").lstrip()}
+      rescue:
+        - name: Keep the failure the user sees
+          ansible.builtin.set_fact:
+            _failure: "{{{{ ansible_failed_result.msg }}}}"
+      always:
+        - name: Write the outcome for the test
+          ansible.builtin.copy:
+            dest: "{{{{ outcome_file }}}}"
+            content: "{{{{ {{'failed': _failure | default(None){extra_outcome}}} | to_json }}}}"
+            mode: "0600"
+"""
+    return play
