@@ -34,3 +34,22 @@ def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_o
             mode: "0600"
 """
     return play
+
+
+def run_role_playbook(sh, root, playbook: str, extra: dict, collections) -> dict:
+    """Run `playbook` (a role_outcome_playbook) on localhost with `extra` vars through `sh(command, check=False)`
+    (a shell: this machine's, or a mount namespace's) and return its outcome."""
+    import json
+    import sys
+    from pathlib import Path
+
+    outcome = Path(root) / "outcome.json"
+    outcome.unlink(missing_ok=True)
+    extra = {**extra, "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}
+    (Path(root) / "site.yml").write_text(playbook)
+    (Path(root) / "extra.json").write_text(json.dumps(extra))
+    command = Path(sys.executable).parent / "ansible-playbook"
+    env = f"ANSIBLE_COLLECTIONS_PATH={collections} ANSIBLE_NOCOLOR=1"
+    proc = sh(f"{env} {command} -i localhost, -e @{root}/extra.json {root}/site.yml", check=False)
+    assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(outcome.read_text())

@@ -5,16 +5,14 @@ script that leaves a mark where it ran. Runs as root (CI does), as the role's ro
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.playbooks import role_outcome_playbook
+from tests.playbooks import role_outcome_playbook, run_role_playbook
 from tests.unit.collection import COLLECTIONS
 
 VERSION = "580.95.05"
@@ -36,21 +34,15 @@ def installer(tmp_path: Path, bindir: Path, marker: Path) -> Path:
 
 
 def run(tmp_path: Path, source: Path, sha256: str, bindir: Path) -> str | None:
-    outcome = tmp_path / "outcome.json"
-    outcome.unlink(missing_ok=True)
     extra = {"provision_state_dir": str(tmp_path / "state"), "gpu_passthrough_node_driver": VERSION,
              "gpu_passthrough_userspace_installer": str(source),
-             "gpu_passthrough_userspace_installer_sha256": sha256,
-             "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
-    (tmp_path / "site.yml").write_text(PLAYBOOK)
-    (tmp_path / "extra.json").write_text(json.dumps(extra))
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{bindir}:{os.environ['PATH']}"}  # fmt: skip
-    playbook = Path(sys.executable).parent / "ansible-playbook"
-    proc = subprocess.run([str(playbook), "-i", "localhost,", "-e", f"@{tmp_path / 'extra.json'}",
-                           str(tmp_path / "site.yml")], env=env, capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(outcome.read_text())["failed"]
+             "gpu_passthrough_userspace_installer_sha256": sha256}  # fmt: skip
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+    def sh(command: str, check: bool) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, check=check)
+
+    return run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
 
 
 @pytest.fixture

@@ -20,12 +20,10 @@ the next run converges and the one after changes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import Row
-from tests.playbooks import role_outcome_playbook
+from tests.playbooks import role_outcome_playbook, run_role_playbook
 from tests.unit import collection
 
 KVER = "6.8.12-4-pve"
@@ -147,20 +145,11 @@ class Node:
     def apply(self) -> dict:
         """The role through ansible-playbook, never rebooting: the message it failed with (None: it succeeded), and
         whether its merge changed the configuration."""
-        outcome = self.root / "outcome.json"
-        outcome.unlink(missing_ok=True)
         # never: this machine is the node; the role must not reboot it
         extra = {"kernel_cmdline_bootloader": self.bootloader, "kernel_cmdline_snp_profile": False,
                  "kernel_cmdline_reboot": "never",
-                 "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(self.state),
-                 "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
-        (self.root / "site.yml").write_text(PLAYBOOK)
-        (self.root / "extra.json").write_text(json.dumps(extra))
-        playbook = Path(sys.executable).parent / "ansible-playbook"
-        env = f"ANSIBLE_COLLECTIONS_PATH={collection.COLLECTIONS} ANSIBLE_NOCOLOR=1"
-        proc = self.sh(f"{env} {playbook} -i localhost, -e @{self.root}/extra.json {self.root}/site.yml", check=False)
-        assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-        return json.loads(outcome.read_text())
+                 "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(self.state)}  # fmt: skip
+        return run_role_playbook(self.sh, self.root, PLAYBOOK, extra, collection.COLLECTIONS)
 
     def close(self) -> None:
         self.ns.close()  # its mounts go with it

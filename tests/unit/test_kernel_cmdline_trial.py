@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import Row
-from tests.playbooks import role_outcome_playbook
+from tests.playbooks import role_outcome_playbook, run_role_playbook
 from tests.unit import collection
 from tests.unit.test_kernel_cmdline_faults import KVER, NEW_KVER, Node, pattern
 from tests.unit.test_provision_state_module import PLUGINS, RUNNER
@@ -377,18 +377,14 @@ def apply(node: TrialNode, collections: Path, boot_mode: str) -> str | None:
     """The role on the node through ansible-playbook, its reboot the BOOT stand-in; the failure message or None."""
     (node.bin / "boot").write_text(BOOT)
     (node.bin / "boot").chmod(0o755)
-    outcome = node.root / "outcome.json"
-    outcome.unlink(missing_ok=True)
-    extra = {"kernel_cmdline_bootloader": node.bootloader, "kernel_cmdline_snp_profile": False,
-             "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(node.state), "boot_mode": boot_mode,
-             "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}  # fmt: skip
-    (node.root / "site.yml").write_text(PLAYBOOK)
-    (node.root / "extra.json").write_text(json.dumps(extra))
-    playbook = Path(sys.executable).parent / "ansible-playbook"
-    env = f"ANSIBLE_COLLECTIONS_PATH={collections} ANSIBLE_NOCOLOR=1"
-    proc = node.sh(f"{env} {playbook} -i localhost, -e @{node.root}/extra.json {node.root}/site.yml", check=False)
-    assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(outcome.read_text())["failed"]
+    extra = {
+        "kernel_cmdline_bootloader": node.bootloader,
+        "kernel_cmdline_snp_profile": False,
+        "kernel_cmdline_extra_args": [NEW_ARG],
+        "provision_state_dir": str(node.state),
+        "boot_mode": boot_mode,
+    }
+    return run_role_playbook(node.sh, node.root, PLAYBOOK, extra, collections)["failed"]
 
 
 def boot_config(node) -> dict:
