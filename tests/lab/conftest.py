@@ -2,6 +2,13 @@
 
 Skip these locally with `-m "not lab"`. In CI (CI=true) a lab that cannot be built is a
 failure, not a skip.
+
+No module depends on which modules ran before it: the suite passes in reverse file order too. Each module
+names at its top what it leaves changed on the shared lab (`LAB_CHANGES`: "kernel", "gpu", "sglang", "ct") and
+what no earlier module may have changed (`LAB_NEEDS_UNCHANGED`). When an earlier module did, the module gets a
+fresh lab, made again from the cached image and booted snapshots (`Lab.recreate`, about 20 s); in file order
+none needs one. A module that starts from converged phases brings them there itself
+(`helpers.ensure_converged`), which costs one read per host when they already are.
 """
 
 from __future__ import annotations
@@ -55,6 +62,21 @@ def lab(lab_env):
     finally:
         instance.down(progress=lambda msg: None)
         assert not instance.dir.exists(), "lab down left its directory behind"
+
+
+_changed: set[str] = set()  # what the modules run since the lab was (re)made left changed
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _lab_as_the_module_needs_it(request):
+    broken = set(getattr(request.module, "LAB_NEEDS_UNCHANGED", ())) & _changed
+    if broken:
+        lab = request.getfixturevalue("lab")
+        print(f"lab: {request.module.__name__} needs a lab with no {', '.join(sorted(broken))} changes; a fresh one")
+        lab.recreate(progress=lambda msg: print(msg, flush=True))
+        _changed.clear()
+    yield
+    _changed.update(getattr(request.module, "LAB_CHANGES", ()))
 
 
 @pytest.fixture(scope="session")

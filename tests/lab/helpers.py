@@ -11,6 +11,9 @@ import yaml
 from provision.paths import module_util
 from tests.conftest import run_provision
 
+# the arguments the lab inventory's profile puts on every node's line (SEV-SNP host, IOMMU translating)
+PROFILE_ARGS = ["kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+
 
 def set_host_vars(inventory: Path, host: str, values: dict | None) -> None:
     """Write (or with None remove) host_vars/<host>.yml in the lab inventory."""
@@ -32,6 +35,7 @@ def apply(inventory: Path, runs: Path, *extra: str, env: dict | None = None) -> 
     return proc.returncode, data, proc.stderr
 
 
+NODES = ("pve-grub", "pve-sdboot")
 _kernel_cmdline = module_util("kernel_cmdline")
 split_cmdline = _kernel_cmdline.split
 canonical = _kernel_cmdline.canonical
@@ -83,3 +87,25 @@ def wait_ready(ct, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and ct.ssh("curl -sf localhost:30000/health").returncode:
         time.sleep(2)
+
+
+def _phase_converged(lab, phase: str) -> bool:
+    """Whether the lab shows the effect of `phase` converged: read on the hosts, not taken from any record."""
+    if phase == "kernel":
+        return all(set(PROFILE_ARGS) <= set(lab.vm(n).ssh("cat /proc/cmdline").stdout.split()) for n in NODES)
+    ct = lab.container()
+    if phase == "gpu":
+        return ct.ssh("nvidia-smi -L").returncode == 0
+    if phase == "sglang":
+        return ct.ssh("curl -sf localhost:30000/health").returncode == 0
+    raise ValueError(phase)
+
+
+def ensure_converged(lab, inventory: Path, runs: Path, *phases: str) -> None:
+    """Converge the phases a module starts from, where the lab does not show them converged, so that no module
+    needs another to have run first (tests/lab/conftest.py)."""
+    missing = [phase for phase in phases if not _phase_converged(lab, phase)]
+    if missing:
+        print(f"lab: converging {', '.join(missing)} first", flush=True)
+        rc, _, err = apply(inventory, runs, "--tags", ",".join(missing))
+        assert rc == 0, err[-3000:]

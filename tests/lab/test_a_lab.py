@@ -18,6 +18,9 @@ import pytest
 from provision.lab import wheelhouse
 from tests.lab.helpers import inside, pve_api, wait_task
 
+LAB_CHANGES = {"ct"}  # tests/lab/conftest.py
+LAB_NEEDS_UNCHANGED = {"kernel", "gpu", "sglang", "ct"}
+
 
 def test_lab_status_reports_everything_running(lab):
     status = lab.status()

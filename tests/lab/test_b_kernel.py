@@ -20,9 +20,11 @@ import time
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, boots, canonical, pve_api, set_host_vars, split_cmdline, wait_task
+from tests.lab.helpers import PROFILE_ARGS, apply, boots, canonical, pve_api, set_host_vars, split_cmdline, wait_task
 
-SNP_ADD = ["kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
+LAB_CHANGES = {"kernel", "ct"}  # tests/lab/conftest.py
+LAB_NEEDS_UNCHANGED = {"kernel"}
+
 # mem_encrypt=on: host SME is opt-in (kernel_cmdline_snp_mem_encrypt), and removed where an earlier profile put it
 SNP_GONE = ["iommu=pt", "iommu.passthrough=1", "kvm_amd.sev=0", "mem_encrypt=on"]
 MARKER = "/var/lib/provision/cmdline-changed"
@@ -149,7 +151,7 @@ def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
         assert "mem_encrypt=on" not in mark["cmdline"].split()
         hosts.setdefault("markers", {})[name] = mark
     grub_cfg = hosts["pve-grub"].ssh("grep -m1 -E '^\\s+linux\\s' /boot/grub/grub.cfg").stdout
-    assert all(a in grub_cfg.split() for a in SNP_ADD) and "iommu=pt" not in grub_cfg.split()
+    assert all(a in grub_cfg.split() for a in PROFILE_ARGS) and "iommu=pt" not in grub_cfg.split()
     assert "mem_encrypt=on" not in grub_cfg.split()
     # the append-style grub.d snippet means the merged line goes to a last-applied snippet
     assert "zz-provision.cfg" in hosts["pve-grub"].ssh("ls /etc/default/grub.d").stdout
@@ -162,7 +164,7 @@ def test_a_running_guest_the_inventory_does_not_own_stops_the_reboot(hosts, runs
     API): the reboot left pending by the last test is refused, naming the VM, and nothing changes; CT 101, the
     inventory's own container on pve-grub, runs there too and is no reason to refuse."""
     grub, api = hosts["pve-grub"], pve_api(lab)
-    assert not all(a in args_of(grub) for a in SNP_ADD), "this test needs the reboot the last test left pending"
+    assert not all(a in args_of(grub) for a in PROFILE_ARGS), "this test needs the reboot the last test left pending"
     qemu = api.nodes("pve-grub").qemu
     assert wait_task(api, "pve-grub", qemu.post(vmid=TENANT, name="snp-tenant", memory=512))["exitstatus"] == "OK"
     try:
@@ -193,7 +195,7 @@ def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
         assert vm.boot_id() != before[name][0], f"{name} did not reboot"
         assert boots(vm) == before[name][1] + 1, f"{name} rebooted more than once"
         args = args_of(vm)
-        assert all(a in args for a in SNP_ADD), (name, args)
+        assert all(a in args for a in PROFILE_ARGS), (name, args)
         assert not [a for a in SNP_GONE if a in args], (name, args)
         assert all(a in args for a in keep), f"{name} lost arguments it was not asked to change: {args}"
         findings = json.loads(vm.ssh("cat /var/lib/provision/kernel-findings.json").stdout)

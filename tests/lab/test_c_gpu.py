@@ -20,6 +20,9 @@ import pytest
 
 from tests.lab.helpers import apply, inside, pve_api, set_host_vars, wait_task
 
+LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
+LAB_NEEDS_UNCHANGED = {"gpu"}
+
 VMID = 101
 CONFIG_PATH = f"/nodes/pve-grub/lxc/{VMID}/config"
 OUR_PATHS = {

@@ -11,7 +11,9 @@ import pytest
 
 from provision.lab import wheelhouse
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, set_host_vars
+from tests.lab.helpers import apply, ensure_converged, set_host_vars
+
+LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
 
 API_KEY = "lab-key-" + "5b1e0c77"
 # An environment variable whose name does not look secret: provision knows the key only by rendering
@@ -28,7 +30,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ct(lab, lab_inventory):
+def ct(lab, lab_inventory, runs):
+    ensure_converged(lab, lab_inventory, runs, "kernel", "gpu")  # the sglang phase starts from both
     yield lab.container()
     set_host_vars(lab_inventory, "sglang-01", None)
 

@@ -11,6 +11,8 @@ import pytest
 from tests.conftest import run_provision
 from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars, wait_ready
 
+LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
+
 KEY = {"sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}", "sglang_p2p": "off"}
 ENV = {"SGLANG_API_KEY": "verify-key-" + "9d2e"}
 

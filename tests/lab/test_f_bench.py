@@ -16,6 +16,8 @@ from provision.lab import wheelhouse
 from tests.conftest import run_provision
 from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars
 
+LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
+
 API_KEY = "bench-key-" + "5be1c0de"
 # the service listens on IPv6 loopback here (#18): readiness, the bench client and the fault window reach it on [::1]
 KEY = {

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tests.lab.helpers import apply
 
+LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 

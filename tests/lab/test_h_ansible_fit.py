@@ -10,10 +10,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply
+from tests.lab.helpers import apply, ensure_converged
+
+LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
 
 PROXY = """\
 import os, socket, sys, threading
@@ -30,6 +33,12 @@ while data := s.recv(65536):
     os.write(1, data)
 """
 UNIT = "/etc/systemd/system/sglang.service"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def converged(lab, lab_inventory, tmp_path_factory):
+    """Every command below starts from a converged site."""
+    ensure_converged(lab, lab_inventory, tmp_path_factory.mktemp("fit-runs"), "kernel", "gpu", "sglang")
 
 
 def _bastion_dir(tmp_path: Path) -> tuple[Path, Path]:
