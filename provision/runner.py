@@ -211,6 +211,10 @@ def _diffs(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _failure_message(res: dict[str, Any]) -> str:
+    items = res.get("results") if isinstance(res.get("results"), list) else []
+    failed = [_failure_message(i) for i in items if isinstance(i, dict) and i.get("failed")]
+    if failed:  # a loop's own msg only says that one or more items failed: each failed item's says which and why
+        return "; ".join(failed)
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
     if res.get("stderr") and res.get("msg") and res["stderr"] not in str(msg):
         msg = f"{msg}: {res['stderr']}"

@@ -214,6 +214,11 @@ def test_after_reboot_reboots_each_host_and_everything_passes(lab, converged, ru
         new = lab.vm(name).boot_id()
         assert new != old
         assert any(old in m and new in m for m in report["reboots"][name]), report["reboots"][name]
+    # CT 101 served before pve-grub's reboot: the rollout waited until it served again before the next node went
+    assert any(
+        m.startswith("SGLang serving again after the reboot: sglang-01 after ") for m in report["reboots"]["pve-grub"]
+    )
+    assert not any("SGLang serving again" in m for m in report["reboots"]["pve-sdboot"]), "no container there"
     assert lab.container().boot_id() != ct_before
     assert any(m.startswith("rebooted: PID 1 start") for m in report["reboots"]["sglang-01"])
     # CT 101 (onboot) came back with its node by itself: pve-guests' startall, with every devN path on the node
