@@ -157,7 +157,7 @@ class LabContainer(LabMachine):
     # ---------------------------------------------------------------- set-up
     def prepare(self) -> None:
         upper, work = self.dir / "upper", self.dir / "work"
-        for d in (upper, work, self.root, self.dir / "dev"):
+        for d in (upper / "etc", work, self.root, self.dir / "dev"):
             d.mkdir(parents=True, exist_ok=True)
         if not self.spec.created:
             self._lab_identity(upper)
