@@ -16,6 +16,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,13 @@ ExecStart=/bin/mount --bind {PROC_DRIVER_STAGE} /proc/driver
 """
 
 
+# What pve-container writes into a new CT at create (LXC/Setup.pm post_create_hook): a host key of each type
+# (Setup/Base.pm ssh_host_key_types_to_generate), and root's keys from `ssh-public-keys` between PVE's markers
+# (Setup/Base.pm set_user_authorized_ssh_keys -> ct_modify_file, file mode 0700 as PVE writes it).
+SSH_HOST_KEY_TYPES = ("rsa", "ecdsa", "ed25519")
+PVE_BLOCK = ("# --- BEGIN PVE ---\n", "# --- END PVE ---\n")
+
+
 def make_node(node: Path, dev: dict) -> None:
     node.parent.mkdir(parents=True, exist_ok=True)
     node.unlink(missing_ok=True)
@@ -66,6 +74,9 @@ class ContainerSpec:
     name: str
     index: int  # picks the 10.213.<index>.0/30 link
     gpus: int = 2
+    # made by a create through the lab's API (`ctbody.py`): its identity (host keys, root's keys) is what the create
+    # wrote into its rootfs, and it has none of the lab's own additions (the `ops` user, the model directory)
+    created: bool = False
 
     @property
     def netns(self) -> str:
@@ -116,6 +127,20 @@ class LabContainer(LabMachine):
         self.root = workdir / "root"
         self.pidfile = workdir / "supervisor.pid"
         self.log = workdir / "nspawn.log"
+        if spec.created:  # its host key is the one the create generated in its rootfs
+            self.host_key = workdir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key"
+
+    def record(self) -> dict:
+        """What another process needs to drive this body (`from_record`): the lab's seed and the API's list."""
+        return {"spec": vars(self.spec), "workdir": str(self.dir), "rootfs": str(self.rootfs),
+                "client_key": str(self.client_key), "known_hosts": str(self.known_hosts),
+                "binds": {k: str(v) for k, v in self.read_only_binds.items()}}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: dict) -> LabContainer:
+        return cls(ContainerSpec(**record["spec"]), Path(record["workdir"]), Path(record["rootfs"]),
+                   Path(record["client_key"]), Path(record["known_hosts"]),
+                   read_only_binds={k: Path(v) for k, v in record["binds"].items()})  # fmt: skip
 
     @property
     def devices_file(self) -> Path:
@@ -132,8 +157,29 @@ class LabContainer(LabMachine):
     # ---------------------------------------------------------------- set-up
     def prepare(self) -> None:
         upper, work = self.dir / "upper", self.dir / "work"
-        for d in (upper, work, self.root, self.dir / "dev"):
+        for d in (upper / "etc", work, self.root, self.dir / "dev"):
             d.mkdir(parents=True, exist_ok=True)
+        if not self.spec.created:
+            self._lab_identity(upper)
+        (upper / "etc" / "hostname").write_text(self.spec.name + "\n")
+        units = upper / "etc" / "systemd" / "system"
+        (units / "sysinit.target.wants").mkdir(parents=True, exist_ok=True)
+        (units / "lab-proc-driver.service").write_text(PROC_DRIVER_UNIT)
+        link = units / "sysinit.target.wants" / "lab-proc-driver.service"
+        if not link.is_symlink():
+            link.symlink_to("../lab-proc-driver.service")
+        (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.spec.name}\n")
+        shutil.rmtree(self.dir / "dev", ignore_errors=True)
+        for dev in self.devices():
+            make_node(self.dir / "dev" / dev["name"], dev)
+        if not _mounted(self.root):
+            _sh("mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root))  # fmt: skip
+        self._network_up()
+
+    def _lab_identity(self, upper: Path) -> None:
+        """What the lab gives the CTs it seeds: a host key known before first boot, root's key the lab's client key,
+        the `ops` user, and the site's model directory (the stand-in needs no weights, the benchmark a tokenizer)."""
         self.make_host_key()
         (upper / "etc" / "ssh").mkdir(parents=True, exist_ok=True)
         for suffix, mode in (("", 0o600), (".pub", 0o644)):
@@ -144,24 +190,33 @@ class LabContainer(LabMachine):
         ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (ssh_dir / "authorized_keys").write_bytes(Path(f"{self.client_key}.pub").read_bytes())
         (ssh_dir / "authorized_keys").chmod(0o600)
-        # the site's model directory: the stand-in needs no weights, SGLang's benchmark client a tokenizer
         write_tokenizer(upper / MODEL_DIR.lstrip("/"), context_length=STANDIN_CONTEXT)
-        (upper / "etc" / "hostname").write_text(self.spec.name + "\n")
-        units = upper / "etc" / "systemd" / "system"
-        (units / "sysinit.target.wants").mkdir(parents=True, exist_ok=True)
-        (units / "lab-proc-driver.service").write_text(PROC_DRIVER_UNIT)
-        link = units / "sysinit.target.wants" / "lab-proc-driver.service"
-        if not link.is_symlink():
-            link.symlink_to("../lab-proc-driver.service")
         self._install_ops_user(upper)
-        (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.spec.name}\n")
-        shutil.rmtree(self.dir / "dev", ignore_errors=True)
-        for dev in self.devices():
-            make_node(self.dir / "dev" / dev["name"], dev)
-        if not _mounted(self.root):
-            _sh("mount", "-t", "overlay", "overlay", "-o",
-                f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root))  # fmt: skip
-        self._network_up()
+
+    def post_create(self, ssh_public_keys: str | None) -> None:
+        """What a create writes into the new CT's rootfs (pve-container LXC/Setup.pm post_create_hook): root's
+        authorized_keys from `ssh-public-keys` in PVE's marked block, and a fresh host key of each type, made with
+        ssh-keygen outside the CT and commented root@<hostname> (Setup.pm rewrite_ssh_host_keys)."""
+        upper = self.dir / "upper"
+        ssh = upper / "etc" / "ssh"
+        ssh.mkdir(parents=True, exist_ok=True)
+        comment = "root@" + self.spec.name.split(".")[0]
+        with tempfile.TemporaryDirectory(dir=self.dir) as tmp:
+            for kind in SSH_HOST_KEY_TYPES:
+                key = Path(tmp) / kind
+                _sh("ssh-keygen", "-q", "-f", str(key), "-t", kind, "-N", "", "-C", comment)
+                for suffix, mode in (("", 0o600), (".pub", 0o644)):
+                    target = ssh / f"ssh_host_{kind}_key{suffix}"
+                    target.write_bytes(Path(f"{key}{suffix}").read_bytes())
+                    target.chmod(mode)
+        if ssh_public_keys and ssh_public_keys.strip():
+            keys = ssh_public_keys if ssh_public_keys.endswith("\n") else ssh_public_keys + "\n"
+            (upper / "root" / ".ssh").mkdir(parents=True, exist_ok=True)
+            (upper / "root").chmod(0o700)  # as Debian's /root: a directory made in the upper layer wins
+            (upper / "root" / ".ssh").chmod(0o700)
+            authorized = upper / "root" / ".ssh" / "authorized_keys"
+            authorized.write_text(PVE_BLOCK[0] + keys + PVE_BLOCK[1])
+            authorized.chmod(0o700)
 
     @staticmethod
     def _install_ops_user(upper: Path) -> None:
@@ -289,6 +344,13 @@ class LabContainer(LabMachine):
             _sh("umount", str(self.root), check=False)
         _sh("ip", "link", "del", self.spec.host_if, check=False)
         _sh("ip", "netns", "del", self.spec.netns, check=False)
+
+    def destroy(self) -> None:
+        """What a destroy leaves of the body: nothing (its rootfs's upper layer, link, namespace and files)."""
+        self.teardown()
+        if _mounted(self.root):
+            raise ProvisionError(f"lab: {self.root} is still mounted; not removing {self.dir}")
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def ssh_destination(self) -> list[str]:
         return [f"root@{self.spec.address}"]

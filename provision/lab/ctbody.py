@@ -14,19 +14,35 @@ devN part of a config change. What it copies, with the source in pve-container 6
   (LXC/Tools.pm get_device_mode_and_rdev).
 - **hot-plug**: PVE 9 makes a new devN's node inside a running CT at once; edits and deletes, and on PVE 8
   every devN change, wait for the next start (LXC/Config.pm vmconfig_hotplug_pending; changelog 6.0.4).
+- **create** (`POST /nodes/{node}/lxc`, vzcreate): a new body from the lab's image, the one OS template the lab's
+  storage holds (`TEMPLATE_VOLID`); inside it what LXC/Setup.pm post_create_hook writes: root's authorized_keys from
+  `ssh-public-keys` and fresh ssh host keys (`LabContainer.post_create`). Its `net0` gets the next free lab link
+  (`net_index`). Created stopped; `start=1` starts it in a task of its own once the create is done (API2/LXC.pm
+  create_vm calls Status->vm_start after the create's lock, and fork_worker answers at once).
+- **destroy** (vzdestroy): PVE refuses a running CT ("unable to destroy CT <vmid> - container is running", API2/LXC.pm
+  destroy_vm; fakepve has it); once the config is gone the body goes too (`LabContainer.destroy`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from provision.lab.container import ContainerSpec, LabContainer
 
 DEV_KEY = re.compile(r"dev\d+")
 DEFAULT_DEV_MODE = 0o660  # LXC.pm: a devN entry without mode= gets 0660
+# the lab's image as the OS template on the nodes' `local` storage: the one a create may name
+TEMPLATE_VOLID = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
+# the bodies created through the API, for `provision lab status` and `lab down` (another process): vmid -> record
+CREATED_FILE = "pve-created.json"
+# a CT's link is 10.213.<index>.0/30, its address .2 (ContainerSpec): a static net0 must be one of those
+LAB_ADDRESS = re.compile(r"10\.213\.(\d{1,3})\.2/30")
+LAST_INDEX = 255
 
 
 def parse_dev(value: str) -> dict:
@@ -52,6 +68,26 @@ def has_nesting(config: dict) -> bool:
 
 def pve_major(version: str) -> int:
     return int(str(version).split(".")[0])
+
+
+def net_index(net0: str | None, taken: set[int], in_use: Callable[[int], bool], first: int) -> int:
+    """The lab link a created CT's net0 gets: with `ip=dhcp` (or none) the lowest index from `first` that neither this
+    lab's bodies (`taken`) nor anything else on this machine (`in_use`: another lab's namespace or link) holds; with
+    a static `ip=` the index it names, which must be one of the lab's (10.213.<n>.2/30, gw 10.213.<n>.1)."""
+    props = dict(part.partition("=")[::2] for part in str(net0 or "").split(",") if "=" in part)
+    ip = props.get("ip", "dhcp")
+    if ip not in ("dhcp", "manual", ""):
+        match = LAB_ADDRESS.fullmatch(ip)
+        if match is None or not 1 <= int(match.group(1)) <= LAST_INDEX:
+            raise ValueError(f"net0 ip={ip}: the lab's links are 10.213.<n>.2/30 (gw 10.213.<n>.1), or ip=dhcp")
+        index = int(match.group(1))
+        if index in taken or in_use(index):
+            raise ValueError(f"net0 ip={ip}: the lab's link 10.213.{index}.0/30 is taken")
+        return index
+    for index in range(max(first, 1), LAST_INDEX + 1):
+        if index not in taken and not in_use(index):
+            return index
+    raise ValueError("no free lab link left (10.213.<n>.0/30)")
 
 
 def parse_node_read(text: str) -> tuple[dict[str, tuple[int, int] | None], str | None]:
@@ -82,15 +118,15 @@ class StartRefused(Exception):
 class Bodies:
     """vmid -> the nspawn container behind it, and the node reads that its lifecycle needs."""
 
-    def __init__(self, seed: dict):
+    def __init__(self, seed: dict, state_dir: Path | None = None):
         self.node_ssh: dict[str, list[str]] = seed.get("node_ssh", {})
-        self.bodies: dict[int, LabContainer] = {}
-        for vmid, body in seed.get("bodies", {}).items():
-            self.bodies[int(vmid)] = LabContainer(
-                ContainerSpec(**body["spec"]), Path(body["workdir"]), Path(body["rootfs"]),
-                Path(body["client_key"]), Path(body["known_hosts"]),
-                read_only_binds={k: Path(v) for k, v in body["binds"].items()},
-            )  # fmt: skip
+        self.bodies: dict[int, LabContainer] = {
+            int(vmid): LabContainer.from_record(record) for vmid, record in seed.get("bodies", {}).items()
+        }
+        # what a created body is made from: the image, binds and client key of the seeded ones, a directory for it
+        self.template: dict = seed.get("create", {})
+        self.created_file = state_dir / CREATED_FILE if state_dir else None
+        self.created: dict[int, LabContainer] = {}
         self.running_generation: dict[int, object] = {}
         self.locks: dict[int, asyncio.Lock] = {}
 
@@ -165,3 +201,62 @@ class Bodies:
                 rdev = found.get(entry["path"])
                 if rdev is not None:
                     await asyncio.to_thread(body.hotplug, device(entry, rdev))
+
+    # ------------------------------------------------------------ create, destroy
+    def _save_created(self) -> None:
+        if self.created_file is not None:
+            tmp = self.created_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({str(vmid): body.record() for vmid, body in self.created.items()}))
+            tmp.replace(self.created_file)
+
+    def _new_body(self, ct) -> LabContainer:
+        indexes = {body.spec.index for body in self.bodies.values()}
+        index = net_index(ct.config.get("net0"), indexes, _link_in_use, self.template.get("first_index", 1))
+        workdir = Path(self.template["containers_dir"]) / f"ct{ct.vmid}"
+        known_hosts = workdir / "known_hosts"
+        return LabContainer(
+            ContainerSpec(name=ct.config.get("hostname") or f"CT{ct.vmid}", index=index, created=True),
+            workdir, Path(self.template["rootfs"]), Path(self.template["client_key"]), known_hosts,
+            read_only_binds={k: Path(v) for k, v in self.template.get("binds", {}).items()},
+        )  # fmt: skip
+
+    async def create(self, ct, ssh_public_keys: str | None) -> LabContainer:
+        """The body of a CT the API just created (stopped): its rootfs with what the create writes inside, and a
+        known_hosts line for its new host key, read from that rootfs on this side (never learnt over ssh)."""
+        if not self.template:
+            raise ValueError("this lab's API makes no container bodies (no create template in its seed)")
+        body = self._new_body(ct)
+        try:
+            await asyncio.to_thread(_make, body, ssh_public_keys)
+        except BaseException:
+            await asyncio.to_thread(body.destroy)
+            raise
+        self.bodies[ct.vmid] = self.created[ct.vmid] = body
+        self._save_created()
+        return body
+
+    def address(self, vmid: int) -> str | None:
+        body = self.bodies.get(vmid)
+        return body.spec.address if body is not None else None
+
+    async def destroy(self, vmid: int) -> None:
+        """The CT's config is gone: so is its body (stopped first when a forced destroy stopped a running CT)."""
+        body = self.bodies.pop(vmid, None)
+        self.created.pop(vmid, None)
+        self.running_generation.pop(vmid, None)
+        if body is not None:
+            async with self.locks.setdefault(vmid, asyncio.Lock()):
+                await asyncio.to_thread(body.destroy)
+        self._save_created()
+
+
+def _make(body: LabContainer, ssh_public_keys: str | None) -> None:
+    body.dir.mkdir(parents=True, exist_ok=True)
+    body.post_create(ssh_public_keys)
+    body.known_hosts.write_text(body.known_hosts_line() + "\n")
+
+
+def _link_in_use(index: int) -> bool:
+    """Whether this machine already has the lab link `index`: its network namespace or its host-side interface."""
+    spec = ContainerSpec(name="", index=index)
+    return Path(f"/run/netns/{spec.netns}").exists() or Path(f"/sys/class/net/{spec.host_if}").exists()

@@ -30,6 +30,7 @@ import yaml
 from provision.errors import ProvisionError
 from provision.lab import pve, wheelhouse
 from provision.lab.container import MODEL_DIR, ContainerSpec, LabContainer
+from provision.lab.ctbody import CREATED_FILE
 from provision.lab.image import Image, cache_root, check_tools, ensure_image
 from provision.lab.vm import LabVm, VmSpec, choose_accel
 
@@ -132,8 +133,6 @@ class Lab:
     def containers(self, state: dict[str, Any] | None = None) -> list[LabContainer]:
         state = state or self.state()
         rootfs = Path(state.get("image", {}).get("rootfs", ""))
-        # the node's hardware as the container's nvidia-smi sees it: the link between its GPUs (set_gpu_link)
-        binds = {WHEELHOUSE_IN_CONTAINER: self.dir / "wheelhouse", GPU_LINK_FILE: self.dir / "gpu_link"}
         return [
             LabContainer(
                 ContainerSpec(**spec),
@@ -141,10 +140,23 @@ class Lab:
                 rootfs,
                 self.client_key,
                 self.known_hosts,
-                read_only_binds=binds,
+                read_only_binds=self._container_binds(),
             )
             for spec in state.get("containers", [])
         ]
+
+    def _container_binds(self) -> dict[str, Path]:
+        """What every lab CT sees of this machine: the site's package share, and the node's hardware as its
+        nvidia-smi reports it (the link between the GPUs, `set_gpu_link`)."""
+        return {WHEELHOUSE_IN_CONTAINER: self.dir / "wheelhouse", GPU_LINK_FILE: self.dir / "gpu_link"}
+
+    def created_containers(self) -> dict[int, LabContainer]:
+        """The bodies of the CTs created through the lab's API (and not destroyed), by VMID, as its PVE lists them."""
+        try:
+            records = json.loads((self.dir / CREATED_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(vmid): LabContainer.from_record(record) for vmid, record in records.items()}
 
     def vm(self, name: str) -> LabVm:
         return next(v for v in self.vms() if v.spec.name == name)
@@ -356,16 +368,14 @@ class Lab:
             ],
             "pve_version": state.get("pve_version", PVE_VERSIONS[9]),
             # the nspawn container behind each CT (provision/lab/ctbody.py)
-            "bodies": {
-                str(CONTAINER_VMID + i): {
-                    "spec": vars(ct.spec),
-                    "workdir": str(ct.dir),
-                    "rootfs": str(ct.rootfs),
-                    "client_key": str(ct.client_key),
-                    "known_hosts": str(ct.known_hosts),
-                    "binds": {k: str(v) for k, v in ct.read_only_binds.items()},
-                }
-                for i, ct in enumerate(self.containers(state))
+            "bodies": {str(CONTAINER_VMID + i): ct.record() for i, ct in enumerate(self.containers(state))},
+            # what a CT created through the API is made from: the same image and binds, in a directory of its own
+            "create": {
+                "rootfs": state["image"]["rootfs"],
+                "containers_dir": str(self.dir / "containers"),
+                "client_key": str(self.client_key),
+                "binds": {k: str(v) for k, v in self._container_binds().items()},
+                "first_index": self.net_index,  # links from this lab's own, so two labs can coexist
             },
             # each node holds its containers' configuration files, as pmxcfs does (/etc/pve/lxc/<vmid>.conf)
             "node_ssh": {vm.spec.name: vm.ssh_argv() for vm in self.vms()},
@@ -468,7 +478,7 @@ class Lab:
         state = self.state()
         for vm in self.vms(state):
             vm.stop()
-        for ct in self.containers(state):
+        for ct in [*self.containers(state), *self.created_containers().values()]:
             ct.teardown()
         pid_file = self.dir / "pve.pid"
         if pid_file.exists():
@@ -492,6 +502,11 @@ class Lab:
         progress("lab: down")
 
     # ---------------------------------------------------------------- status
+    @staticmethod
+    def _container_status(vmid: int, ct: LabContainer, created: bool = False) -> dict[str, Any]:
+        status = {"name": ct.spec.name, "vmid": vmid, "ssh": f"{ct.spec.address}:22", "running": ct.is_running()}
+        return {**status, "created_through_api": True} if created else status
+
     def status(self) -> dict[str, Any]:
         state = self.state()
         if not state:
@@ -513,10 +528,8 @@ class Lab:
                 }
                 for v in self.vms(state)
             ],
-            "containers": [
-                {"name": c.spec.name, "ssh": f"{c.spec.address}:22", "running": c.is_running()}
-                for c in self.containers(state)
-            ],
+            "containers": [self._container_status(CONTAINER_VMID + i, c) for i, c in enumerate(self.containers(state))]
+            + [self._container_status(vmid, c, True) for vmid, c in sorted(self.created_containers().items())],
             "pve": {"url": f"https://127.0.0.1:{state.get('pve_port')}", "running": pve_up},
             "timings": state.get("timings", {}),
         }

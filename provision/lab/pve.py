@@ -23,13 +23,15 @@ API says (the lab's copy is one way: an edit of the file on the node does not re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from provision.lab.ctbody import DEV_KEY, Bodies, StartRefused, pve_major
+from provision.lab.ctbody import DEV_KEY, TEMPLATE_VOLID, Bodies, StartRefused, pve_major
 
 SEED_FILE = "pve-seed.json"
 MIRROR_INTERVAL_S = 0.5
@@ -45,7 +47,9 @@ async def serve(state_dir: Path) -> None:
     seed = json.loads((state_dir / SEED_FILE).read_text())
     secrets = json.loads((state_dir / "secrets.json").read_text())
     token = f"root@pam!{seed['token_name']}"
-    bodies = Bodies(seed)
+    bodies = Bodies(seed, state_dir)
+    creating: dict[int, CreateRequest] = {}  # vmid -> what the create's task needs of its request
+    starts: set[asyncio.Future] = set()  # the starts that follow a create with start=1
 
     class NodeBackedPve(FakePve):
         """fakepve whose containers are the lab's nspawn containers (`ctbody.py`)."""
@@ -59,6 +63,9 @@ async def serve(state_dir: Path) -> None:
         async def _ct_task(self, ct, ttype, user, body, **kwargs):
             async def and_the_body():
                 note = await body()
+                if self.ct(ct.vmid) is not ct:  # destroyed: its config is gone, and so goes its body
+                    await bodies.destroy(ct.vmid)
+                    return note
                 try:
                     await bodies.settle(ct)
                 except StartRefused as exc:  # the prestart hook died: the CT stays stopped
@@ -67,6 +74,56 @@ async def serve(state_dir: Path) -> None:
                 return note
 
             return await super()._ct_task(ct, ttype, user, and_the_body, **kwargs)
+
+        async def _lxc_create(self, user, v):
+            # fakepve starts a CT inside its create task; PVE starts it in a task of its own afterwards
+            v = dict(v)
+            vmid, start = int(v["vmid"]), bool(v.pop("start", False))
+            if start:
+                self._vm_perm(user, vmid, v.get("pool"), "VM.PowerMgmt")
+            creating[vmid] = CreateRequest(v["ostemplate"], v.get("ssh-public-keys"), start, user)
+            try:
+                return await super()._lxc_create(user, v)
+            finally:
+                creating.pop(vmid, None)
+
+        async def task(self, node, ttype, tid, user, body, vm=None, **kwargs):
+            request = creating.get(int(tid)) if ttype == "vzcreate" and vm is not None else None
+            if request is None:
+                return await super().task(node, ttype, tid, user, body, vm=vm, **kwargs)
+
+            async def and_a_body():
+                if self.volume_exists(request.ostemplate) is False:  # PVE::Storage abs_filesystem_path
+                    self._drop(vm)
+                    raise TaskError(f"unable to create CT {vm.vmid} - can't find file '{request.ostemplate}'")
+                note = await body()
+                try:
+                    await bodies.create(vm, request.ssh_public_keys)
+                except Exception as exc:  # create_vm removes the config of a create that failed
+                    self._drop(vm)
+                    raise TaskError(f"unable to create CT {vm.vmid} - {exc}") from exc
+                return note
+
+            upid = await super().task(node, ttype, tid, user, and_a_body, vm=vm, **kwargs)
+            if request.start:
+                starts.add(start := asyncio.ensure_future(self._start_after_create(node, vm.vmid, upid, user)))
+                start.add_done_callback(starts.discard)
+            return upid
+
+        async def _start_after_create(self, node, vmid, upid, user):
+            if await _wait_task(self, upid) == "OK":
+                with contextlib.suppress(PveError):  # e.g. started by a client in between
+                    await self._lxc_start(user, {"node": node, "vmid": vmid})
+
+        async def _lxc_interfaces(self, user, v):
+            """PVE reads a running CT's addresses from inside it: the lab's link address, whatever net0's ip= says."""
+            out = await super()._lxc_interfaces(user, v)
+            address = bodies.address(int(v["vmid"]))
+            for item in out or []:
+                if item["name"] != "lo" and address and "inet" not in item:
+                    item["inet"] = f"{address}/30"
+                    item["ip-addresses"].append({"ip-address-type": "inet", "ip-address": address, "prefix": "30"})
+            return out
 
         async def _update_config(self, ct, user, values, deletes, reverts):
             missing = await bodies.check_device(ct.node, values)
@@ -93,6 +150,9 @@ async def serve(state_dir: Path) -> None:
     for ct in seed["containers"]:
         pve.add_ct(ct["vmid"], ct["name"], node=ct["node"], status="running", config=ct.get("config", {}))
     pve.apitokens[token] = secrets["pve_token_secret"]
+    # the one OS template on the nodes' storage, as `pveam download local <template>` leaves it (size not modelled)
+    volname = TEMPLATE_VOLID.partition(":")[2]
+    pve.storages["local"].setdefault("volumes", {})[volname] = {"content": "vztmpl", "format": "tzst", "size": 0}
     # With any grant, fakepve checks permissions as PVE does (tokens may not set devN).
     pve.grant("audit@pve", "/", "VM.Audit")
     certfile, keyfile, _ = make_cert(str(state_dir), name="pve", hosts=("127.0.0.1",))
@@ -180,20 +240,21 @@ class NodeConfigs:
     API answers) and every MIRROR_INTERVAL_S for what tasks change later; a node that is down is retried."""
 
     def __init__(self, pve, seed: dict):
-        self.pve, self.seed = pve, seed
-        self.written: dict[int, str] = {}
+        self.pve, self.node_ssh = pve, seed.get("node_ssh", {})
+        self.written: dict[int, tuple[str, str]] = {}  # vmid -> (node, text) as last written there
         self.lock = asyncio.Lock()
 
     async def sync(self) -> None:
         async with self.lock:
-            for ct in self.seed["containers"]:
-                guest = self.pve.guest(ct["vmid"])
-                argv = self.seed.get("node_ssh", {}).get(ct["node"])
-                if guest is None or argv is None:
-                    continue
-                text = config_text(guest.config, guest.pending)
-                if self.written.get(ct["vmid"]) != text and await _write_on_node(argv, ct["vmid"], text):
-                    self.written[ct["vmid"]] = text
+            # a CT being created holds only its create lock until the task writes its config
+            live = {ct.vmid: ct for ct in self.pve.cts if ct.node in self.node_ssh and ct.lock != "create"}
+            for vmid, ct in live.items():
+                wanted = (ct.node, config_text(ct.config, ct.pending))
+                if self.written.get(vmid) != wanted and await _write_on_node(self.node_ssh[ct.node], vmid, wanted[1]):
+                    self.written[vmid] = wanted
+            for vmid in set(self.written) - set(live):  # destroyed: PVE removes the file (destroy_config)
+                if await _remove_on_node(self.node_ssh[self.written[vmid][0]], vmid):
+                    del self.written[vmid]
 
     async def poll(self) -> None:
         while True:
@@ -267,7 +328,14 @@ async def stop_all(pve, node: str) -> dict:
 
 async def _write_on_node(argv: list[str], vmid: int, text: str) -> bool:
     path = f"/etc/pve/lxc/{vmid}.conf"
-    script = f"mkdir -p /etc/pve/lxc && cat > {path}.tmp && mv {path}.tmp {path}"
+    return await _on_node(argv, f"mkdir -p /etc/pve/lxc && cat > {path}.tmp && mv {path}.tmp {path}", text)
+
+
+async def _remove_on_node(argv: list[str], vmid: int) -> bool:
+    return await _on_node(argv, f"rm -f /etc/pve/lxc/{vmid}.conf", "")
+
+
+async def _on_node(argv: list[str], script: str, text: str) -> bool:
     proc = await asyncio.create_subprocess_exec(
         *argv, script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
@@ -278,6 +346,16 @@ async def _write_on_node(argv: list[str], vmid: int, text: str) -> bool:
         proc.kill()
         return False
     return proc.returncode == 0
+
+
+@dataclass
+class CreateRequest:
+    """What a create's task needs of the request that fakepve does not keep in the config."""
+
+    ostemplate: str
+    ssh_public_keys: str | None
+    start: bool
+    user: str
 
 
 def control(state_dir: Path, method: str, path: str, body: dict | None = None) -> object:

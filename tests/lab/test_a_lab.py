@@ -6,6 +6,7 @@ tests/lab/test_b_kernel.py's: the product edits each bootloader's line and the n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -143,6 +144,71 @@ def test_api_lifecycle_drives_the_container_and_prestart_refuses_a_missing_path(
     assert wait_task(api, "pve-grub", lxc.status.reboot.post())["exitstatus"] == "OK"
     ct.wait_for_ssh(120, not_boot_id=second_boot)
     assert inside(ct, "/dev/ttyS1") == {} and lab.pve_control("GET", "/ct/101")["pending"] == {}
+
+
+def test_api_create_makes_a_container_and_delete_removes_it(lab, tmp_path):
+    """CT 150 through the API as `provision apply` will create one (#14): created stopped with root's key from
+    `ssh-public-keys` and host keys made at create; started, reached over ssh with that key and a host key read
+    from its rootfs on this side (never learnt on first use); a delete refused while it runs; stopped and deleted,
+    nothing of it is left."""
+    from proxmoxer.core import ResourceException
+
+    from provision.lab.container import LabContainer
+    from provision.lab.ctbody import TEMPLATE_VOLID
+
+    api, grub = pve_api(lab), lab.vm("pve-grub")
+    node = api.nodes("pve-grub")
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "apply", "-f", str(key)], check=True)
+    spec = {"vmid": 150, "ostemplate": TEMPLATE_VOLID, "hostname": "ct150", "rootfs": "local-lvm:8", "cores": 2,
+            "memory": 2048, "swap": 512, "unprivileged": 1, "features": "nesting=1", "onboot": 0,
+            "startup": "order=2", "net0": "name=eth0,bridge=vmbr0,ip=dhcp",
+            "ssh-public-keys": Path(f"{key}.pub").read_text()}  # fmt: skip
+    try:
+        assert wait_task(api, "pve-grub", node.lxc.post(**spec))["exitstatus"] == "OK"
+        assert node.lxc(150).status.current.get()["status"] == "stopped", "a create without start=1 leaves it stopped"
+        body = lab.created_containers()[150]
+        assert not body.is_running()
+        assert {"name": "ct150", "vmid": 150, "ssh": f"{body.spec.address}:22", "running": False,
+                "created_through_api": True} in lab.status()["containers"]  # fmt: skip
+        # the host key made at create, read from the body's rootfs on this side: the only one ssh will accept
+        host_key = (body.dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+        (tmp_path / "known_hosts").write_text(f"{body.spec.address} {host_key[0]} {host_key[1]}\n")
+        ct = LabContainer(body.spec, body.dir, body.rootfs, key, tmp_path / "known_hosts", body.read_only_binds)
+        assert wait_task(api, "pve-grub", node.lxc(150).status.start.post())["exitstatus"] == "OK"
+        ct.wait_for_ssh(120)
+        assert ct.ssh("hostname").stdout.strip() == "ct150"
+        assert ct.ssh("cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[:2] == host_key[:2]
+        assert host_key[2] == "root@ct150" and host_key[:2] != lab.container().known_hosts_line().split()[1:]
+        # root's keys are the request's only: the lab's own client key is not let in
+        denied = LabContainer(body.spec, body.dir, body.rootfs, lab.client_key, tmp_path / "known_hosts")
+        assert "Permission denied" in denied.ssh("true", timeout=20).stderr
+        # a controller learns a DHCP CT's address from the API, as from PVE (read inside the running CT)
+        eth0 = next(i for i in node.lxc(150).interfaces.get() if i["name"] == "eth0")
+        assert eth0["inet"] == f"{body.spec.address}/30"
+        assert "hostname: ct150" in grub.ssh("cat /etc/pve/lxc/150.conf").stdout, "pmxcfs holds its config"
+        with pytest.raises(ResourceException) as running:
+            node.lxc(150).delete()
+        assert running.value.status_code == 500
+        assert "unable to destroy CT 150 - container is running" in str(running.value)
+        assert ct.ssh("true").returncode == 0, "still there"
+        assert wait_task(api, "pve-grub", node.lxc(150).status.stop.post())["exitstatus"] == "OK"
+        assert not ct.is_running()
+        assert wait_task(api, "pve-grub", node.lxc(150).delete())["exitstatus"] == "OK"
+    finally:
+        if 150 in lab.created_containers():  # a failure above leaves no CT behind for the modules after this one
+            with contextlib.suppress(ResourceException):
+                wait_task(api, "pve-grub", node.lxc(150).delete(force=1))
+    assert not body.dir.exists() and 150 not in lab.created_containers()
+    assert str(body.dir) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert body.spec.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not Path(f"/sys/class/net/{body.spec.host_if}").exists()
+    assert all(c["vmid"] != 150 for c in lab.status()["containers"])
+    with pytest.raises(ResourceException) as gone:
+        node.lxc(150).status.current.get()
+    assert gone.value.status_code == 500 and "lxc/150.conf' does not exist" in str(gone.value)
+    time.sleep(2)  # the node's copy follows within about a second (NodeConfigs)
+    assert grub.ssh("test -e /etc/pve/lxc/150.conf").returncode == 1
 
 
 def _reboot(machine, timeout=420) -> str:
