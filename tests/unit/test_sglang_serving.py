@@ -25,7 +25,7 @@ class Server:
         self.status, self.hits = 503, 0
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):
                 outer.hits += 1
                 self.send_response(outer.status if self.path == "/health_generate" else 404)
                 self.end_headers()
