@@ -503,16 +503,16 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
 
 
 # Locks and interrupts (#16). The slow inventory's python waits at a gate before the verify phase's first task
-# (a Mitogen connection's interpreter); the facts script's read, lock and release pass straight through.
+# (a Mitogen connection's interpreter); the facts script's read, lock, renewal and release pass straight through.
 SLOW_PYTHON = """#!/bin/sh
-case "$3" in read|lock|release) exec /usr/bin/python3 "$@";; esac
+case "$3" in read|lock|renew|release) exec /usr/bin/python3 "$@";; esac
 touch {gate}.started
 while [ -e {gate} ]; do sleep 0.2; done
 exec /usr/bin/python3 "$@"
 """
 
 
-def _slow_inventory(ssh_lab, root: Path) -> tuple[Path, Path]:
+def _slow_inventory(ssh_lab, root: Path, group_vars: dict | None = None) -> tuple[Path, Path]:
     gate = root / "gate"
     gate.parent.mkdir(parents=True)
     gate.touch()
@@ -524,14 +524,14 @@ def _slow_inventory(ssh_lab, root: Path) -> tuple[Path, Path]:
     inv = lab_inventory(ssh_lab, root / "inv", extra_hosts={
         "proxmox_hosts": {"node1": {**t["node1"].inventory_vars(), **slow}},
         "gpu_containers": {"ct1": {**t["ct1"].inventory_vars(), **slow, "proxmox_host": "node1", "proxmox_vmid": 100}},
-    })  # fmt: skip
+    }, group_vars=group_vars)  # fmt: skip
     return inv, gate
 
 
-def _start_apply(inv: Path, runs: Path, gate: Path, out: Path) -> subprocess.Popen:
+def _start_apply(inv: Path, runs: Path, gate: Path, out: Path, *more: str) -> subprocess.Popen:
     """`provision apply --full --tags verify` in the background, once it waits at the gate (its host locks taken)."""
     argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inv), "--yes", "--json", "--full",
-            "--tags", "verify", "--runs-dir", str(runs)]  # fmt: skip
+            "--tags", "verify", "--runs-dir", str(runs), *more]  # fmt: skip
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w")
     )
@@ -759,3 +759,107 @@ def test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expi
         assert said in proc.stdout + proc.stderr
         assert json.loads(_lock_on(node) or "{}").get("pid") == (os.getpid() if code else None)
     node.ssh("rm -f /var/lib/provision/lock.json")
+
+
+def _held_line(host: str, holder: str, node: str | None = None) -> str:
+    lock = f"host lock of its node {node}" if node else "host lock"
+    return f"error: {host}: {lock} held by {holder}: wait for that run to end, or pass --break-lock if it is gone"
+
+
+LEASE_S = 20  # the renewal test's lease: the running apply renews its host locks every quarter of it
+
+
+def test_a_run_longer_than_its_lease_keeps_its_host_locks(ssh_lab, tmp_path):
+    """The first run waits at its gate for longer than its hosts' lease: the running apply renews its host locks, so
+    a second run (another inventory of the same hosts: not stopped by the controller lock) is refused, naming it."""
+    lease = {"all": {"provision_state_lock_lease_s": LEASE_S}}
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow", group_vars=lease)
+    other = lab_inventory(ssh_lab, tmp_path / "other" / "inv", group_vars=lease)
+    runs, targets = tmp_path / "runs", ssh_lab["targets"]
+    first = _start_apply(inv, runs, gate, tmp_path / "first.json")
+    try:
+        run_id = next(runs.iterdir()).name
+        taken = {name: json.loads(_lock_on(target))["taken_at"] for name, target in targets.items()}
+        while time.time() < max(taken.values()) + LEASE_S + 5:  # past the lease the locks were taken with
+            assert first.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
+            time.sleep(1)
+        second = run_provision("apply", "--inventory", str(other), "--yes", "--tags", "verify", "--runs-dir",
+                               str(tmp_path / "runs2"))  # fmt: skip
+        assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
+        holder = f"run {run_id} (pid {first.pid} on {socket.gethostname()}, since "
+        errors = sorted(line for line in second.stderr.splitlines() if line.startswith("error: "))
+        assert [e.split("since ")[0] for e in errors] == [_held_line(h, holder).split("since ")[0] for h in targets]
+        for name, target in targets.items():
+            record = json.loads(_lock_on(target))
+            assert record["run_id"] == run_id and record["taken_at"] > taken[name], f"{name}: not renewed: {record}"
+    finally:
+        gate.unlink(missing_ok=True)
+    try:
+        assert first.wait(timeout=300) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    finally:
+        first.kill()
+    for target in targets.values():
+        assert _lock_on(target) == "", f"the first run did not give back its host lock on {target.name}"
+
+
+def _node_files(node) -> str:
+    """node1's records with their times and sizes (its lock aside): what a run touched there."""
+    return node.ssh("find /var/lib/provision -mindepth 1 ! -name lock.json -printf '%P %T@ %s\\n' | sort").stdout
+
+
+def test_apply_limited_to_a_container_stops_on_its_nodes_host_lock_until_break_lock(ssh_lab, inv, tmp_path):
+    """`--limit ct1` takes the host lock of ct1's node too (its gpu phase changes the node): held by another run, it
+    stops ct1 naming the holder; --check takes no lock; --break-lock takes it, and node1 is not otherwise touched."""
+    node, ct = ssh_lab["targets"]["node1"], ssh_lab["targets"]["ct1"]
+    other = {"run_id": "20250101T000000-apply", "controller": "other-controller", "pid": 4242,
+             "since": "2025-01-01T00:00:00+00:00", "pid_ns": "elsewhere", "taken_at": time.time(),
+             "lease_s": 3600}  # fmt: skip
+    node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
+    holder = "run 20250101T000000-apply (pid 4242 on other-controller, since 2025-01-01T00:00:00+00:00)"
+    runs, files = tmp_path / "runs", _node_files(node)
+    limited = ("--inventory", str(inv), "--limit", "ct1", "--tags", "verify", "--runs-dir", str(runs))
+    try:
+        check = run_provision("apply", *limited, "--check")
+        assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]  # no lock asked for, none held
+        proc = run_provision("apply", *limited, "--yes", "--json")
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert errors == [_held_line("ct1", holder, node="node1")], proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["hosts"] == {"ct1": "failed"}
+        assert json.loads(_lock_on(node))["controller"] == "other-controller", "the other run's lock was touched"
+        assert _lock_on(ct) == "", "ct1's lock was not given back"
+
+        proc = run_provision("apply", *limited, "--yes", "--break-lock")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert f"ct1: --break-lock: broke the host lock of its node node1 held by {holder}" in proc.stdout
+        assert _lock_on(node) == "" and _lock_on(ct) == "", "the run that broke the lock did not give it back"
+        assert _node_files(node) == files, "a run limited to ct1 changed node1"
+    finally:
+        node.ssh("rm -f /var/lib/provision/lock.json")
+
+
+def test_apply_limited_to_a_container_holds_its_nodes_host_lock_and_an_interrupt_gives_it_back(ssh_lab, tmp_path):
+    """While `apply --limit ct1` runs, node1's lock is that run's: a run on node1 alone is refused, naming it.
+    SIGINT leaves no Ansible behind (the unlock play never runs): provision gives back both locks afterwards."""
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow")
+    node, runs = ssh_lab["targets"]["node1"], tmp_path / "runs"
+    proc = _start_apply(inv, runs, gate, tmp_path / "apply.json", "--limit", "ct1")
+    try:
+        (record,) = runs.iterdir()
+        lock = json.loads(_lock_on(node) or "{}")
+        assert (lock.get("run_id"), lock.get("pid")) == (record.name, proc.pid), f"node1's lock: {lock}"
+        other = lab_inventory(ssh_lab, tmp_path / "other" / "inv")
+        second = run_provision("apply", "--inventory", str(other), "--yes", "--limit", "node1", "--tags", "verify",
+                               "--runs-dir", str(tmp_path / "runs2"))  # fmt: skip
+        assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
+        holder = f"run {record.name} (pid {proc.pid} on {socket.gethostname()}, since "
+        assert f"error: node1: host lock held by {holder}" in second.stderr, second.stderr[-2000:]
+    except BaseException:
+        gate.unlink(missing_ok=True)
+        proc.kill()
+        raise
+    _interrupt(proc, signal.SIGINT, gate)
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["host_locks_left"] == []
+    for target in ssh_lab["targets"].values():
+        assert _lock_on(target) == "", f"the interrupted run left its host lock on {target.name}"

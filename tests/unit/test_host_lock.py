@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from time import time as time_now
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,68 @@ def test_the_raw_command_reads_and_locks_in_one_process(tmp_path):
     assert stale["decision"] == "stale"
     assert _release(state, OTHER) is True
     assert os.listdir(state) == []
+
+
+# Renewal (#16): the running apply re-stamps the leases of the host locks it holds (provision/locks.py LeaseRenewal,
+# roles/provision_state/tasks/renew.yml). Clock: NOW is when the lock was taken, lease 3600 s.
+LEASE = 3600
+
+
+def _take(state, now=NOW, holder=None):
+    return script.take_lock(str(state), {**(holder or _holder()), "lease_s": LEASE}, now=now)
+
+
+def test_a_renewed_lock_outlives_the_lease_it_was_taken_with(tmp_path):
+    """A run that lasts three leases keeps its lock while it renews every quarter lease; another run is refused
+    throughout, and takes it only a lease after the last renewal."""
+    _take(tmp_path)
+    renewals = [NOW + i * LEASE / 4 for i in range(1, 13)]
+    for when in renewals:
+        assert script.renew_lock(str(tmp_path), {**_holder(), "lease_s": LEASE}, now=when)["renewed"] is True
+        later = script.take_lock(str(tmp_path), OTHER, now=when + LEASE - 1)
+        assert (later["decision"], later["taken"]) == ("held", False), when
+    assert json.loads((tmp_path / "lock.json").read_text()) == {**_holder(), "taken_at": renewals[-1], "lease_s": LEASE}
+    assert script.take_lock(str(tmp_path), OTHER, now=renewals[-1] + LEASE)["decision"] == "expired"
+
+
+@pytest.mark.parametrize(
+    ("current", "why"),
+    [
+        (None, "no lock: a renewal never takes one"),
+        (_record(**OTHER), "another run's lock is never extended"),
+        (_record(pid=1), "the same run id and controller with another pid is another run"),
+        (_record(**OTHER, taken_at=NOW - 7200), "not even once its lease ran out: the next run takes it, not a renewal"),
+    ],
+    ids=["free", "other-run", "other-pid", "other-expired"],
+)
+def test_a_renewal_never_takes_or_extends_another_runs_lock(tmp_path, current, why):
+    state = tmp_path / "state"
+    state.mkdir()
+    if current is not None:
+        (state / "lock.json").write_text(json.dumps(current))
+    before = sorted(os.listdir(state)), (state / "lock.json").read_text() if current else None
+    out = script.renew_lock(str(state), {**_holder(), "lease_s": LEASE}, now=NOW)
+    assert out["renewed"] is False, why
+    assert (sorted(os.listdir(state)), (state / "lock.json").read_text() if current else None) == before, why
+
+
+def test_a_renewal_makes_no_state_directory(tmp_path):
+    assert script.renew_lock(str(tmp_path / "none"), _holder(), now=NOW)["renewed"] is False
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_renewal_keeps_a_lease_that_ran_out_when_nobody_took_it(tmp_path):
+    """Its own lock past its lease (the controller could not reach the host for a while) is still this run's
+    until another run takes it: the renewal re-stamps it."""
+    _take(tmp_path)
+    assert script.renew_lock(str(tmp_path), {**_holder(), "lease_s": LEASE}, now=NOW + 2 * LEASE)["renewed"] is True
+    assert script.take_lock(str(tmp_path), OTHER, now=NOW + 2 * LEASE + 1)["decision"] == "held"
+
+
+def test_the_raw_command_renews_in_one_process(tmp_path):
+    """What tasks/renew.yml runs."""
+    _take(tmp_path, now=time_now() - 100)
+    out = _run_script("renew", str(tmp_path), json.dumps({**_holder(), "lease_s": LEASE}))
+    assert out["lock"]["renewed"] is True
+    assert json.loads((tmp_path / "lock.json").read_text())["taken_at"] > time_now() - 60
+    assert _run_script("renew", str(tmp_path), json.dumps(OTHER))["lock"]["renewed"] is False
