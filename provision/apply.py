@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import signal
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ PHASES = ("kernel", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
 UNLOCK_PLAYBOOK = "unlock.yml"
+RENEW_PLAYBOOK = "renew.yml"
 HOST_LOCK_LEFT = (
     "this run's host lock is left there: the next run from this controller takes it over; "
     "others wait for its lease or pass --break-lock"
@@ -73,34 +75,41 @@ def apply(
     SIGINT or SIGTERM stopped the run. `progress` hears the run as it goes (silent when left out)."""
     inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
     scope = inv.scope(opts.limit)
+    lock_set = None if opts.check else locks.LockSet.of(inv, scope)
     with RunRecord(opts.runs_dir, kind, inv) as record, ExitStack() as stack:
-        request = None if opts.check else _lock(stack, opts, inv, record, kind)
-        return _converge(opts, inv, scope, record, progress or SILENT, kind, playbook, request)
+        held = lock_set and _lock(stack, opts, inv, record, kind, lock_set)
+        return _converge(opts, inv, scope, record, progress or SILENT, kind, playbook, held)
 
 
-def _lock(stack: ExitStack, opts: ApplyOptions, inv, record: RunRecord, kind: str) -> dict[str, Any]:
-    """Hold the inventory's controller lock for the rest of the stack; the host lock request for the run."""
+def _lock(stack: ExitStack, opts: ApplyOptions, inv, record: RunRecord, kind: str, lock_set: locks.LockSet):
+    """Hold the inventory's controller lock for the rest of the stack; the lock set with the run's host lock
+    request."""
     holder = locks.Holder.for_run(record.name, f"provision {kind} --inventory {opts.inventory}")
     try:
         stack.enter_context(locks.controller_lock(inv.path, holder))
     except ProvisionError:
         record.discard()  # nothing ran: no record
         raise
-    return locks.host_lock_request(holder, opts.break_lock)
+    return replace(lock_set, request=locks.host_lock_request(holder, opts.break_lock))
 
 
-def _converge(opts, inv, scope, record: RunRecord, progress: Progress, kind, playbook, request) -> RunResult:
-    extravars = {**_extravars(opts), **({"provision_lock": request} if request else {})}
-    result = run_playbook(
-        playbook, inv.path, record=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
-        check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
-        vault=opts.vault, raise_interrupt=False,
-        progress=progress.playbook(f"provision {kind} --inventory {opts.inventory}"),
-    )  # fmt: skip
+def _converge(opts, inv, scope, record: RunRecord, progress: Progress, kind, playbook, held) -> RunResult:
+    """Run the playbook (renewing the leases of the run's host locks, `held`, meanwhile), give back the host locks
+    it left, and write the record."""
+    extravars = {**_extravars(opts), **({"provision_lock": held.request} if held else {})}
+    with _renewal(opts, inv, record, held) as renewal:
+        result = run_playbook(
+            playbook, inv.path, record=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
+            check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
+            vault=opts.vault, raise_interrupt=False,
+            progress=progress.playbook(f"provision {kind} --inventory {opts.inventory}"),
+        )  # fmt: skip
     result.host_states = host_states(result, scope)
     summary = {"command": kind, "inventory": str(inv.path), "limit": opts.limit, "tags": opts.tags, **result.to_dict()}
-    if request:
-        summary["host_locks_left"] = _release_left(opts, inv, record, request)
+    if held:
+        for error in dict.fromkeys(renewal.errors):
+            progress.warning(f"renewing the leases of the run's host locks failed: {record.redact(error)}")
+        summary["host_locks_left"] = _release_left(opts, inv, record, held)
         for host in summary["host_locks_left"]:
             progress.warning(f"{host}: {HOST_LOCK_LEFT}")
     if result.interrupted:
@@ -112,19 +121,37 @@ def _converge(opts, inv, scope, record: RunRecord, progress: Progress, kind, pla
     return result
 
 
-def _release_left(opts: ApplyOptions, inv, record: RunRecord, request: dict[str, Any]) -> list[str]:
+def _renewal(opts: ApplyOptions, inv, record: RunRecord, held: locks.LockSet | None) -> AbstractContextManager:
+    """While the run lasts, renew the leases of its host locks (locks.LeaseRenewal): renew.yml on the lock set,
+    each turn kept in the record under renew/<n>/."""
+    if not held:
+        return nullcontext(locks.LeaseRenewal(lambda stop: None, 0))
+    turns = itertools.count(1)
+
+    def renew(stop) -> None:
+        run_playbook(
+            RENEW_PLAYBOOK, inv.path, record=record.child("renew").child(str(next(turns))),
+            host_count=len(held.hosts), limit=",".join(held.hosts), extravars={"provision_lock": held.request},
+            host_key_checking=opts.host_key_checking, vault=opts.vault, raise_interrupt=False, cancel=stop.is_set,
+        )  # fmt: skip
+
+    return locks.LeaseRenewal(renew, held.period_s)
+
+
+def _release_left(opts: ApplyOptions, inv, record: RunRecord, held: locks.LockSet) -> list[str]:
     """Give back the host locks that the run's last play did not (a failed host, a playbook Ansible stopped, a
-    signal): unlock.yml again, on those hosts alone. Returns the hosts still locked."""
-    left = locks.left_locked(record.path)
+    signal): unlock.yml again, on those hosts alone (a container's node by its own name). Returns the hosts still
+    locked."""
+    left = locks.left_locked(record.path, held.nodes)
     if not left:
         return []
     again = record.child("unlock")
     run_playbook(
         UNLOCK_PLAYBOOK, inv.path, record=again, host_count=len(left), limit=",".join(left),
-        extravars={"provision_lock": request}, host_key_checking=opts.host_key_checking, vault=opts.vault,
+        extravars={"provision_lock": held.request}, host_key_checking=opts.host_key_checking, vault=opts.vault,
         raise_interrupt=False,
     )  # fmt: skip
-    return sorted(set(left) - locks.released(again.path))
+    return sorted(set(left) - locks.released(again.path, held.nodes))
 
 
 def stopped_at(result: RunResult) -> dict[str, dict[str, Any]]:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from provision.locks import READ_TASK, RELEASE_TASK
+from provision.locks import NODE_READ_TASK, NODE_RELEASE_TASK, READ_TASK, RELEASE_TASK
 
 RUN_MARKER = "PROVISION_RUN"
 GRACE_S = 5.0
@@ -60,11 +60,12 @@ class SignalTrap:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
 
-    def cancel_callback(self, marker: str) -> Callable[[], bool]:
-        """runner's cancel_callback: once a signal came, stop the run's processes (once) and say so."""
+    def cancel_callback(self, marker: str, stop: Callable[[], bool] | None = None) -> Callable[[], bool]:
+        """runner's cancel_callback: once a signal came, or `stop()` says so (the caller's own reason: a lease
+        renewal whose run has ended), stop the run's processes (once) and say so."""
 
         def cancel() -> bool:
-            if self.signum is None:
+            if self.signum is None and not (stop and stop()):
                 return False
             if not self._stopped:
                 self._stopped = True
@@ -208,6 +209,15 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "phase done and recorded",
     ),
     RELEASE_TASK: ("run done, host lock being given back", "run done, host lock given back"),
+    NODE_READ_TASK: (
+        "nothing changed; the host lock of the container's node may be this run's (the next run from this "
+        "controller takes it over)",
+        "nothing changed",
+    ),
+    NODE_RELEASE_TASK: (
+        "run done, the host lock of the container's node being given back",
+        "run done, the host lock of the container's node given back",
+    ),
 }
 PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "gpu_passthrough": "gpu", "sglang": "sglang"}
 

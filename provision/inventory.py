@@ -357,6 +357,23 @@ def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+def rendered(inv: Inventory, host: Host, name: str) -> Any:
+    """A host's variable as Ansible renders it for that host, from the inventory alone (a template rendered with
+    the host's inventory variables); UsageError naming the file and variable where that needs more (facts)."""
+    value = host.vars.get(name)
+    if not is_template(value):
+        return value
+    from ansible.template import Templar
+
+    try:
+        return Templar(loader=inv.loader, variables=host.vars).template(value)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())
+        raise UsageError(
+            f"{host.where(name)}: host {host.name}: {name}: cannot be rendered before the run: {reason}"
+        ) from None
+
+
 def _check_groups(inv: Inventory) -> list[str]:
     if not inv.hosts:
         return [f"{inv.path}: no hosts: Ansible read it as an empty inventory"]

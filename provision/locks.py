@@ -10,6 +10,23 @@
   passes `provision_lock` (`host_lock_request`), and given back by playbooks/unlock.yml at the end of the run.
   A failed host, or a playbook that Ansible or a signal stopped, never reaches that play: `left_locked` names
   the hosts whose lock the run took and did not give back, and apply runs unlock.yml again on them alone.
+
+The run's lock set (`lock_set`) is its hosts and the node (`proxmox_host`) of each of its containers: a container's
+gpu phase changes its CT config on the node through the API and may restart it, so `apply --limit <container>`
+must stop a concurrent run that would reboot that node. A node outside the run's hosts is locked through its
+container's read of the node in the facts step (delegated; `nodes_outside`), with the same lock.json and holder
+record, given back by the container's delegated release in unlock.yml, and is not otherwise touched: no phase runs
+there. The node-lock tasks report under the container's name: `left_locked` and `released` name the node.
+
+A host lock holds for its lease (`provision_state_lock_lease_s`, 4 hours by default), so that a crashed run's lock
+frees itself. A run may last longer: a `serial: 1` kernel rollout over twenty nodes, each reboot waiting minutes,
+leaves the last node hours inside one phase with no task of the run touching it. So the lease is renewed by the
+process that holds the controller lock, not by the run's tasks: while the playbook runs, `LeaseRenewal` runs
+playbooks/renew.yml on the whole lock set every quarter of its shortest lease (`renewal_period`). The renewal
+re-stamps a lock only where it names this run (plugins/module_utils/provision_fingerprint.py, `renew_lock`): it
+never takes a lock, nor extends another run's. A lock thus lasts while its run's controller process lives and
+reaches the host, and expires one lease after the last renewal that reached it; a host that cannot be reached for
+a while (its reboot) misses a renewal or two, and is renewed at the next.
 """
 
 from __future__ import annotations
@@ -19,17 +36,21 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from provision import inventory as inventory_mod
 from provision.errors import ProvisionError
 from provision.job_events import task_outcomes
-from provision.paths import module_util
+from provision.paths import module_util, roles_dir
 
 # The role's task names (roles/provision_state/tasks/facts.yml and unlock.yml) whose results say who holds a lock.
 # Keyed by name, not by a returned value, because the lock is taken and given back by raw commands, and a command
@@ -39,6 +60,16 @@ READ_TASK = "Read the recorded phase fingerprints on the host, and take the run'
 TAKE_OVER_TASK = "Take over the host lock of a run of this controller whose process is gone"
 HELD_TASK = "Stop where another run holds the host lock"
 RELEASE_TASK = "Release the run's host lock"
+# the same for the node of a container outside the run (--limit): they run on the container, delegated to its node
+NODE_READ_TASK = (
+    "Read the fingerprints on this container's node, outside this run (--limit), and take the node's host lock"
+)
+NODE_TAKE_OVER_TASK = (
+    "Take over the host lock of this container's node from a run of this controller whose process is gone"
+)
+NODE_HELD_TASK = "Stop where another run holds the host lock of this container's node"
+NODE_RELEASE_TASK = "Release the run's host lock of this container's node, outside this run (--limit)"
+LEASE_VARIABLE = "provision_state_lock_lease_s"
 
 
 class LockHeld(ProvisionError):
@@ -143,25 +174,115 @@ def _lock_answer(outcome: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def left_locked(record_dir: Path) -> list[str]:
+def left_locked(record_dir: Path, nodes: dict[str, str] | None = None) -> list[str]:
     """Hosts whose lock this run took, or may have taken (its command started and never answered), and whose
-    release did not answer."""
+    release did not answer. `nodes` (`nodes_outside`) names the node a container's delegated lock task locked."""
     maybe: set[str] = set()
-    for task in (READ_TASK, TAKE_OVER_TASK):
+    tasks = {READ_TASK: {}, TAKE_OVER_TASK: {}, NODE_READ_TASK: nodes or {}, NODE_TAKE_OVER_TASK: nodes or {}}
+    for task, locked in tasks.items():
         for host, outcome in task_outcomes(record_dir, task, started=True).items():
             answer = _lock_answer(outcome)
             unread = answer is None and outcome["event"] == "runner_on_ok"  # it answered, in words we cannot read
             if outcome["event"] == "runner_on_start" or unread or (answer or {}).get("taken"):
-                maybe.add(host)
-    return sorted(maybe - released(record_dir))
+                maybe.add(locked.get(host, host))
+    return sorted(maybe - released(record_dir, nodes))
 
 
-def released(record_dir: Path) -> set[str]:
+def released(record_dir: Path, nodes: dict[str, str] | None = None) -> set[str]:
     """Hosts where the release answered: the lock is given back, or is no longer this run's."""
-    return {h for h, o in task_outcomes(record_dir, RELEASE_TASK).items() if _lock_answer(o) is not None}
+    found = {h for h, o in task_outcomes(record_dir, RELEASE_TASK).items() if _lock_answer(o) is not None}
+    delegated = task_outcomes(record_dir, NODE_RELEASE_TASK).items()
+    return found | {(nodes or {}).get(ct, ct) for ct, o in delegated if _lock_answer(o) is not None}
 
 
 def held_errors(result) -> list[str]:
-    """One error line per host whose lock another run holds: the host, the holder and --break-lock."""
-    # a failure carries its host, task and message only: HELD_TASK's failure is the one that means "held"
-    return [f"{f['host']}: {f['message']}" for f in result.failures if f["task"] == HELD_TASK]
+    """One error line per host whose lock (or whose node's lock) another run holds: the host, the holder and
+    --break-lock."""
+    # a failure carries its host, task and message only: a HELD task's failure is the one that means "held"
+    return [f"{f['host']}: {f['message']}" for f in result.failures if f["task"] in (HELD_TASK, NODE_HELD_TASK)]
+
+
+@dataclass(frozen=True)
+class LockSet:
+    """The host locks of one run: which hosts, the container through which each node outside the run's hosts is
+    locked, how often the leases are renewed, and the run's request (`host_lock_request`) once it is known."""
+
+    hosts: list[str]
+    nodes: dict[str, str]  # container -> its node, outside the run's hosts (`nodes_outside`)
+    period_s: float  # `renewal_period`
+    request: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, inv: inventory_mod.Inventory, scope: list[str]) -> LockSet:
+        hosts = lock_set(inv, scope)
+        return cls(hosts, nodes_outside(inv, scope), renewal_period(inv, hosts))
+
+
+def nodes_outside(inv: inventory_mod.Inventory, scope: list[str]) -> dict[str, str]:
+    """Container -> its node (`proxmox_host`), for each container in scope whose node is not: the run locks that
+    node too, through the container (module doc)."""
+    found = {}
+    for name in scope:
+        host = inv.hosts[name]
+        if inventory_mod.GPU_CONTAINERS in host.groups and host.value("proxmox_host") is not None:
+            node = str(inventory_mod.rendered(inv, host, "proxmox_host"))
+            if node not in scope:
+                found[name] = node
+    return found
+
+
+def lock_set(inv: inventory_mod.Inventory, scope: list[str]) -> list[str]:
+    """The hosts whose lock the run takes: its own, and the nodes of its containers."""
+    return sorted({*scope, *nodes_outside(inv, scope).values()})
+
+
+def lease_s(inv: inventory_mod.Inventory, name: str) -> int:
+    """A host's lease, as the role reads it: its inventory's provision_state_lock_lease_s, else the role default."""
+    host = inv.hosts[name]
+    if host.value(LEASE_VARIABLE) is None:
+        defaults = yaml.safe_load((roles_dir() / "provision_state" / "defaults" / "main.yml").read_text())
+        return int(defaults[LEASE_VARIABLE])
+    value = inventory_mod.rendered(inv, host, LEASE_VARIABLE)
+    try:
+        seconds = int(value)
+    except (TypeError, ValueError):
+        seconds = 0
+    if seconds <= 0:
+        raise ProvisionError(f"{host.where(LEASE_VARIABLE)}: host {name}: {LEASE_VARIABLE}: expected a positive "
+                             f"number of seconds, got {value!r}")  # fmt: skip
+    return seconds
+
+
+def renewal_period(inv: inventory_mod.Inventory, hosts: list[str]) -> float:
+    """How often the running apply renews its host locks: a quarter of the shortest lease among them, so that a
+    host that misses a renewal or two (a reboot) still holds its lock."""
+    return min(lease_s(inv, h) for h in hosts) / 4
+
+
+class LeaseRenewal:
+    """While entered, a thread calls `renew(stop)` every `period_s` seconds (the first time one period after
+    entry); on exit `stop` is set, which a renewal under way sees (it cancels its playbook), and the thread is
+    waited for. A renewal that raised is kept in `errors`, and the next one runs: the run goes on either way."""
+
+    def __init__(self, renew: Callable[[threading.Event], object], period_s: float) -> None:
+        self.renew, self.period_s = renew, period_s
+        self.stop = threading.Event()
+        self.count = 0
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="host-lock-renewal", daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.period_s):
+            try:
+                self.renew(self.stop)
+                self.count += 1
+            except Exception as exc:  # a renewal must never stop the run it keeps
+                self.errors.append(" ".join(f"{type(exc).__name__}: {exc}".split()))
+
+    def __enter__(self) -> LeaseRenewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._thread.join()

@@ -335,6 +335,7 @@ def run_playbook(
     vault: VaultOptions | None = None,
     progress: Any = None,
     raise_interrupt: bool = True,
+    cancel: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Run one packaged playbook against an inventory directory and return what happened.
 
@@ -343,7 +344,8 @@ def run_playbook(
     diffs, warnings) comes back scrubbed by the record's redactor, and its artifacts are kept in the record.
 
     SIGINT or SIGTERM while it runs stops every process of the run (provision/interrupts.py); the artifacts are
-    kept, and then Interrupted is raised, or with `raise_interrupt=False` the result says `interrupted`.
+    kept, and then Interrupted is raised, or with `raise_interrupt=False` the result says `interrupted`. So does
+    `cancel()` turning true (a run in another thread, which no signal reaches), with runner's status `canceled`.
     """
     config = PlaybookConfig(
         playbook, inventory, host_count, limit, tags, check, diff, extravars, host_key_checking, vault
@@ -357,7 +359,7 @@ def run_playbook(
         args = config.runner_args(pdd)
         if progress:
             progress.start()
-        runner, trap = _run(args, collector)
+        runner, trap = _run(args, collector, cancel)
         result = _artifacts(config, pdd, runner, trap, collector, started, record)
         if trap.signum is not None and raise_interrupt:
             raise Interrupted(f"interrupted by {trap.name}: run record {record.path}", trap.signum)
@@ -369,14 +371,15 @@ def run_playbook(
         shutil.rmtree(pdd, ignore_errors=True)
 
 
-def _run(args: dict[str, Any], collector: EventCollector) -> tuple[Any, interrupts.SignalTrap]:
+def _run(args: dict[str, Any], collector: EventCollector, cancel=None) -> tuple[Any, interrupts.SignalTrap]:
     """ansible_runner.run with the collector as its event handler, SIGINT and SIGTERM trapped to cancel it."""
     import ansible_runner
 
     with interrupts.SignalTrap() as trap:
         runner = ansible_runner.run(
-            **args, event_handler=collector.handle, cancel_callback=trap.cancel_callback(args["private_data_dir"])
-        )
+            **args, event_handler=collector.handle,
+            cancel_callback=trap.cancel_callback(args["private_data_dir"], cancel),
+        )  # fmt: skip
     return runner, trap
 
 

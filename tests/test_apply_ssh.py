@@ -779,16 +779,17 @@ def test_a_run_longer_than_its_lease_keeps_its_host_locks(ssh_lab, tmp_path):
     first = _start_apply(inv, runs, gate, tmp_path / "first.json")
     try:
         run_id = next(runs.iterdir()).name
-        taken = {name: json.loads(_lock_on(target))["taken_at"] for name, target in targets.items()}
+        locks = {name: json.loads(_lock_on(target)) for name, target in targets.items()}
+        taken = {name: lock["taken_at"] for name, lock in locks.items()}
         while time.time() < max(taken.values()) + LEASE_S + 5:  # past the lease the locks were taken with
             assert first.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
             time.sleep(1)
         second = run_provision("apply", "--inventory", str(other), "--yes", "--tags", "verify", "--runs-dir",
                                str(tmp_path / "runs2"))  # fmt: skip
         assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
-        holder = f"run {run_id} (pid {first.pid} on {socket.gethostname()}, since "
+        holder = f"run {run_id} (pid {first.pid} on {socket.gethostname()}, since {locks['node1']['since']})"
         errors = sorted(line for line in second.stderr.splitlines() if line.startswith("error: "))
-        assert [e.split("since ")[0] for e in errors] == [_held_line(h, holder).split("since ")[0] for h in targets]
+        assert errors == sorted(_held_line(host, holder) for host in targets), second.stderr[-2000:]
         for name, target in targets.items():
             record = json.loads(_lock_on(target))
             assert record["run_id"] == run_id and record["taken_at"] > taken[name], f"{name}: not renewed: {record}"

@@ -12,6 +12,17 @@ One file, two uses, so that the record and the check read a host the same way:
   this script, measured), on every run, for a read; the lock rides on the same ssh command for the same reason.
   `lock <dir> <request>` takes it alone (a run of this controller that is gone, taken over). The release at the
   end of a run is roles/provision_state/files/release_lock.sh: it needs no Python.
+
+The lock's lease, and its renewal. A lock holds for `lease_s` seconds (host clock) from `taken_at`; an older one is
+expired and the next run takes it, so a crashed run's lock frees itself. A run may last longer than that (a
+`serial: 1` kernel rollout over many nodes, each reboot waiting minutes: the last node waits hours inside the one
+phase, and no task of the run touches it meanwhile). So the lease is not renewed by the run's tasks but by the
+process that holds the controller lock: while the site playbook runs, `provision apply` runs `renew <dir> <request>`
+on every host of the run's lock set every quarter lease (provision/locks.py, LeaseRenewal), through its own
+playbook (playbooks/renew.yml). `renew_lock` re-stamps `taken_at` only when the lock names this run (run id,
+controller, pid); it never takes a free lock, never extends another run's, and never makes the state directory.
+A lock thus lasts while its controller process lives and reaches the host, and expires a lease after the last
+renewal that reached it: after the controller died, or lost the host for a whole lease.
 """
 
 from __future__ import annotations
@@ -177,16 +188,40 @@ def take_lock(state_dir, request, now=None):
     return dict(decision=decision, taken=decision != "held", holder=holder, holder_text=text)
 
 
+def renew_lock(state_dir, request, now=None):
+    """Re-stamp the host lock's `taken_at` (and its lease, `lease_s` of the request) when it is the lock of the run
+    of `request`; anything else (no lock, no state directory, another run's lock, expired or not) is left as it is.
+    {"renewed", "holder_text": who holds it, when not this run}."""
+    now = time.time() if now is None else now
+    path = os.path.join(state_dir, LOCK_FILE)
+    if not os.path.isdir(state_dir):
+        return dict(renewed=False, holder_text="")
+    fd = _locked_dir(state_dir)
+    try:
+        current = _read_lock(path)
+        renewed = bool(current) and same_run(current, request)
+        if renewed:
+            _write_lock(path, {**current, "taken_at": now, "lease_s": request.get("lease_s", current.get("lease_s"))})
+    finally:
+        os.close(fd)
+    return dict(renewed=renewed, holder_text=describe_holder(current) if current and not renewed else "")
+
+
+COMMANDS = ("read", "lock", "renew")
+
+
 def main(argv):
     command, state_dir, args = argv[0], argv[1], [json.loads(a) for a in argv[2:]]
     if command == "read":
         out = dict(fingerprints=read_all(state_dir), boot_id=_boot_id())
         if args:
             out["lock"] = take_lock(state_dir, args[0])
+    elif command == "renew":
+        out = dict(lock=renew_lock(state_dir, args[0]))
     else:  # lock
         out = dict(lock=take_lock(state_dir, args[0]))
     print(json.dumps(out))
 
 
-if __name__ == "__main__" and sys.argv[1:2] in (["read"], ["lock"]):
+if __name__ == "__main__" and sys.argv[1:2] in [[c] for c in COMMANDS]:
     main(sys.argv[1:])

@@ -7,8 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from time import time as time_now
 from pathlib import Path
+from time import time as time_now
 
 import pytest
 
@@ -170,7 +170,10 @@ def test_a_renewed_lock_outlives_the_lease_it_was_taken_with(tmp_path):
         (None, "no lock: a renewal never takes one"),
         (_record(**OTHER), "another run's lock is never extended"),
         (_record(pid=1), "the same run id and controller with another pid is another run"),
-        (_record(**OTHER, taken_at=NOW - 7200), "not even once its lease ran out: the next run takes it, not a renewal"),
+        (
+            _record(**OTHER, taken_at=NOW - 7200),
+            "not even once its lease ran out: the next run takes it, not a renewal",
+        ),
     ],
     ids=["free", "other-run", "other-pid", "other-expired"],
 )
