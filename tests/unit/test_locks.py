@@ -7,12 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from provision import locks
+from provision import inventory, locks
+from provision.errors import ProvisionError
 from provision.runner import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,8 +139,123 @@ def test_the_task_names_provision_reads_are_the_roles():
     tasks = REPO / "roles" / "provision_state" / "tasks"
     names = _task_names(tasks / "facts.yml", tasks / "unlock.yml")
     assert {locks.READ_TASK, locks.TAKE_OVER_TASK, locks.HELD_TASK, locks.RELEASE_TASK} <= names
+    assert {locks.NODE_READ_TASK, locks.NODE_TAKE_OVER_TASK, locks.NODE_HELD_TASK, locks.NODE_RELEASE_TASK} <= names
 
 
 def test_describe_is_the_scripts_own():
     holder = _holder()
     assert holder.describe() == f"run {holder.run_id} (pid {holder.pid} on {holder.controller}, since {holder.since})"
+
+
+# The lock set: the run's hosts and the nodes of its containers (#16).
+HOSTS = """\
+all:
+  children:
+    proxmox_hosts:
+      hosts:
+        pve1: {provision_state_lock_lease_s: 600}
+        pve2:
+    gpu_containers:
+      hosts:
+        ct1: {proxmox_host: pve1, proxmox_vmid: 101}
+        ct2: {proxmox_host: pve1, proxmox_vmid: 102}
+        ct3: {proxmox_host: "{{ node_of_ct3 }}", proxmox_vmid: 103, node_of_ct3: pve2}
+"""
+
+
+@pytest.fixture
+def inv(tmp_path):
+    root = tmp_path / "inv"
+    root.mkdir()
+    (root / "hosts.yml").write_text(HOSTS)
+    return inventory.load(root, host_key_checking=False)
+
+
+@pytest.mark.parametrize(
+    ("limit", "hosts", "nodes"),
+    [
+        ("ct1", ["ct1", "pve1"], {"ct1": "pve1"}),
+        ("ct1,ct2", ["ct1", "ct2", "pve1"], {"ct1": "pve1", "ct2": "pve1"}),
+        ("ct3", ["ct3", "pve2"], {"ct3": "pve2"}),  # its node as Ansible renders it
+        ("ct1,pve1", ["ct1", "pve1"], {}),  # the node is in the run: its own lock
+        ("pve2", ["pve2"], {}),
+        (None, ["ct1", "ct2", "ct3", "pve1", "pve2"], {}),
+    ],
+)
+def test_the_lock_set_holds_the_node_of_every_container_in_scope(inv, limit, hosts, nodes):
+    scope = inv.scope(limit)
+    assert locks.lock_set(inv, scope) == hosts
+    assert locks.nodes_outside(inv, scope) == nodes
+    held = locks.LockSet.of(inv, scope)
+    assert (held.hosts, held.nodes, held.request) == (hosts, nodes, None)
+
+
+def test_renewal_comes_every_quarter_of_the_shortest_lease_in_the_lock_set(inv):
+    assert locks.renewal_period(inv, ["ct1", "pve1"]) == 150  # pve1's own lease, 600 s
+    assert locks.renewal_period(inv, ["ct3", "pve2"]) == 3600  # the role's default, 4 hours
+    assert locks.LockSet.of(inv, inv.scope("ct1")).period_s == 150, "--limit ct1 takes pve1's lock: its lease counts"
+
+
+def test_a_lease_that_is_no_number_of_seconds_names_the_host_and_variable(tmp_path):
+    root = tmp_path / "inv"
+    root.mkdir()
+    (root / "hosts.yml").write_text(
+        HOSTS.replace("provision_state_lock_lease_s: 600", "provision_state_lock_lease_s: soon")
+    )
+    inv = inventory.load(root, host_key_checking=False)
+    with pytest.raises(ProvisionError) as caught:
+        locks.LockSet.of(inv, inv.scope("ct1"))
+    where = root / "hosts.yml"
+    assert str(caught.value) == (
+        f"{where}:5: host pve1: provision_state_lock_lease_s: expected a positive number of seconds, got 'soon'"
+    )
+
+
+def test_a_node_locked_through_its_container_is_named_by_its_own_name(tmp_path):
+    taken, held = {"lock": {"taken": True}}, {"lock": {"taken": False}}
+    record = _record(tmp_path, [
+        _event(1, "runner_on_ok", "ct1", locks.READ_TASK, taken),
+        _event(2, "runner_on_ok", "ct1", locks.NODE_READ_TASK, taken),  # delegated to pve1
+        _event(3, "runner_on_ok", "ct2", locks.NODE_READ_TASK, held),
+        _event(4, "runner_on_ok", "ct2", locks.NODE_TAKE_OVER_TASK, taken),  # pve2, from a gone run
+        _event(5, "runner_on_start", "ct3", locks.NODE_READ_TASK),  # pve3: may be ours
+        _event(6, "runner_on_ok", "ct2", locks.RELEASE_TASK, {"lock": {"released": True}}),
+        _event(7, "runner_on_ok", "ct2", locks.NODE_RELEASE_TASK, {"lock": {"released": True}}),
+    ])  # fmt: skip
+    nodes = {"ct1": "pve1", "ct2": "pve2", "ct3": "pve3"}
+    assert locks.left_locked(record, nodes) == ["ct1", "pve1", "pve3"]
+    assert locks.released(record, nodes) == {"ct2", "pve2"}
+
+
+def test_held_errors_name_a_containers_node_lock_too():
+    result = RunResult("site.yml", "failed", 2, False, "now", 1.0)
+    message = "host lock of its node pve1 held by run r (pid 1 on c, since t): ..."
+    result.failures = [{"host": "ct1", "task": locks.NODE_HELD_TASK, "message": message}]
+    assert locks.held_errors(result) == [f"ct1: {message}"]
+
+
+def test_lease_renewal_renews_every_period_until_the_run_ends_and_cancels_a_renewal_under_way():
+    calls: list[float] = []
+    under_way = threading.Event()
+
+    def renew(stop: threading.Event) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            under_way.set()
+            assert stop.wait(10), "the end of the run was not seen by the renewal under way"
+        elif len(calls) == 2:
+            raise ProvisionError("pve1: unreachable")
+
+    started = time.monotonic()
+    with locks.LeaseRenewal(renew, 0.05) as renewal:
+        assert under_way.wait(10)
+    assert len(calls) == 3, "a renewal after the end of the run"
+    assert calls[0] - started >= 0.05, "the first renewal comes one period after the locks were taken"
+    assert renewal.count == 2 and renewal.errors == ["ProvisionError: pve1: unreachable"], "a failed renewal stopped it"
+
+
+def test_lease_renewal_does_nothing_in_a_run_shorter_than_its_period():
+    calls = []
+    with locks.LeaseRenewal(calls.append, 60):
+        time.sleep(0.05)
+    assert calls == []
