@@ -125,7 +125,7 @@ def _renewal(opts: ApplyOptions, inv, record: RunRecord, held: locks.LockSet | N
     """While the run lasts, renew the leases of its host locks (locks.LeaseRenewal): renew.yml on the lock set,
     each turn kept in the record under renew/<n>/."""
     if not held:
-        return nullcontext(locks.LeaseRenewal(lambda stop: None, 0))
+        return nullcontext()
     turns = itertools.count(1)
 
     def renew(stop) -> None:

@@ -45,12 +45,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from provision import inventory as inventory_mod
 from provision.errors import ProvisionError
 from provision.job_events import task_outcomes
-from provision.paths import module_util, roles_dir
+from provision.paths import module_util, role_default
 
 # The role's task names (roles/provision_state/tasks/facts.yml and unlock.yml) whose results say who holds a lock.
 # Keyed by name, not by a returned value, because the lock is taken and given back by raw commands, and a command
@@ -240,8 +238,7 @@ def lease_s(inv: inventory_mod.Inventory, name: str) -> int:
     """A host's lease, as the role reads it: its inventory's provision_state_lock_lease_s, else the role default."""
     host = inv.hosts[name]
     if host.value(LEASE_VARIABLE) is None:
-        defaults = yaml.safe_load((roles_dir() / "provision_state" / "defaults" / "main.yml").read_text())
-        return int(defaults[LEASE_VARIABLE])
+        return int(role_default("provision_state", LEASE_VARIABLE))
     value = inventory_mod.rendered(inv, host, LEASE_VARIABLE)
     try:
         seconds = int(value)

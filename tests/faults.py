@@ -62,6 +62,25 @@ CITED = [
         "lease had run out, held by run …`",
         "the lock given back at the end", "yes, in the same run",
         SSH + "test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expired_lease", True, True),
+    Row("a run longer than its hosts' lease (20 s; the run held at a gate past it), and a second run of the same "
+        "hosts from another inventory meanwhile", "verify",
+        "the second: exit 1, `error: <host>: host lock held by run … : wait for that run to end, or pass "
+        "--break-lock if it is gone` for each host, naming the first run",
+        "the first run's locks renewed (`taken_at` later than when they were taken), given back when it ends",
+        "yes: the first run finishes (exit 0)",
+        SSH + "test_a_run_longer_than_its_lease_keeps_its_host_locks", True, True),
+    Row("the host lock of a container's node held by another run, under `apply --limit ct1`", "all",
+        "`error: ct1: host lock of its node node1 held by run … : wait for that run to end, or pass --break-lock if "
+        "it is gone`; `--check` is not stopped (it takes no lock)",
+        "the other run's lock untouched; ct1's lock given back; node1's records untouched",
+        "yes, with `--break-lock`: node1's lock taken and given back, node1 otherwise untouched",
+        SSH + "test_apply_limited_to_a_container_stops_on_its_nodes_host_lock_until_break_lock", True, True),
+    Row("a run of node1 alone while `apply --limit ct1` runs, then SIGINT to the latter", "verify",
+        "the run of node1: exit 1, `error: node1: host lock held by run …` naming the `--limit ct1` run; that run: "
+        "exit 130, record `interrupted`",
+        "no process of the run left; both ct1's and node1's locks given back by provision afterwards", NOT_SHOWN,
+        SSH + "test_apply_limited_to_a_container_holds_its_nodes_host_lock_and_an_interrupt_gives_it_back",
+        True, False),
     Row("an unknown ssh host key", "all", "the host `unreachable`; `verify` names the host key; exit 1",
         "with the `--no-host-key-checking` opt-out, no unverified key written to any known_hosts file", NOT_SHOWN,
         SSH + "test_unknown_host_key_is_refused", True, False),
