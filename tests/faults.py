@@ -62,7 +62,7 @@ CITED = [
         "lease had run out, held by run …`",
         "the lock given back at the end", "yes, in the same run",
         SSH + "test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expired_lease", True, True),
-    Row("a run longer than its hosts' lease (20 s; the run held at a gate past it), and a second run of the same "
+    Row("a run longer than its hosts' lease (30 s; the run held at a gate past it), and a second run of the same "
         "hosts from another inventory meanwhile", "verify",
         "the second: exit 1, `error: <host>: host lock held by run … : wait for that run to end, or pass "
         "--break-lock if it is gone` for each host, naming the first run",
@@ -73,7 +73,8 @@ CITED = [
         "`error: ct1: host lock of its node node1 held by run … : wait for that run to end, or pass --break-lock if "
         "it is gone`; `--check` is not stopped (it takes no lock)",
         "the other run's lock untouched; ct1's lock given back; node1's records untouched",
-        "yes, with `--break-lock`: node1's lock taken and given back, node1 otherwise untouched",
+        "yes, with `--break-lock`: node1's lock taken and given back, node1 otherwise untouched; a lock there of a "
+        "gone run of this controller is taken over without it",
         SSH + "test_apply_limited_to_a_container_stops_on_its_nodes_host_lock_until_break_lock", True, True),
     Row("a run of node1 alone while `apply --limit ct1` runs, then SIGINT to the latter", "verify",
         "the run of node1: exit 1, `error: node1: host lock held by run …` naming the `--limit ct1` run; that run: "

@@ -766,7 +766,7 @@ def _held_line(host: str, holder: str, node: str | None = None) -> str:
     return f"error: {host}: {lock} held by {holder}: wait for that run to end, or pass --break-lock if it is gone"
 
 
-LEASE_S = 20  # the renewal test's lease: the running apply renews its host locks every quarter of it
+LEASE_S = 30  # the renewal test's lease: the running apply renews its host locks every quarter of it
 
 
 def test_a_run_longer_than_its_lease_keeps_its_host_locks(ssh_lab, tmp_path):
@@ -835,6 +835,19 @@ def test_apply_limited_to_a_container_stops_on_its_nodes_host_lock_until_break_l
         assert f"ct1: --break-lock: broke the host lock of its node node1 held by {holder}" in proc.stdout
         assert _lock_on(node) == "" and _lock_on(ct) == "", "the run that broke the lock did not give it back"
         assert _node_files(node) == files, "a run limited to ct1 changed node1"
+
+        # node1's lock left by a run of this controller that is gone: taken over, then given back
+        from provision.locks import pid_namespace
+
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        mine = {**other, "controller": socket.gethostname(), "pid": gone.pid, "pid_ns": pid_namespace()}
+        node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(mine))} > /var/lib/provision/lock.json")
+        proc = run_provision("apply", *limited, "--yes")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        said = "ct1: took over the host lock of its node node1 of a run of this controller that is gone: run 2025"
+        assert said in proc.stdout, proc.stdout[-2000:]
+        assert _lock_on(node) == "", "the run that took over node1's lock did not give it back"
     finally:
         node.ssh("rm -f /var/lib/provision/lock.json")
 
