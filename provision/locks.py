@@ -238,7 +238,7 @@ def lease_s(inv: inventory_mod.Inventory, name: str) -> int:
     """A host's lease, as the role reads it: its inventory's provision_state_lock_lease_s, else the role default."""
     host = inv.hosts[name]
     if host.value(LEASE_VARIABLE) is None:
-        return int(role_default("provision_state", LEASE_VARIABLE))
+        return _default_lease_s()
     value = inventory_mod.rendered(inv, host, LEASE_VARIABLE)
     try:
         seconds = int(value)
@@ -250,10 +250,14 @@ def lease_s(inv: inventory_mod.Inventory, name: str) -> int:
     return seconds
 
 
+def _default_lease_s() -> int:
+    return int(role_default("provision_state", LEASE_VARIABLE))
+
+
 def renewal_period(inv: inventory_mod.Inventory, hosts: list[str]) -> float:
     """How often the running apply renews its host locks: a quarter of the shortest lease among them, so that a
     host that misses a renewal or two (a reboot) still holds its lock."""
-    return min(lease_s(inv, h) for h in hosts) / 4
+    return min((lease_s(inv, h) for h in hosts), default=_default_lease_s()) / 4
 
 
 class LeaseRenewal:
