@@ -773,7 +773,9 @@ def test_a_run_longer_than_its_lease_keeps_its_host_locks(ssh_lab, tmp_path):
     """The first run waits at its gate for longer than its hosts' lease: the running apply renews its host locks, so
     a second run (another inventory of the same hosts: not stopped by the controller lock) is refused, naming it."""
     lease = {"all": {"provision_state_lock_lease_s": LEASE_S}}
-    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow", group_vars=lease)
+    # held at its gate past the lease: longer than the 30 s a connection (Mitogen's interpreter start) may take
+    held = {"all": {**lease["all"], "ansible_ssh_timeout": 3 * LEASE_S}}
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow", group_vars=held)
     other = lab_inventory(ssh_lab, tmp_path / "other" / "inv", group_vars=lease)
     runs, targets = tmp_path / "runs", ssh_lab["targets"]
     first = _start_apply(inv, runs, gate, tmp_path / "first.json")
