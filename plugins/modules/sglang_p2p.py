@@ -38,12 +38,12 @@ recorded_at: {description: the node's clock now (stored with a verdict taken now
 """
 
 import glob
-import json
 import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import is_gpu_node
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
+from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json
 
 BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$")
 
@@ -77,14 +77,6 @@ def container_gpus(module):
     return {"gpus": gpus, "links": unknown_links(gpus, "no answer from nvidia-smi")}, nodes
 
 
-def read_verdict(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -101,7 +93,7 @@ def main():
     iommu = iommu_mode(groups, node.get("default_domain"))
     context = dict(boot_id=node.get("boot_id"), cmdline=node.get("cmdline"), iommu=iommu["source"],
                    driver_version=node.get("driver_version"), gpus=buses)  # fmt: skip
-    verdict = read_verdict(p["verdict_file"])
+    verdict = read_json(p["verdict_file"])
     decision = decide(p["mode"], topo, iommu, verdict, context, node.get("cmdline_changed_at"))
     module.exit_json(changed=False, topology=topo, context=context, recorded_at=node.get("now"), **decision)
 

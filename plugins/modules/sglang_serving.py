@@ -52,13 +52,13 @@ serving: {description: active and ready, type: bool, returned: always}
 waited_s: {description: seconds spent waiting, type: float, returned: always}
 """
 
-import json
 import os
 import time
 import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json
 
 POLL_S = 5
 
@@ -71,14 +71,6 @@ def answers(url: str) -> bool:
         return False
 
 
-def read_record(state_dir: str) -> dict | None:
-    try:
-        with open(os.path.join(state_dir, "sglang-service.json"), encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -86,7 +78,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    record = read_record(module.params["state_dir"])
+    record = read_json(os.path.join(module.params["state_dir"], "sglang-service.json"))
     if not record or not record.get("ready_url"):
         module.exit_json(changed=False, service=None, ready_url="", active=False, ready=False, serving=False,
                          waited_s=0.0)  # fmt: skip
