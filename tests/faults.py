@@ -127,6 +127,12 @@ CITED = [
         "`… did not become ready on /health_generate within 15s …` with the journal's tail, the API key redacted",
         "no key in any record", NOT_SHOWN,
         LAB_SGLANG + "test_a_server_that_never_becomes_ready_fails_within_the_timeout[env]", True, False),
+    Row("SIGINT while the first node runs the kernel phase (a reboot due)", "kernel",
+        "`error: interrupted by SIGINT: run record …`, exit 130; the record `interrupted`, naming the node's last task "
+        "(the merge of the arguments, not finished) and what it leaves", "no process of the run left, no host lock "
+        "left, neither node rebooted nor its boot configuration changed",
+        "yes: the next test's `apply --tags kernel` reboots each node once into the line",
+        LAB_KERNEL + "test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record", True, True),
     Row("a container that served before its node's reboot does not serve again after it (module, in process)",
         "kernel", "`sglang-01: sglang did not serve again within 3s (… does not answer 200); the rollout stops here, "
         "before the next node reboots`", "not checked: the module's own test; the stop of the rollout is "
@@ -137,7 +143,7 @@ CITED = [
 
 # Faults the issue names that no test injects yet (docs/reliability.md lists them apart from the table).
 NOT_YET = [
-    "SIGINT in the kernel, gpu and sglang phases (only the verify phase, on sshd targets, has a test)",
+    "SIGINT in the gpu and sglang phases (the kernel phase has a lab test, the verify phase one on sshd targets)",
     "the container stopped mid-install (gpu userspace, SGLang's venv)",
 ]
 

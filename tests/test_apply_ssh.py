@@ -30,6 +30,7 @@ from provision import verify as verify_mod
 from provision.inventory import VaultOptions
 from tests.conftest import lab_inventory, run_provision, vault_encrypt
 from tests.leaks import leaks
+from tests.processes import interrupt, tree
 from tests.sshtarget import start_target
 
 pytestmark = pytest.mark.integration
@@ -543,80 +544,6 @@ def _start_apply(inv: Path, runs: Path, gate: Path, out: Path, *more: str) -> su
     return proc
 
 
-def _tree(root_pid: int) -> dict[int, str]:
-    """pid -> command line of root_pid's descendants."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = {}, list(children.get(root_pid, []))
-    while todo:
-        pid = todo.pop()
-        found[pid] = _cmdline(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _live() -> dict[int, tuple[int, str]]:
-    """pid -> (process group, command line) of every process that is not a zombie."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            found[int(stat.parent.name)] = (int(fields[2]), _cmdline(int(stat.parent.name)))
-    return found
-
-
-def _the_runs_processes(proc: subprocess.Popen) -> tuple[str, set[int]]:
-    """The run's private data dir (from ansible-playbook's environment) and the process groups of everything
-    provision started, ssh's ControlPersist masters included (they name the private dir)."""
-    tree = _tree(proc.pid)
-    playbook = next(pid for pid, cmd in tree.items() if "ansible-playbook" in cmd)
-    environ = (Path("/proc") / str(playbook) / "environ").read_bytes().split(b"\0")
-    private = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"ANSIBLE_LOCAL_TEMP="))
-    private = str(Path(private).parent)
-    live = _live()
-    groups = {live[pid][0] for pid in tree if pid in live} | {g for g, cmd in live.values() if private + "/" in cmd}
-    assert any(private + "/cp/" in cmd for _, cmd in live.values()), "no ControlPersist master: the check is blind"
-    return private, groups - {os.getpgrp()}
-
-
-def _assert_nothing_left(private: str, groups: set[int]) -> None:
-    deadline = time.monotonic() + 5  # init reaps what was reparented
-    while True:
-        left = {pid: cmd for pid, (group, cmd) in _live().items() if group in groups or private + "/" in cmd}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert not left, f"processes of the run left: {left}"
-
-
-def _interrupt(proc: subprocess.Popen, sig: signal.Signals, gate: Path) -> None:
-    """Send `sig` to a running apply, which must exit 128+sig, open its gate, and check that none of the run's
-    processes is left."""
-    try:
-        private, groups = _the_runs_processes(proc)
-        proc.send_signal(sig)
-        assert proc.wait(timeout=60) == 128 + sig
-    finally:
-        gate.unlink(missing_ok=True)
-        proc.kill()
-    _assert_nothing_left(private, groups)
-
-
 def _lock_on(target) -> str:
     return target.ssh("cat /var/lib/provision/lock.json 2>/dev/null || true").stdout
 
@@ -642,7 +569,7 @@ def test_a_second_apply_is_refused_while_the_first_holds_the_inventory_and_sigte
         gate.unlink(missing_ok=True)
         first.kill()
         raise
-    _interrupt(first, signal.SIGTERM, gate)
+    interrupt(first, signal.SIGTERM, gate)
     summary = json.loads((runs / run_id / "summary.json").read_text())
     assert (summary["status"], summary["interrupted"]) == ("interrupted", "SIGTERM")
     for target in ssh_lab["targets"].values():
@@ -653,7 +580,7 @@ def test_sigint_stops_every_process_records_where_each_host_stopped_and_a_rerun_
     inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow")
     runs = tmp_path / "runs"
     proc = _start_apply(inv, runs, gate, tmp_path / "apply.json")
-    _interrupt(proc, signal.SIGINT, gate)
+    interrupt(proc, signal.SIGINT, gate)
     stderr = (tmp_path / "apply.err").read_text()
     (record,) = runs.iterdir()
     assert f"error: interrupted by SIGINT: run record {record}" in stderr, stderr[-2000:]
@@ -684,9 +611,9 @@ def test_an_ssh_connection_dropped_mid_task_fails_its_host_only_and_a_rerun_conv
     runs = tmp_path / "runs"
     proc = _start_apply(inv, runs, gate, tmp_path / "apply.json")
     try:
-        tree = _tree(node1.process.pid)
-        sessions = [pid for pid, cmd in tree.items() if cmd.startswith("sshd")]
-        assert sessions, f"no ssh session to node1 to drop: {tree}"
+        found = tree(node1.process.pid)
+        sessions = [pid for pid, cmd in found.items() if cmd.startswith("sshd")]
+        assert sessions, f"no ssh session to node1 to drop: {found}"
         for pid in sessions:  # the per-connection sshd processes of this test's node1 target
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -874,7 +801,7 @@ def test_apply_limited_to_a_container_holds_its_nodes_host_lock_and_an_interrupt
         gate.unlink(missing_ok=True)
         proc.kill()
         raise
-    _interrupt(proc, signal.SIGINT, gate)
+    interrupt(proc, signal.SIGINT, gate)
     summary = json.loads((record / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["host_locks_left"] == []
     for target in ssh_lab["targets"].values():

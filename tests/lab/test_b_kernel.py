@@ -13,14 +13,19 @@ A run that changes a node's line and reboots it boots the line once, as a trial,
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.conftest import run_provision
 from tests.lab.helpers import PROFILE_ARGS, apply, boots, canonical, pve_api, set_host_vars, split_cmdline, wait_task
+from tests.processes import interrupt
 
 LAB_CHANGES = {"kernel", "ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"kernel"}
@@ -184,6 +189,59 @@ def test_a_running_guest_the_inventory_does_not_own_stops_the_reboot(hosts, runs
             wait_task(api, "pve-grub", qemu(TENANT).status.stop.post())
         wait_task(api, "pve-grub", qemu(TENANT).delete())
     assert TENANT not in [vm["vmid"] for vm in qemu.get()]
+
+
+MERGE = "Merge the wanted arguments into the bootloader's kernel command line"
+
+
+def _apply_in_background(inventory, runs, out):
+    argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inventory), "--yes", "--json", "--tags",
+            "kernel", "--runs-dir", str(runs)]  # fmt: skip
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w")
+    )
+
+
+def _wait_for_task(proc, runs, before: set, host: str, task: str, timeout: float = 600):
+    """The run's record once `task` has started on `host` (its start event in the record's job events)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {task!r} started on {host}"
+        for record in set(runs.iterdir()) - before:
+            for event in record.glob("artifacts/*/job_events/*.json"):
+                with contextlib.suppress(ValueError, OSError):
+                    data = json.loads(event.read_text())
+                    if data.get("event") == "runner_on_start" and data["event_data"].get("host") == host \
+                            and data["event_data"].get("task") == task:  # fmt: skip
+                        return record
+        time.sleep(0.3)
+    raise AssertionError(f"{task!r} never started on {host}")
+
+
+def test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record(hosts, runs, tmp_path):
+    """Acceptance (#16): SIGINT while the first node runs the kernel phase (the reboot the earlier test left pending
+    is due). The run exits 130, no process of it is left, its record is `interrupted` and names the node's last task
+    and what that leaves; no node rebooted or changed, and no host lock is left. The next test's apply is the re-run
+    that converges."""
+    names = ("pve-grub", "pve-sdboot")
+    before = {n: (boot_config(hosts[n]), hosts[n].boot_id()) for n in names}
+    runs_before = set(runs.iterdir())
+    proc = _apply_in_background(hosts["inventory"], runs, tmp_path / "apply.json")
+    try:
+        record = _wait_for_task(proc, runs, runs_before, "pve-grub", MERGE)
+    except BaseException:
+        proc.kill()
+        raise
+    interrupt(proc, signal.SIGINT)
+    assert f"error: interrupted by SIGINT: run record {record}" in (tmp_path / "apply.err").read_text()
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["host_locks_left"] == [], summary
+    stopped = summary["stopped_at"]["pve-grub"]
+    assert (stopped["task"], stopped["finished"]) == (MERGE, False), stopped
+    assert stopped["leaves"].startswith("kernel command line (or, for a trial boot, a one-shot entry) being written")
+    for name in names:
+        assert (boot_config(hosts[name]), hosts[name].boot_id()) == before[name], f"{name} changed or rebooted"
+        assert "lock.json" not in hosts[name].ssh("sudo ls /var/lib/provision").stdout, f"{name}: host lock left"
 
 
 def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
