@@ -47,14 +47,27 @@ def live() -> dict[int, tuple[int, str]]:
     return found
 
 
+def private_dir(proc: subprocess.Popen) -> str | None:
+    """The private data dir of the run's ansible-playbook (its ANSIBLE_LOCAL_TEMP's parent), where runner writes the
+    job events while it runs; None while no ansible-playbook runs under `proc`."""
+    for pid, cmd in tree(proc.pid).items():
+        if "ansible-playbook" in cmd:
+            try:
+                environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            temp = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"ANSIBLE_LOCAL_TEMP=")), None)
+            if temp:
+                return str(Path(temp).parent)
+    return None
+
+
 def the_runs_processes(proc: subprocess.Popen) -> tuple[str, set[int]]:
     """The run's private data dir (from ansible-playbook's environment) and the process groups of everything
     provision started, ssh's ControlPersist masters included (they name the private dir)."""
     descendants = tree(proc.pid)
-    playbook = next(pid for pid, cmd in descendants.items() if "ansible-playbook" in cmd)
-    environ = (Path("/proc") / str(playbook) / "environ").read_bytes().split(b"\0")
-    private = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"ANSIBLE_LOCAL_TEMP="))
-    private = str(Path(private).parent)
+    private = private_dir(proc)
+    assert private, "no ansible-playbook running under the run"
     running = live()
     groups = {running[pid][0] for pid in descendants if pid in running}
     groups |= {g for g, cmd in running.values() if private + "/" in cmd}

@@ -20,12 +20,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_provision
 from tests.lab.helpers import PROFILE_ARGS, apply, boots, canonical, pve_api, set_host_vars, split_cmdline, wait_task
-from tests.processes import interrupt
+from tests.processes import interrupt, private_dir
 
 LAB_CHANGES = {"kernel", "ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"kernel"}
@@ -202,18 +203,19 @@ def _apply_in_background(inventory, runs, out):
     )
 
 
-def _wait_for_task(proc, runs, before: set, host: str, task: str, timeout: float = 600):
-    """The run's record once `task` has started on `host` (its start event in the record's job events)."""
+def _wait_for_task(proc, host: str, task: str, timeout: float = 600) -> None:
+    """Until `task` has started on `host`: its start event among the job events runner writes, while the run goes,
+    into its private data dir."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {task!r} started on {host}"
-        for record in set(runs.iterdir()) - before:
-            for event in record.glob("artifacts/*/job_events/*.json"):
-                with contextlib.suppress(ValueError, OSError):
-                    data = json.loads(event.read_text())
-                    if data.get("event") == "runner_on_start" and data["event_data"].get("host") == host \
-                            and data["event_data"].get("task") == task:  # fmt: skip
-                        return record
+        private = private_dir(proc)
+        for event in Path(private).glob("artifacts/*/job_events/*.json") if private else ():
+            with contextlib.suppress(ValueError, OSError):
+                data = json.loads(event.read_text())
+                if data.get("event") == "runner_on_start" and data["event_data"].get("host") == host \
+                        and data["event_data"].get("task") == task:  # fmt: skip
+                    return
         time.sleep(0.3)
     raise AssertionError(f"{task!r} never started on {host}")
 
@@ -228,11 +230,12 @@ def test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record(
     runs_before = set(runs.iterdir())
     proc = _apply_in_background(hosts["inventory"], runs, tmp_path / "apply.json")
     try:
-        record = _wait_for_task(proc, runs, runs_before, "pve-grub", MERGE)
+        _wait_for_task(proc, "pve-grub", MERGE)
     except BaseException:
         proc.kill()
         raise
     interrupt(proc, signal.SIGINT)
+    (record,) = set(runs.iterdir()) - runs_before
     assert f"error: interrupted by SIGINT: run record {record}" in (tmp_path / "apply.err").read_text()
     summary = json.loads((record / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["host_locks_left"] == [], summary
