@@ -97,6 +97,17 @@ def test_no_secret_in_the_run_record(sweep, runs):
     assert hits == "", f"API key found in: {hits}"
 
 
+def test_no_secret_in_the_results_left_on_the_container(lab, sweep):
+    """The stand-in leaks the key into /server_info as SGLang 0.5.23 does, and the client copies it into every
+    line it writes on the container: the bench role takes it out there too."""
+    ct = lab.container()
+    results = ct.ssh("ls /var/lib/provision/bench/*/results.jsonl").stdout.split()
+    assert results, "the sweep left no results on the container"
+    assert '"launch_command"' in ct.ssh(f"cat {' '.join(results)}").stdout, "the client copied no /server_info"
+    hits = ct.ssh(f"grep -l -F -- {API_KEY} {' '.join(results)}").stdout
+    assert hits == "", f"API key found in the container's {hits}"
+
+
 def test_a_regression_against_a_baseline_sets_the_exit_code(sweep, converged, runs, tmp_path):
     saved = json.loads((Path(sweep["report"]["record_dir"]) / "hosts" / "sglang-01" / "baseline.json").read_text())
     saved["levels"] = {"1": {"output_throughput": saved["levels"]["1"]["output_throughput"] * 100}}
