@@ -20,14 +20,13 @@ from typing import Any
 from provision import bench_report
 from provision import inventory as inventory_mod
 from provision.errors import UsageError
+from provision.paths import module_util
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, RunRecord
 from provision.runner import RunResult, run_playbook
 
 BENCH_PLAYBOOK = "bench.yml"
 DEFAULT_CONCURRENCY = (1, 4, 16, 32, 64, 128)
-# server_info keys that carry credentials; the client copies server_info into every JSONL line
-SECRET_SERVER_INFO_KEYS = ("api_key", "admin_api_key")
 
 
 @dataclass
@@ -159,31 +158,6 @@ def _extravars(opts: BenchOptions, run_id: str, fetch_dir: Path) -> dict[str, An
     }
 
 
-def scrub_jsonl(text: str) -> tuple[str, list[int]]:
-    """The client's JSONL without the server's credentials (it copies /server_info into each line), and the
-    numbers of the lines that are not JSON (a truncated last line): those are dropped, since a line that cannot
-    be parsed cannot have its credentials taken out."""
-    lines, bad = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad.append(number)
-            continue
-        info = row.get("server_info") if isinstance(row, dict) else None
-        if isinstance(info, dict):
-            for key in SECRET_SERVER_INFO_KEYS:
-                if info.get(key):
-                    info[key] = "<redacted>"
-        if isinstance(row, dict):
-            lines.append(json.dumps(row))
-        else:
-            bad.append(number)
-    return "\n".join(lines) + ("\n" if lines else ""), bad
-
-
 COMPARED_SETTINGS = ("sglang_version", "p2p_policy", "input_len", "output_len", "dataset")
 
 
@@ -219,6 +193,7 @@ def build_host_report(
     hb.meta = {**summary, "host": hb.host}
     hb.sent_per_level = {int(lv["concurrency"]): int(lv["prompts"]) for lv in summary.get("levels", [])}
     _read_levels(hb, host_dir / "results.jsonl")
+    hb.problems += _left_out(summary.get("results_dropped_lines", []))  # left out on the container already
     hb.problems += _client_failures(summary)
     if baseline is not None:
         hb.meta["baseline"] = str(opts.baseline)
@@ -245,13 +220,17 @@ def _read_levels(hb: HostBench, results_file: Path) -> None:
     sent = hb.sent_per_level
     text = results_file.read_text(errors="replace") if results_file.is_file() else ""
     if text:
-        text, bad = scrub_jsonl(text)
+        text, bad = module_util("bench_results").scrub_jsonl(text)
         results_file.write_text(text)
-        hb.problems += [f"results.jsonl line {n} is not JSON (cut short?): left out" for n in bad]
+        hb.problems += _left_out(bad)
     hb.levels = bench_report.levels_from_jsonl(text, sent)
     hb.missing = bench_report.missing_levels(hb.levels, sent)
     hb.max_running_requests = bench_report.server_max_running_requests(text)
     hb.above_limit = bench_report.above_limit(list(sent), hb.max_running_requests)
+
+
+def _left_out(lines: list[int]) -> list[str]:
+    return [f"results.jsonl line {n} is not JSON (cut short?): left out" for n in lines]
 
 
 def _client_failures(summary: dict[str, Any]) -> list[str]:
