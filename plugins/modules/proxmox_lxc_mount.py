@@ -7,7 +7,8 @@ DOCUMENTATION = r"""
 module: proxmox_lxc_mount
 short_description: Bind-mount a node directory read-only into a Proxmox LXC container as an mpN entry
 description:
-  - Reads the container config with its digest (pending changes merged in), keeps every other entry, and writes
+  - >-
+    Reads the container config with its digest (pending changes merged in), keeps every other entry, and writes
     C(mpN: <host_path>,mp=<ct_path>,ro=1) into the entry that mounts something at I(ct_path), or the first free
     slot, with the digest; reads again and retries when PVE answers "detected modified configuration".
   - PVE hot-plugs a new mount point into a running CT (PVE 8 and 9); a changed one stays pending until the CT
