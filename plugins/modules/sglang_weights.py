@@ -188,14 +188,33 @@ def run(module) -> dict:
     if problems:
         raise WeightsError("; ".join(problems))
     root = p["path"]
-    manifest_path = os.path.join(root, ms.MANIFEST)
-    manifest = read_json(manifest_path)
+    manifest = read_json(os.path.join(root, ms.MANIFEST))
     hf = hub_client()
     result = dict(changed=False, files=[], downloaded_bytes=0, client_version=hf.__version__)
     if ms.recorded_complete(manifest, p["repo"], p["revision"], root):
         result["files"] = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
         return result
     files = hub_files(hf, p)
+    record, missing = sort_present(files, root, manifest)
+    need = sum(f["size"] for f in missing)
+    problem = ms.space_problem(root, need, *ms.free_bytes(root))
+    if problem:
+        raise WeightsError(problem)
+    # the record is a cache of what was verified, not a change of the weights: changed means files to fetch
+    result.update(downloaded_bytes=need, changed=bool(missing))
+    if not module.check_mode:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+        for expected in missing:
+            record[expected["name"]] = download(hf, p, expected)
+        write_manifest(os.path.join(root, ms.MANIFEST), p, record)
+    action = "would_download" if module.check_mode else "downloaded"
+    names = {f["name"] for f in missing}
+    result["files"] = [file_line(f, action if f["name"] in names else "present") for f in files]
+    return result
+
+
+def sort_present(files: list[dict], root: str, manifest) -> tuple[dict, list[dict]]:
+    """({name: record entry} of the files in place and right, [the files to download])."""
     record, missing = {}, []
     for expected in files:
         ok, entry = check_present(expected, root, manifest)
@@ -203,24 +222,7 @@ def run(module) -> dict:
             record[expected["name"]] = entry
         else:
             missing.append(expected)
-    need = sum(f["size"] for f in missing)
-    where, free = ms.free_bytes(root)
-    problem = ms.space_problem(root, need, where, free)
-    if problem:
-        raise WeightsError(problem)
-    result["downloaded_bytes"] = need
-    action = "would_download" if module.check_mode else "downloaded"
-    missing_names = {f["name"] for f in missing}
-    result["changed"] = bool(missing)  # the record is a cache of what was verified, not a change of the weights
-    if module.check_mode:
-        result["files"] = [file_line(f, action if f["name"] in missing_names else "present") for f in files]
-        return result
-    os.makedirs(root, mode=0o755, exist_ok=True)
-    for expected in missing:
-        record[expected["name"]] = download(hf, p, expected)
-    write_manifest(manifest_path, p, record)
-    result["files"] = [file_line(f, action if f["name"] in missing_names else "present") for f in files]
-    return result
+    return record, missing
 
 
 def file_line(expected: dict, action: str) -> dict:
