@@ -49,7 +49,7 @@ def sha256_inside(ct, name: str) -> str:
 
 def test_the_repo_is_downloaded_verified_and_a_second_apply_changes_nothing(lab, ct, lab_inventory, runs):
     hub = lab.start_hf_hub()
-    rc, result, err = converge(lab, lab_inventory, runs, hub)
+    rc, _, err = converge(lab, lab_inventory, runs, hub)
     assert rc == 0, err[-3000:]
     for f in hfhub.tiny_repo().files:
         assert sha256_inside(ct, f.path) == hashlib.sha256(f.data).hexdigest(), f.path
