@@ -521,12 +521,25 @@ def _check_rendered(host: Host) -> list[tuple[str, str, str]]:
     return found
 
 
+def _check_model_source(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for each problem of `sglang_model_source` (module_utils/model_source.py, the rule
+    the sglang role's preflight and its weights module apply too); a templated value is checked by the role."""
+    value = host.vars.get("sglang_model_source")
+    if value is None or is_template(value) or from_vault(value):
+        return []
+    problems = module_util("model_source").source_problems(value)
+    return [(host.where("sglang_model_source"), host.name, f"sglang_model_source: {p}") for p in problems]
+
+
 def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     """Return one line per problem; an empty list means the inventory is usable."""
     problems = _check_groups(inv)
     hosts = sorted(inv.hosts.values(), key=lambda h: h.name)
     problems += _per_source([p for host in hosts for p in _check_types(host)])
     problems += _per_source([p for host in hosts for p in _check_rendered(host)])
+    problems += _per_source(
+        [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
+    )
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)

@@ -43,6 +43,10 @@ class ApiFailure(Exception):
     pass
 
 
+class TaskFailed(ApiFailure):
+    """A PVE task that ended with an error exitstatus."""
+
+
 def proxmoxer_modules():
     """(proxmoxer, ResourceException), or an ApiFailure that says proxmoxer is missing."""
     try:
@@ -185,6 +189,29 @@ def refused(p, what, exc, grant_on):
     else:
         todo = "fix what PVE names, then run again"
     return ApiFailure(f"{what} was refused ({exc}): {todo}")
+
+
+def wait_task(p, api, node, upid, what, retry=None, timeout_variable="the module's task_timeout"):
+    """Wait for a task (`what` names it in messages) and check its exitstatus (proxmoxer's blocking_status does
+    neither reliably); each read through `retry` (with_retries by default). Past p["task_timeout"], PVE's task goes
+    on: the error says so, and names the variable that raises the limit."""
+    retry = retry or (lambda p_, what_, call: with_retries(p_, what_, call))
+    deadline = time.monotonic() + p["task_timeout"]
+    while True:
+        status = retry(p, f"reading the status of {what}", lambda: api.nodes(node).tasks(upid).status.get())
+        if status.get("status") == "stopped":
+            exitstatus = status.get("exitstatus", "")
+            if exitstatus == "OK" or str(exitstatus).startswith("WARNINGS"):
+                return exitstatus
+            log = retry(p, f"reading the log of {what}", lambda: api.nodes(node).tasks(upid).log.get(limit=50))
+            tail = " | ".join(line.get("t", "") for line in log[-5:])
+            raise TaskFailed(f"{what} (task {upid}) ended with exitstatus {exitstatus!r}: {tail}")
+        if time.monotonic() > deadline:
+            raise ApiFailure(
+                f"{what} (task {upid}) is still running after {p['task_timeout']}s; PVE goes on with it: run again "
+                f"once it has ended, or raise {timeout_variable}"
+            )
+        time.sleep(1)
 
 
 def one_line(text):

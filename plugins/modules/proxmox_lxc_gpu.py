@@ -68,7 +68,6 @@ nesting_pending: {description: whether the running CT lacks features nesting=1, 
 """
 
 import re
-import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
@@ -85,6 +84,7 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils.pve_api impor
     DEVICE_MISSING,
     MODIFIED,
     ApiFailure,
+    TaskFailed,
     connect,
     lost_connection,
 )
@@ -101,10 +101,6 @@ IN_EFFECT = "in effect: PVE's answer to the reboot was lost, the running config 
 LOCK_HELD = "another task holds CT {vmid}'s lock (a backup, snapshot or migration): run again once it has ended"
 
 
-class TaskFailed(ApiFailure):
-    """A PVE task that ended with an error exitstatus."""
-
-
 def with_retries(p, what, call, explain=None):
     """pve_api.with_retries for this CT: a 403 names /vms/<vmid>, a lock still held at the end says who holds it."""
     return pve_api.with_retries(
@@ -114,24 +110,8 @@ def with_retries(p, what, call, explain=None):
 
 
 def wait_task(p, api, node, upid, what):
-    """Wait for a task (`what` names it in messages) and check its exitstatus (proxmoxer's blocking_status does
-    neither reliably). Past task_timeout, PVE's task goes on: the error says so."""
-    deadline = time.monotonic() + p["task_timeout"]
-    while True:
-        status = with_retries(p, f"reading the status of {what}", lambda: api.nodes(node).tasks(upid).status.get())
-        if status.get("status") == "stopped":
-            exitstatus = status.get("exitstatus", "")
-            if exitstatus == "OK" or str(exitstatus).startswith("WARNINGS"):
-                return exitstatus
-            log = with_retries(p, f"reading the log of {what}", lambda: api.nodes(node).tasks(upid).log.get(limit=50))
-            tail = " | ".join(line.get("t", "") for line in log[-5:])
-            raise TaskFailed(f"{what} (task {upid}) ended with exitstatus {exitstatus!r}: {tail}")
-        if time.monotonic() > deadline:
-            raise ApiFailure(
-                f"{what} (task {upid}) is still running after {p['task_timeout']}s; PVE goes on with it: run again "
-                "once it has ended, or raise gpu_passthrough_task_timeout"
-            )
-        time.sleep(1)
+    """pve_api.wait_task with this CT's retries; past task_timeout the error names gpu_passthrough_task_timeout."""
+    return pve_api.wait_task(p, api, node, upid, what, with_retries, "gpu_passthrough_task_timeout")
 
 
 def wanted_features(features, nesting):

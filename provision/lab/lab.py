@@ -399,6 +399,39 @@ class Lab:
                 raise ProvisionError("lab: fakepve did not start: " + " | ".join(tail))
             time.sleep(0.1)
 
+    # ---------------------------------------------------------------- Hugging Face hub (provision/lab/hfhub.py)
+    def start_hf_hub(self, corrupt: tuple[str, ...] = (), container: str = CONTAINER_NAME) -> dict[str, str]:
+        """The lab's hub on the container's link (its host side, which the container reaches), serving the tiny
+        gated repo; `corrupt` names files served with wrong bytes. Returns url, repo, commit and token (the token
+        is in a 0600 file of the lab, never on a command line). Started again when it runs already."""
+        self.stop_hf_hub()
+        token_file = self.dir / "hf-token"
+        if not token_file.exists():
+            token_file.write_text("hf_lab" + secrets.token_hex(16) + "\n")
+            token_file.chmod(0o600)
+        ready = self.dir / "hfhub.json"
+        ready.unlink(missing_ok=True)
+        host = self.container(container).spec.host_addr
+        argv = [sys.executable, "-m", "provision.lab.hfhub", "--host", host, "--token-file", str(token_file),
+                "--ready-file", str(ready), *[arg for path in corrupt for arg in ("--corrupt", path)]]  # fmt: skip
+        with (self.dir / "hfhub.log").open("a") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+        (self.dir / "hfhub.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ProvisionError("lab: the hub did not start: " + (self.dir / "hfhub.log").read_text()[-300:])
+            time.sleep(0.1)
+        return json.loads(ready.read_text()) | {"token": token_file.read_text().strip()}
+
+    def stop_hf_hub(self) -> None:
+        pid_file = self.dir / "hfhub.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            pid_file.unlink()
+
     # ---------------------------------------------------------------- inventory
     def write_inventory(self, state: dict[str, Any]) -> Path:
         inv = inventory_dir()

@@ -265,3 +265,29 @@ def test_unverified_tls_to_the_proxmox_api_is_warned_about_before_anything_runs(
     ssh = make(tmp_path / "ssh", GOOD_HOSTS, {"all": "proxmox_api_validate_certs: false\n"
                                                      "gpu_passthrough_api_backend: ssh\n"})  # fmt: skip
     assert inventory.load(ssh).warnings == [], "the ssh backend does not use the API's TLS"
+
+
+def test_sglang_model_source_is_checked_one_line_per_problem(tmp_path):
+    source = """\
+        sglang_model_source:
+          type: huggingface
+          repo: Qwen/Qwen3-8B
+          revision: main
+          token: x
+        """
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": source})
+    where = f"{root}/group_vars/gpu_containers.yml:2"  # Ansible's origin of the mapping
+    assert problems(root) == [
+        f"{where}: host ct1: sglang_model_source: unknown key 'token' for type huggingface",
+        f"{where}: host ct1: sglang_model_source: revision must be a commit: 40 lowercase hex digits (a branch or tag "
+        "moves), not 'main'",
+    ]
+
+
+def test_a_pinned_hf_source_and_a_node_directory_are_valid(tmp_path):
+    for n, source in enumerate(
+        ("{type: huggingface, repo: Qwen/Qwen3-8B, revision: " + "a" * 40 + "}", "{type: node_dir, path: /srv/m}")
+    ):
+        (tmp_path / str(n)).mkdir()
+        root = make(tmp_path / str(n), GOOD_HOSTS, {"gpu_containers": f"sglang_model_source: {source}\n"})
+        assert inventory.load(root).gpu_containers

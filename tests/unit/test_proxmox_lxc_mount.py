@@ -1,0 +1,73 @@
+"""proxmox_lxc_mount and module_utils/lxc_mounts.py: a node directory bind-mounted read-only into a CT as mpN.
+
+The plan is tested alone; the module runs as Ansible starts it against fakepve (PVE's schema, digests, pending
+changes and tasks) served in this process, as the devN module's fault matrix does."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit import collection
+from tests.unit.test_proxmox_lxc_gpu_faults import NODE, VMID, Clock, Served, api_args, clocked, pki  # noqa: F401
+
+lm = __import__("ansible_collections.provision.pve_sglang.plugins.module_utils.lxc_mounts", fromlist=["x"])
+
+HOST, CT = "/srv/models/tiny", "/models/tiny"
+
+
+def test_a_new_mount_takes_the_first_free_slot():
+    plan = lm.plan_mount({"mp0": "/srv/a,mp=/a", "mp2": "local:5/vm-1-disk-1.raw,mp=/b"}, HOST, CT)
+    assert plan["set"] == {"mp1": f"{HOST},mp={CT},ro=1"}
+
+
+def test_an_entry_already_there_is_kept_with_the_admins_other_keys():
+    plan = lm.plan_mount({"mp3": f"{HOST},mp={CT},backup=0,ro=1"}, HOST, CT)
+    assert plan["set"] == {} and plan["key"] == "mp3"
+
+
+def test_another_source_at_the_same_place_is_replaced_in_its_slot():
+    plan = lm.plan_mount({"mp0": "/srv/a,mp=/a", "mp5": f"/srv/old,mp={CT}/"}, HOST, CT)
+    assert plan["set"] == {"mp5": f"{HOST},mp={CT},ro=1"} and plan["replaces"] == f"/srv/old,mp={CT}/"
+
+
+def test_a_writable_mount_of_the_same_directory_is_made_read_only():
+    assert lm.plan_mount({"mp0": f"volume={HOST},mp={CT}"}, HOST, CT)["set"] == {"mp0": f"{HOST},mp={CT},ro=1"}
+
+
+def test_no_free_slot_is_an_error():
+    full = {f"mp{n}": f"/srv/{n},mp=/m{n}" for n in range(lm.MAX_MOUNT_POINTS)}
+    with pytest.raises(ValueError, match="every mount point slot"):
+        lm.plan_mount(full, HOST, CT)
+
+
+@pytest.fixture
+def served(pki):  # noqa: F811
+    served = Served(*pki)
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def module(monkeypatch):
+    return clocked(monkeypatch, "proxmox_lxc_mount", Clock())
+
+
+def run(module, served, **params):
+    return collection.main_result(module, {**api_args(served), "node": NODE, "vmid": VMID, "host_path": HOST,
+                                           "ct_path": CT, **params})  # fmt: skip
+
+
+def test_the_mount_is_written_and_a_second_run_changes_nothing(module, served):
+    first = run(module, served)
+    assert first["changed"] is True and not first.get("failed"), first
+    config = served.ct.config
+    assert [v for k, v in config.items() if k.startswith("mp") and CT in v] == [f"{HOST},mp={CT},ro=1"]
+    assert config["mp0"] == "/srv/models,mp=/models", "the entry that was there is kept"
+    again = run(module, served)
+    assert again["changed"] is False and again["pending"] is False, again
+
+
+def test_check_mode_writes_nothing(module, served):
+    before = dict(served.ct.config)
+    result = run(module, served, _ansible_check_mode=True)
+    assert result["changed"] is True and served.ct.config == before
