@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,3 +100,31 @@ def interrupt(proc: subprocess.Popen, sig: signal.Signals, gate: Path | None = N
             gate.unlink(missing_ok=True)
         proc.kill()
     assert_nothing_left(private, groups)
+
+
+def start_apply(inventory: Path, runs: Path, out: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`provision apply --yes --json` with `args` (and `env` added to this process's environment), in the
+    background: its stdout in `out`, its stderr beside it (`out` with the suffix .err)."""
+    argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inventory), "--yes", "--json",
+            "--runs-dir", str(runs), *args]  # fmt: skip
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w"),
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def wait_for_task(proc: subprocess.Popen, host: str, task: str, timeout: float = 600) -> None:
+    """Until `task` has started on `host`: its start event among the job events runner writes, while the run goes,
+    into its private data dir."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {task!r} started on {host}"
+        private = private_dir(proc)
+        for event in Path(private).glob("artifacts/*/job_events/*.json") if private else ():
+            with contextlib.suppress(ValueError, OSError):
+                data = json.loads(event.read_text())
+                if data.get("event") == "runner_on_start" and data["event_data"].get("host") == host \
+                        and data["event_data"].get("task") == task:  # fmt: skip
+                    return
+        time.sleep(0.3)
+    raise AssertionError(f"{task!r} never started on {host}")

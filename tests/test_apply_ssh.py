@@ -30,7 +30,7 @@ from provision import verify as verify_mod
 from provision.inventory import VaultOptions
 from tests.conftest import lab_inventory, run_provision, vault_encrypt
 from tests.leaks import leaks
-from tests.processes import interrupt, tree
+from tests.processes import interrupt, start_apply, tree
 from tests.sshtarget import start_target
 
 pytestmark = pytest.mark.integration
@@ -531,11 +531,7 @@ def _slow_inventory(ssh_lab, root: Path, group_vars: dict | None = None) -> tupl
 
 def _start_apply(inv: Path, runs: Path, gate: Path, out: Path, *more: str) -> subprocess.Popen:
     """`provision apply --full --tags verify` in the background, once it waits at the gate (its host locks taken)."""
-    argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inv), "--yes", "--json", "--full",
-            "--tags", "verify", "--runs-dir", str(runs), *more]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w")
-    )
+    proc = start_apply(inv, runs, out, "--full", "--tags", "verify", *more)
     deadline = time.monotonic() + 180
     while not Path(f"{gate}.started").exists():
         assert proc.poll() is None, out.with_suffix(".err").read_text()[-3000:]

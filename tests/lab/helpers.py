@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import yaml
 
 from provision.paths import module_util
 from tests.conftest import run_provision
+from tests.processes import interrupt, start_apply, wait_for_task
 
 # the arguments the lab inventory's profile puts on every node's line (SEV-SNP host, IOMMU translating)
 PROFILE_ARGS = ["kvm_amd.sev=1", "kvm_amd.sev_es=1", "kvm_amd.sev_snp=1", "iommu=nopt"]
@@ -33,6 +35,29 @@ def apply(inventory: Path, runs: Path, *extra: str, env: dict | None = None) -> 
     except (ValueError, KeyError):
         data = {}
     return proc.returncode, data, proc.stderr
+
+
+def interrupt_at(
+    inventory: Path, runs: Path, tmp_path: Path, host: str, task: str, *args: str, env: dict | None = None
+) -> dict:
+    """Start `provision apply` with `args`, send it SIGINT once `task` has started on `host`, check that it exits
+    130 naming its record and that none of its processes is left (tests/processes.py), and return the record's
+    summary, which must be `interrupted` with no host lock left."""
+    runs.mkdir(exist_ok=True)
+    runs_before = set(runs.iterdir())
+    out = tmp_path / "interrupted.json"
+    proc = start_apply(inventory, runs, out, *args, env=env)
+    try:
+        wait_for_task(proc, host, task)
+    except BaseException:
+        proc.kill()
+        raise
+    interrupt(proc, signal.SIGINT)
+    (record,) = set(runs.iterdir()) - runs_before
+    assert f"error: interrupted by SIGINT: run record {record}" in out.with_suffix(".err").read_text()
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["host_locks_left"] == [], summary
+    return summary
 
 
 NODES = ("pve-grub", "pve-sdboot")

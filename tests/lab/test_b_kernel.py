@@ -13,20 +13,24 @@ A run that changes a node's line and reboots it boots the line once, as a trial,
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import PROFILE_ARGS, apply, boots, canonical, pve_api, set_host_vars, split_cmdline, wait_task
-from tests.processes import interrupt, private_dir
+from tests.lab.helpers import (
+    PROFILE_ARGS,
+    apply,
+    boots,
+    canonical,
+    interrupt_at,
+    pve_api,
+    set_host_vars,
+    split_cmdline,
+    wait_task,
+)
 
 LAB_CHANGES = {"kernel", "ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"kernel"}
@@ -195,31 +199,6 @@ def test_a_running_guest_the_inventory_does_not_own_stops_the_reboot(hosts, runs
 MERGE = "Merge the wanted arguments into the bootloader's kernel command line"
 
 
-def _apply_in_background(inventory, runs, out):
-    argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inventory), "--yes", "--json", "--tags",
-            "kernel", "--runs-dir", str(runs)]  # fmt: skip
-    return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w")
-    )
-
-
-def _wait_for_task(proc, host: str, task: str, timeout: float = 600) -> None:
-    """Until `task` has started on `host`: its start event among the job events runner writes, while the run goes,
-    into its private data dir."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {task!r} started on {host}"
-        private = private_dir(proc)
-        for event in Path(private).glob("artifacts/*/job_events/*.json") if private else ():
-            with contextlib.suppress(ValueError, OSError):
-                data = json.loads(event.read_text())
-                if data.get("event") == "runner_on_start" and data["event_data"].get("host") == host \
-                        and data["event_data"].get("task") == task:  # fmt: skip
-                    return
-        time.sleep(0.3)
-    raise AssertionError(f"{task!r} never started on {host}")
-
-
 def test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record(hosts, runs, tmp_path):
     """Acceptance (#16): SIGINT while the first node runs the kernel phase (the reboot the earlier test left pending
     is due). The run exits 130, no process of it is left, its record is `interrupted` and names the node's last task
@@ -227,18 +206,7 @@ def test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record(
     that converges."""
     names = ("pve-grub", "pve-sdboot")
     before = {n: (boot_config(hosts[n]), hosts[n].boot_id()) for n in names}
-    runs_before = set(runs.iterdir())
-    proc = _apply_in_background(hosts["inventory"], runs, tmp_path / "apply.json")
-    try:
-        _wait_for_task(proc, "pve-grub", MERGE)
-    except BaseException:
-        proc.kill()
-        raise
-    interrupt(proc, signal.SIGINT)
-    (record,) = set(runs.iterdir()) - runs_before
-    assert f"error: interrupted by SIGINT: run record {record}" in (tmp_path / "apply.err").read_text()
-    summary = json.loads((record / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["host_locks_left"] == [], summary
+    summary = interrupt_at(hosts["inventory"], runs, tmp_path, "pve-grub", MERGE, "--tags", "kernel")
     stopped = summary["stopped_at"]["pve-grub"]
     assert (stopped["task"], stopped["finished"]) == (MERGE, False), stopped
     assert stopped["leaves"].startswith("kernel command line (or, for a trial boot, a one-shot entry) being written")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import apply, inside, pve_api, set_host_vars, wait_task
+from tests.lab.helpers import apply, inside, interrupt_at, pve_api, set_host_vars, wait_task
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"gpu"}
@@ -252,6 +252,26 @@ def test_a_devn_path_missing_on_the_node_is_named(lab, inv, runs):
     message = " ".join(f["message"] for f in result["failures"])
     assert rc == 1 and "/dev/nvidia1" in message and "does not exist on node pve-grub" in message, message
     assert "keeps failing" not in message and puts(lab) == before + 1, "no retry of what no retry can fix"
+
+
+PASS_NODES = "Pass the GPU device nodes into the container through the Proxmox API"
+
+
+def test_sigint_while_the_api_writes_the_entries_then_a_rerun_converges(lab, inv, runs, tmp_path):
+    """#16, SIGINT in the gpu phase: while the API module writes the devN entries that were dropped underneath.
+    Exit 130, no process of the run left (the module runs on the controller), the record `interrupted` naming the
+    task and what it leaves, no host lock; the re-run writes every entry and the nodes are inside."""
+    drop_our_entries(lab, restart=True)
+    assert "/dev/nvidia0" not in inside(lab.container(), "/dev/nvidia0")
+    summary = interrupt_at(inv, runs, tmp_path, "sglang-01", PASS_NODES, "--tags", "gpu")
+    stopped = summary["stopped_at"]["sglang-01"]
+    assert stopped["task"] == PASS_NODES and "devN entries" in stopped["leaves"], stopped
+    assert "lock.json" not in lab.container().ssh("ls /var/lib/provision").stdout, "host lock left"
+    rc, _, err = apply(inv, runs, "--tags", "gpu")
+    assert rc == 0, err[-2000:]
+    paths = {v.split(",")[0] for v in dev_entries(ct_config(lab)["config"]).values()}
+    assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"} <= paths, paths
+    assert inside(lab.container(), "/dev/nvidia0")["/dev/nvidia0"].startswith("666 ")
 
 
 def test_no_password_or_token_in_run_records(lab, runs):

@@ -11,7 +11,8 @@ import pytest
 
 from provision.lab import wheelhouse
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, ensure_converged, set_host_vars
+from tests.lab.helpers import apply, ensure_converged, interrupt_at, pve_api, set_host_vars, wait_task
+from tests.processes import start_apply, wait_for_task
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
 
@@ -102,6 +103,55 @@ def test_changing_one_flag_restarts_exactly_once(ct, lab_inventory, runs):
     assert starts.strip() == "1"
     assert "--enable-metrics" in process(ct)[0]
     assert get(ct, "/metrics")[0] == 200
+
+
+RESTART = "Restart sglang"  # the handler that the role's flush_handlers task runs
+INSTALL = "Install SGLang into its venv"
+
+
+def test_sigint_while_the_service_restarts_then_a_rerun_serves_again(ct, lab_inventory, runs, tmp_path):
+    """#16, SIGINT in the sglang phase: while the service restarts for a changed unit. Exit 130, no process of the
+    run left, the record `interrupted` naming the task and what it leaves, no host lock; the re-run serves."""
+    changed = {"sglang_p2p": "off", "sglang_tp_size": 2, "sglang_extra_args": ["--enable-metrics"],
+               "sglang_timeout_stop_sec": 123}  # fmt: skip
+    set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS, **changed})
+    summary = interrupt_at(lab_inventory, runs, tmp_path, "sglang-01", RESTART, "--tags", "sglang", env=ENV)
+    stopped = summary["stopped_at"]["sglang-01"]
+    assert stopped["task"] == RESTART and stopped["leaves"].startswith("SGLang service restart"), stopped
+    assert "lock.json" not in ct.ssh("ls /var/lib/provision").stdout, "host lock left"
+    rc, _, err = converge(lab_inventory, runs, changed)
+    assert rc == 0, err[-2000:]
+    assert show(ct, "TimeoutStopUSec") == "2min 3s" and show(ct, "ActiveState") == "active"
+    assert get(ct, "/health_generate", key=None)[0] == 200
+
+
+def test_the_container_stopped_mid_install_is_named_and_a_rerun_converges(lab, ct, lab_inventory, runs, tmp_path):
+    """#16's fault matrix: the container stopped (through the API, as `pct stop`) while the phase installs SGLang.
+    The run fails on that host with the connection's own line; once the container is started again, a re-run
+    converges and serves."""
+    set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS, "sglang_p2p": "off", "sglang_tp_size": 2})
+    api = pve_api(lab)
+    lxc = api.nodes("pve-grub").lxc(101)
+    out = tmp_path / "stopped.json"
+    proc = start_apply(lab_inventory, runs, out, "--tags", "sglang", "--full", env=ENV)
+    try:
+        wait_for_task(proc, "sglang-01", INSTALL)
+        assert wait_task(api, "pve-grub", lxc.status.stop.post())["exitstatus"] == "OK"
+        assert proc.wait(timeout=600) == 1
+    finally:
+        proc.kill()
+    result = json.loads(out.read_text())["result"]
+    assert result["hosts"]["sglang-01"]["status"] == "unreachable", result["hosts"]
+    (failure,) = result["failures"]
+    assert (failure["host"], failure["task"]) == ("sglang-01", INSTALL), failure
+    assert failure["message"].startswith("unreachable: the connection was lost while the task ran"), failure
+    assert "file a bug" not in failure["message"]
+    old = ct.boot_id()
+    assert wait_task(api, "pve-grub", lxc.status.start.post())["exitstatus"] == "OK"
+    ct.wait_for_ssh(120, not_boot_id=old)
+    rc, _, err = converge(lab_inventory, runs, {"sglang_p2p": "off", "sglang_tp_size": 2})
+    assert rc == 0, err[-2000:]
+    assert get(ct, "/health_generate", key=None)[0] == 200
 
 
 def test_stop_drains_the_request_in_flight(ct):
