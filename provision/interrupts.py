@@ -200,7 +200,8 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
     ),
     "Install SGLang into its venv": ("SGLang venv partly installed", "SGLang installed, service not configured"),
     "Install the SGLang systemd unit": ("SGLang unit being written", "SGLang unit written, service not restarted"),
-    "Restart the service if its unit, environment, version or flags changed": (
+    # the sglang role's handler, which its flush_handlers task runs (the meta task itself runs on no host)
+    "Restart sglang": (
         "SGLang service restarting",
         "SGLang service restarted, readiness not checked",
     ),

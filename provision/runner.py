@@ -165,9 +165,7 @@ class EventCollector:
             self._failed(host, task, stats, res, ignored=bool(data.get("ignore_errors")))
         elif kind == "runner_on_unreachable":
             stats.unreachable += 1
-            self.failures.append(
-                {"host": host, "task": task, "message": "unreachable: " + str(res.get("msg", "")).strip()}
-            )
+            self.failures.append({"host": host, "task": task, "message": unreachable_message(str(res.get("msg", "")))})
         elif kind == "runner_on_skipped":
             stats.skipped += 1
 
@@ -198,6 +196,22 @@ def _report_messages(res: dict[str, Any]) -> list[str]:
     items = res.get("results") if isinstance(res.get("results"), list) else [res]
     msgs = [i.get("msg") for i in items if isinstance(i, dict)]
     return [" ".join(str(m[REPORT_KEY]).split()) for m in msgs if isinstance(m, dict) and m.get(REPORT_KEY)]
+
+
+# Mitogen's words when the host went away in the middle of a task; its "please file a bug" misleads an operator
+# whose container was stopped or whose node rebooted
+_MITOGEN_LOST = "Mitogen was disconnected from the remote environment while a call was in-progress"
+
+
+def unreachable_message(msg: str) -> str:
+    """The one line for a host that became unreachable: the connection's own words, or for a connection lost in
+    the middle of a task, what that means and what to do."""
+    msg = " ".join(msg.split())
+    if _MITOGEN_LOST in msg:
+        cause = msg.rsplit("Original error was:", 1)[-1].strip()
+        return ("unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
+                f"network: {cause}); run apply again once it answers ssh")  # fmt: skip
+    return "unreachable: " + msg
 
 
 def _diffs(res: dict[str, Any]) -> list[dict[str, Any]]:

@@ -70,3 +70,19 @@ def test_the_console_shows_warnings_about_hosts_and_the_summary_keeps_every_warn
     shown = console.export_text()
     assert "warning: ct1: proxmox_api_validate_certs is false: NOT verified" in shown
     assert "Could not match" not in shown and len(result.to_dict()["warnings"]) == 2
+
+
+def test_a_connection_lost_mid_task_says_what_happened_not_to_file_a_bug():
+    """Mitogen's own text, as the lab's container stopped through the API under `Install SGLang into its venv`
+    (tests/lab/test_d_sglang.py) gave it."""
+    c = EventCollector()
+    lost = (
+        "Task failed: Mitogen was disconnected from the remote environment while a call was in-progress. If you "
+        "feel this is in error, please file a bug. Original error was: the respondent Context has disconnected"
+    )
+    c.handle(_ev("runner_on_unreachable", host="sglang-01", task="Install SGLang into its venv", res={"msg": lost}))
+    assert c.failures == [{
+        "host": "sglang-01", "task": "Install SGLang into its venv",
+        "message": "unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
+        "network: the respondent Context has disconnected); run apply again once it answers ssh",
+    }]  # fmt: skip
