@@ -60,7 +60,7 @@ def _keys(value):
     lines = key_lines(value)
     if not lines:
         return "expected at least one ssh public key (a string, one key a line, or a list)"
-    bad = [i for i, line in enumerate(lines) if not SSH_KEY.match(line)]
+    bad = [i for i, line in enumerate(lines) if not SSH_KEY.match(line) and not templated(line)]
     return f"line {bad[0] + 1} is not an ssh public key (type, base64, comment)" if bad else None
 
 

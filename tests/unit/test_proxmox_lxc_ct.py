@@ -289,6 +289,8 @@ def test_a_good_spec_and_a_templated_value_have_no_problems():
     assert _lxc_spec().problems(SPEC) == []
     assert _lxc_spec().problems({**SPEC, "ssh_public_keys": "{{ lookup('file', '~/.ssh/id_ed25519.pub') }}"}) == []
     assert _lxc_spec().problems({**SPEC, "net0": {"bridge": "vmbr0", "ip": "dhcp"}}) == []
+    templated_key = "{{ lookup('ansible.builtin.file', 'k.pub') }}"
+    assert _lxc_spec().problems({**SPEC, "ssh_public_keys": [KEY, templated_key]}) == []
 
 
 def test_inventory_check_names_file_host_and_field(tmp_path):
