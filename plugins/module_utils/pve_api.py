@@ -214,6 +214,19 @@ def wait_task(p, api, node, upid, what, retry=None, timeout_variable="the module
         time.sleep(1)
 
 
+def run_module(module, where, run, failures=(ApiFailure,)):
+    """`run(module)`'s result. A failure the module knows (`failures`) fails it with one line after `where`
+    ("CT 101 on pve1: "); any other exception with its type, message and traceback."""
+    import traceback
+
+    try:
+        return run(module)
+    except failures as exc:
+        module.fail_json(msg=where + one_line(exc))
+    except Exception as exc:
+        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
+
+
 def one_line(text):
     """A message as one line (PVE's answers and task logs may hold several)."""
     return " ".join(str(text).split())

@@ -18,16 +18,9 @@ description:
     for again. The login, retries and refusals are module_utils/pve_api.py's; the spec's rules are
     module_utils/lxc_spec.py's, shared with C(provision inventory check).
   - Runs on the controller. Supports check mode (what it would create is returned, nothing is asked of PVE but reads).
+extends_documentation_fragment:
+  - provision.pve_sglang.pve_api
 options:
-  api_host: {type: str, required: true}
-  api_port: {type: int, default: 8006}
-  api_user: {type: str, default: root@pam}
-  api_password: {type: str, no_log: true}
-  api_token_id: {type: str}
-  api_token_secret: {type: str, no_log: true}
-  validate_certs: {type: bool, default: true}
-  ca_file: {type: path}
-  retries: {type: int, default: 3}
   node: {type: str, required: true, description: the PVE node the container lives on}
   vmid: {type: int, required: true}
   spec:
@@ -64,8 +57,6 @@ differences:
   type: list
   returned: always
 """
-
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import lxc_spec, pve_api
@@ -211,13 +202,7 @@ def main():
     if not module.params["validate_certs"]:
         module.warn(pve_api.UNVERIFIED)
     where = f"CT {module.params['vmid']} on {module.params['node']}: "
-    try:
-        result = run(module)
-    except ApiFailure as exc:
-        module.fail_json(msg=where + pve_api.one_line(exc))
-    except Exception as exc:
-        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
-    module.exit_json(**result)
+    module.exit_json(**pve_api.run_module(module, where, run))
 
 
 if __name__ == "__main__":
