@@ -10,12 +10,14 @@ nothing is written to it), check mode asking for nothing but reads, a lost answe
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
 
 from provision import inventory
 from tests.unit import collection
+from tests.unit.test_lab_pve_create import pve as lab_api  # noqa: F401 (a fixture: the lab's API, alone)
 
 NODE, VMID = "pve1", 150
 TEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
@@ -324,3 +326,28 @@ def test_inventory_check_names_file_host_and_field(tmp_path):
     assert len(mine) == 1, lines
     assert mine[0].startswith(f"{tmp_path / 'hosts.yml'}:"), mine
     assert "host sglang-02: proxmox_ct_spec.memory: expected an integer" in mine[0]
+
+
+# ---------------------------------------------------------------- against the lab's API (fakepve, PVE's schema)
+@pytest.mark.usefixtures("lab_api")
+def test_against_the_lab_api_a_missing_ct_is_pending_and_an_existing_one_is_compared(tmp_path, module, capsys):
+    """The same module against `python -m provision.lab.pve` (the lab's fakepve, no lab: no body is started), so the
+    calls' shapes are PVE's schema's: the cluster's guest list, the storage's template listing, a CT's config."""
+    from provision.lab import pve as lab_pve
+    from tests.unit.test_lab_pve_create import NODE as LAB_NODE
+    from tests.unit.test_lab_pve_create import PASSWORD
+
+    seed = json.loads((tmp_path / "pve-seed.json").read_text())
+    args = {"api_host": "127.0.0.1", "api_port": seed["port"], "api_password": PASSWORD, "node": LAB_NODE,
+            "ca_file": str(tmp_path / "pve.crt"), "spec": {**SPEC, "hostname": "sglang-01"},
+            "_ansible_check_mode": True}  # fmt: skip
+    pending = collection.main_result(module, {**args, "vmid": VMID})
+    assert pending["changed"] and pending["steps"] == [f"create CT {VMID} on {LAB_NODE}", f"start CT {VMID}"], pending
+    missing = {**args["spec"], "template": "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"}
+    assert collection.main_result(module, {**args, "vmid": VMID, "spec": missing})["steps"][0].startswith("download")
+    # CT 101 as the lab seeds it here: a hostname, fakepve's defaults for the rest
+    existing = collection.main_result(module, {**args, "vmid": 101, "_ansible_check_mode": False})
+    assert not existing["changed"] and "memory" in {d["field"] for d in existing["differences"]}, existing
+    assert "differs from proxmox_ct_spec" in capsys.readouterr().err
+    seen = lab_pve.control(tmp_path, "GET", "/requests")
+    assert [p for m, p in seen if m != "GET" and not p.endswith("/access/ticket")] == [], seen
