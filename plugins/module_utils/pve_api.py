@@ -39,6 +39,14 @@ ARGUMENT_SPEC = dict(
 )
 
 
+# ... and those of every module that works on one container.
+CT_ARGUMENT_SPEC = dict(
+    ARGUMENT_SPEC,
+    node=dict(type="str", required=True),
+    vmid=dict(type="int", required=True),
+)
+
+
 class ApiFailure(Exception):
     pass
 

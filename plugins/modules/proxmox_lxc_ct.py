@@ -191,9 +191,7 @@ def run(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            pve_api.ARGUMENT_SPEC,
-            node=dict(type="str", required=True),
-            vmid=dict(type="int", required=True),
+            pve_api.CT_ARGUMENT_SPEC,
             spec=dict(type="dict", required=True),
             task_timeout=dict(type="int", default=600),
         ),

@@ -287,15 +287,13 @@ def started_reboot(p, api, ct, wanted):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            pve_api.ARGUMENT_SPEC,
+            pve_api.CT_ARGUMENT_SPEC,
             backend=dict(type="str", choices=["https", "ssh"], default="https"),
             ssh_host=dict(type="str"),
             ssh_port=dict(type="int", default=22),
             ssh_user=dict(type="str", default="root"),
             ssh_private_key_file=dict(type="path"),
             ssh_known_hosts=dict(type="path"),
-            node=dict(type="str", required=True),
-            vmid=dict(type="int", required=True),
             nodes=dict(type="list", elements="dict", required=True),
             gpus=dict(type="raw", default="all"),
             mode=dict(type="str", default="0666"),

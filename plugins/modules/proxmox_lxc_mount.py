@@ -145,9 +145,7 @@ def run(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            pve_api.ARGUMENT_SPEC,
-            node=dict(type="str", required=True),
-            vmid=dict(type="int", required=True),
+            pve_api.CT_ARGUMENT_SPEC,
             host_path=dict(type="path", required=True),
             ct_path=dict(type="path", required=True),
             restart=dict(type="str", choices=["auto", "never"], default="auto"),
