@@ -439,7 +439,15 @@ def _check_container(inv: Inventory, ct: Host, vmids: dict[tuple[str, int], str]
         other = vmids.setdefault((node, int(vmid)), ct.name)
         if other != ct.name:
             problems.append(f"{where}: {vmid} is already used by {other} on node {node}")
-    return problems
+    return problems + _check_ct_spec(ct)
+
+
+def _check_ct_spec(ct: Host) -> list[str]:
+    """The container's proxmox_ct_spec, by the rule the proxmox_lxc_ct module applies (module_utils/lxc_spec.py)."""
+    if "proxmox_ct_spec" not in ct.vars:
+        return []
+    found = module_util("lxc_spec").problems(ct.vars["proxmox_ct_spec"])
+    return [f"{ct.where('proxmox_ct_spec')}: host {ct.name}: {problem}" for problem in found]
 
 
 def _setting_source(host: Host, origin: str) -> str:

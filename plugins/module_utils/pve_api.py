@@ -39,6 +39,14 @@ ARGUMENT_SPEC = dict(
 )
 
 
+# ... and those of every module that works on one container.
+CT_ARGUMENT_SPEC = dict(
+    ARGUMENT_SPEC,
+    node=dict(type="str", required=True),
+    vmid=dict(type="int", required=True),
+)
+
+
 class ApiFailure(Exception):
     pass
 
@@ -212,6 +220,19 @@ def wait_task(p, api, node, upid, what, retry=None, timeout_variable="the module
                 f"once it has ended, or raise {timeout_variable}"
             )
         time.sleep(1)
+
+
+def run_module(module, where, run, failures=(ApiFailure,)):
+    """`run(module)`'s result. A failure the module knows (`failures`) fails it with one line after `where`
+    ("CT 101 on pve1: "); any other exception with its type, message and traceback."""
+    import traceback
+
+    try:
+        return run(module)
+    except failures as exc:
+        module.fail_json(msg=where + one_line(exc))
+    except Exception as exc:
+        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
 
 
 def one_line(text):

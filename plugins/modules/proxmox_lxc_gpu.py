@@ -16,15 +16,9 @@ description:
     Every failure is one line naming the CT and node and saying what to do. The login, the retries and the
     refusals are module_utils/pve_api.py's, shared with every module that calls the API.
   - Runs on the controller. Supports check mode and diff. Passwords and token secrets are never returned.
+extends_documentation_fragment:
+  - provision.pve_sglang.pve_api
 options:
-  api_host: {type: str, required: true}
-  api_port: {type: int, default: 8006}
-  api_user: {type: str, default: root@pam}
-  api_password: {type: str, no_log: true}
-  api_token_id: {type: str}
-  api_token_secret: {type: str, no_log: true}
-  validate_certs: {type: bool, default: true}
-  ca_file: {type: path}
   backend: {type: str, choices: [https, ssh], default: https, description: ssh runs pvesh on the node as root}
   ssh_host: {type: str}
   ssh_port: {type: int, default: 22}
@@ -43,7 +37,6 @@ options:
     type: bool
     default: true
     description: "set features: nesting=1, which systemd needs to sandbox units in an unprivileged CT"
-  retries: {type: int, default: 3}
   task_timeout: {type: int, default: 300}
 """
 
@@ -68,7 +61,6 @@ nesting_pending: {description: whether the running CT lacks features nesting=1, 
 """
 
 import re
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import pve_api
@@ -295,15 +287,13 @@ def started_reboot(p, api, ct, wanted):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            pve_api.ARGUMENT_SPEC,
+            pve_api.CT_ARGUMENT_SPEC,
             backend=dict(type="str", choices=["https", "ssh"], default="https"),
             ssh_host=dict(type="str"),
             ssh_port=dict(type="int", default=22),
             ssh_user=dict(type="str", default="root"),
             ssh_private_key_file=dict(type="path"),
             ssh_known_hosts=dict(type="path"),
-            node=dict(type="str", required=True),
-            vmid=dict(type="int", required=True),
             nodes=dict(type="list", elements="dict", required=True),
             gpus=dict(type="raw", default="all"),
             mode=dict(type="str", default="0666"),
@@ -318,13 +308,7 @@ def main():
     if not module.params["validate_certs"] and module.params["backend"] == "https":
         module.warn(pve_api.UNVERIFIED)
     where = f"CT {module.params['vmid']} on {module.params['node']}: "
-    try:
-        result = run(module)
-    except (ApiFailure, DeviceError) as exc:
-        module.fail_json(msg=where + pve_api.one_line(exc))
-    except Exception as exc:
-        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
-    module.exit_json(**result)
+    module.exit_json(**pve_api.run_module(module, where, run, failures=(ApiFailure, DeviceError)))
 
 
 if __name__ == "__main__":

@@ -17,16 +17,9 @@ description:
   - Bind mounts are root@pam's only (an API token is refused, HTTP 403); a host path that is not a directory on the
     node fails the hot-plug and PVE writes nothing. Each is one line naming the CT, node and path.
   - Login, retries and refusals are module_utils/pve_api.py's. Runs on the controller. Supports check mode and diff.
+extends_documentation_fragment:
+  - provision.pve_sglang.pve_api
 options:
-  api_host: {type: str, required: true, description: PVE API address.}
-  api_port: {type: int, default: 8006, description: PVE API port.}
-  api_user: {type: str, default: root@pam, description: user with realm (bind mounts need root@pam).}
-  api_password: {type: str, no_log: true, description: the user's password (a ticket login).}
-  api_token_id: {type: str, description: an API token's name (refused by PVE for bind mounts).}
-  api_token_secret: {type: str, no_log: true, description: the token's secret.}
-  validate_certs: {type: bool, default: true, description: verify the API's TLS certificate.}
-  ca_file: {type: path, description: CA bundle for the API certificate.}
-  retries: {type: int, default: 3, description: attempts for a call the network lost or PVE answered 5xx.}
   node: {type: str, required: true, description: the container's PVE node.}
   vmid: {type: int, required: true, description: the container's VMID.}
   host_path: {type: path, required: true, description: the directory on the node.}
@@ -65,7 +58,6 @@ restarted: {description: whether the CT was rebooted to apply it, type: bool, re
 """
 
 import re
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import lxc_mounts, pve_api
@@ -153,9 +145,7 @@ def run(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            pve_api.ARGUMENT_SPEC,
-            node=dict(type="str", required=True),
-            vmid=dict(type="int", required=True),
+            pve_api.CT_ARGUMENT_SPEC,
             host_path=dict(type="path", required=True),
             ct_path=dict(type="path", required=True),
             restart=dict(type="str", choices=["auto", "never"], default="auto"),
@@ -166,13 +156,7 @@ def main():
     if not module.params["validate_certs"]:
         module.warn(pve_api.UNVERIFIED)
     where = f"CT {module.params['vmid']} on {module.params['node']}: "
-    try:
-        result = run(module)
-    except (ApiFailure, ValueError) as exc:
-        module.fail_json(msg=where + pve_api.one_line(exc))
-    except Exception as exc:
-        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
-    module.exit_json(**result)
+    module.exit_json(**pve_api.run_module(module, where, run, failures=(ApiFailure, ValueError)))
 
 
 if __name__ == "__main__":

@@ -24,16 +24,9 @@ description:
 attributes:
   check_mode: {support: full, description: "reads only; in check mode a refusal is returned, not failed"}
   diff_mode: {support: none, description: nothing is changed}
+extends_documentation_fragment:
+  - provision.pve_sglang.pve_api
 options:
-  api_host: {type: str, required: true, description: "PVE API address (proxmox_api_host); empty fails, naming it"}
-  api_port: {type: int, default: 8006, description: PVE API port}
-  api_user: {type: str, default: root@pam, description: user with realm}
-  api_password: {type: str, no_log: true, description: the user's password (a ticket login)}
-  api_token_id: {type: str, description: an API token's name (no user! prefix) instead of a password}
-  api_token_secret: {type: str, no_log: true, description: the token's secret}
-  validate_certs: {type: bool, default: true, description: verify the API's TLS certificate}
-  ca_file: {type: path, description: CA bundle for the API certificate}
-  retries: {type: int, default: 3, description: attempts for an API that is down or answers 5xx/59x}
   node: {type: str, required: true, description: the node's name in PVE}
   owned:
     type: list
@@ -75,7 +68,6 @@ refusal: {description: why the node must not reboot now (empty when it may), typ
 """
 
 import time
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import pve_api
@@ -227,13 +219,7 @@ def main():
     )
     if not module.params["validate_certs"]:
         module.warn(pve_api.UNVERIFIED)
-    where = f"{module.params['node']}: "
-    try:
-        result = run(module)
-    except ApiFailure as exc:
-        module.fail_json(msg=where + pve_api.one_line(exc))
-    except Exception as exc:
-        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
+    result = pve_api.run_module(module, f"{module.params['node']}: ", run)
     if result["refusal"] and not module.check_mode:
         module.fail_json(msg=result["refusal"], **result)
     module.exit_json(**result)

@@ -18,7 +18,10 @@ devN part of a config change. What it copies, with the source in pve-container 6
   storage holds (`TEMPLATE_VOLID`); inside it what LXC/Setup.pm post_create_hook writes: root's authorized_keys from
   `ssh-public-keys` and fresh ssh host keys (`LabContainer.post_create`). Its `net0` gets the next free lab link
   (`net_index`). Created stopped; `start=1` starts it in a task of its own once the create is done (API2/LXC.pm
-  create_vm calls Status->vm_start after the create's lock, and fork_worker answers at once).
+  create_vm calls Status->vm_start after the create's lock, and fork_worker answers at once). The node gets a copy of
+  the new CT's ssh host public keys under `/var/lib/lab/pct/<vmid>/rootfs` (`PCT_COPY`), which the nodes' `pct` stand-in
+  (overlay/common/usr/sbin/pct) serves to `pct exec <vmid> -- cat ...`: on PVE the CT's root is on its node, here on
+  the lab's host. The copy is the create's: a key changed inside the CT later is not in it.
 - **destroy** (vzdestroy): PVE refuses a running CT ("unable to destroy CT <vmid> - container is running", API2/LXC.pm
   destroy_vm; fakepve has it); once the config is gone the body goes too (`LabContainer.destroy`).
 """
@@ -26,9 +29,11 @@ devN part of a config change. What it copies, with the source in pve-container 6
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import shlex
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +48,8 @@ CREATED_FILE = "pve-created.json"
 # a CT's link is 10.213.<index>.0/30, its address .2 (ContainerSpec): a static net0 must be one of those
 LAB_ADDRESS = re.compile(r"10\.213\.(\d{1,3})\.2/30")
 LAST_INDEX = 255
+# where a node's `pct` stand-in finds a created CT's files (overlay/common/usr/sbin/pct COPY)
+PCT_COPY = "/var/lib/lab/pct/{vmid}/rootfs"
 
 
 def parse_dev(value: str) -> dict:
@@ -128,6 +135,7 @@ class Bodies:
         self.created_file = state_dir / CREATED_FILE if state_dir else None
         self.created: dict[int, LabContainer] = {}
         self.running_generation: dict[int, object] = {}
+        self.copied_to: dict[int, str] = {}  # vmid -> the node holding its files for `pct` (PCT_COPY)
         self.locks: dict[int, asyncio.Lock] = {}
 
     async def node_read(self, node: str, paths: list[str]) -> tuple[dict[str, tuple[int, int] | None], str | None]:
@@ -231,9 +239,21 @@ class Bodies:
         except BaseException:
             await asyncio.to_thread(body.destroy)
             raise
+        await self.copy_to_node(ct.node, ct.vmid, body)
         self.bodies[ct.vmid] = self.created[ct.vmid] = body
         self._save_created()
         return body
+
+    async def copy_to_node(self, node: str, vmid: int, body: LabContainer) -> None:
+        """The created CT's ssh host public keys onto its node (PCT_COPY), where the node's `pct` serves them."""
+        if node not in self.node_ssh:  # a seed without nodes to reach (tests/unit/test_lab_pve_create.py)
+            return
+        target = PCT_COPY.format(vmid=vmid) + "/etc/ssh"
+        script = f"rm -rf {shlex.quote(target)} && mkdir -p {shlex.quote(target)} && tar -x -C {shlex.quote(target)}"
+        out = await _to_node(self.node_ssh[node], script, _public_keys_tar(body))
+        if out is not None:
+            raise ValueError(f"copying its host keys to node {node} failed: {out}")
+        self.copied_to[vmid] = node
 
     def address(self, vmid: int) -> str | None:
         body = self.bodies.get(vmid)
@@ -243,6 +263,10 @@ class Bodies:
         """The CT's config is gone: so is its body (stopped first when a forced destroy stopped a running CT)."""
         body = self.bodies.pop(vmid, None)
         self.created.pop(vmid, None)
+        node = self.copied_to.pop(vmid, None)
+        if node is not None:  # the node's copy goes with the CT (best effort: a node that is down keeps a stale copy)
+            ct_dir = PCT_COPY.format(vmid=vmid).removesuffix("/rootfs")
+            await _to_node(self.node_ssh[node], f"rm -rf {shlex.quote(ct_dir)}", b"")
         self.running_generation.pop(vmid, None)
         if body is not None:
             async with self.locks.setdefault(vmid, asyncio.Lock()):
@@ -254,6 +278,28 @@ def _make(body: LabContainer, ssh_public_keys: str | None) -> None:
     body.dir.mkdir(parents=True, exist_ok=True)
     body.post_create(ssh_public_keys)
     body.known_hosts.write_text(body.known_hosts_line() + "\n")
+
+
+def _public_keys_tar(body: LabContainer) -> bytes:
+    """A tar of the body's /etc/ssh/ssh_host_*_key.pub, as the create wrote them into its root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted((body.dir / "upper" / "etc" / "ssh").glob("ssh_host_*_key.pub")):
+            tar.add(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+async def _to_node(argv: list[str], script: str, data: bytes) -> str | None:
+    """Run `script` on the node with `data` on stdin: None when it succeeded, else what went wrong."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(data), timeout=60)
+    except TimeoutError:
+        proc.kill()
+        return "no answer in 60 s"
+    return None if proc.returncode == 0 else err.decode(errors="replace").strip()[-200:]
 
 
 def _link_in_use(index: int) -> bool:

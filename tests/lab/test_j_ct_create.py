@@ -1,0 +1,177 @@
+"""#14, the container: `provision apply` creates a CT that does not exist from its `proxmox_ct_spec`, through the
+lab's API (fakepve drives a real nspawn body, provision/lab/ctbody.py), learns its ssh host key on its node (the
+nodes' `pct` stand-in), converges it, and a second apply changes nothing; an existing CT that differs from its spec
+is reported and left as it is; a CT that serves another host key than the one its node reads is refused.
+
+Each test works on a copy of the lab inventory with a second container, sglang-02 (CT 150 on pve-grub, on the lab's
+next free link, reached as root with the lab's client key, which its spec gives `ssh-public-keys`), and runs
+`--limit` to its container and `--tags gpu` (the create runs before every phase). CT 150 is deleted at the end, and
+its line in the lab's known_hosts with it; CT 101's config is put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision.lab.container import LabContainer
+from provision.lab.ctbody import TEMPLATE_VOLID, _link_in_use, net_index
+from tests.conftest import run_provision
+from tests.lab.helpers import apply, pve_api, wait_task
+
+LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
+
+NODE, VMID, NAME = "pve-grub", 150, "sglang-02"
+SPEC_MEMORY = 3072
+
+
+def spec(lab, address_index: int) -> dict:
+    return {
+        "template": TEMPLATE_VOLID, "storage": "local-lvm", "rootfs_size": 8, "cores": 2, "memory": SPEC_MEMORY,
+        "swap": 512, "hostname": NAME,
+        "net0": {"bridge": "vmbr0", "ip": f"10.213.{address_index}.2/30", "gw": f"10.213.{address_index}.1"},
+        "ssh_public_keys": [Path(f"{lab.client_key}.pub").read_text().strip()], "startup_order": 2,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("ct-runs")
+
+
+@pytest.fixture(scope="module")
+def new_ct(lab, lab_inventory, tmp_path_factory):
+    """A copy of the lab inventory with sglang-02 (CT 150, not created yet) on the lab's next free link; CT 150
+    and its known_hosts line are removed afterwards."""
+    assert VMID not in lab.created_containers(), "CT 150 left behind by an earlier module"
+    index = net_index(None, {c.spec.index for c in lab.containers()}, _link_in_use, lab.net_index)
+    inv = tmp_path_factory.mktemp("ct-inventory") / "lab"
+    shutil.copytree(lab_inventory, inv)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["children"]["gpu_containers"]["hosts"][NAME] = {
+        "ansible_host": f"10.213.{index}.2", "ansible_user": "root", "proxmox_host": NODE, "proxmox_vmid": VMID,
+        "proxmox_ct_spec": spec(lab, index), "proxmox_ct_ssh_timeout": 30,
+    }  # fmt: skip
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    yield inv, f"10.213.{index}.2"
+    api = pve_api(lab)
+    with contextlib.suppress(Exception):
+        wait_task(api, NODE, api.nodes(NODE).lxc(VMID).delete(force=1))
+    subprocess.run(["ssh-keygen", "-R", f"10.213.{index}.2", "-f", str(lab.known_hosts)], capture_output=True)
+
+
+def known_keys(lab, address: str) -> list[str]:
+    """The keys the lab's known_hosts holds for `address`, as `type base64`."""
+    lines = lab.known_hosts.read_text().splitlines()
+    return [" ".join(line.split()[1:3]) for line in lines if line.split()[:1] == [address]]
+
+
+def body_key(body) -> str:
+    """The ed25519 host key the create wrote into the body's root, read on this side."""
+    return " ".join((body.dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+
+def as_root(lab, body) -> LabContainer:
+    return LabContainer(body.spec, body.dir, body.rootfs, lab.client_key, lab.known_hosts, body.read_only_binds)
+
+
+def test_a_missing_ct_is_pending_in_the_plan_then_created_from_its_spec_and_converged(lab, new_ct, runs):
+    inv, address = new_ct
+    proc = run_provision("plan", "--inventory", str(inv), "--limit", NAME, "--tags", "gpu", "--json",
+                         "--runs-dir", str(runs), timeout=1200)  # fmt: skip
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 4 and plan["hosts"][NAME] == "changes pending", proc.stderr[-3000:]
+    said = " ".join(plan["result"]["reports"][NAME])
+    assert f"create CT {VMID} on {NODE}" in said and "pending" in said, said
+    assert VMID not in lab.created_containers() and known_keys(lab, address) == [], "check mode created nothing"
+
+    rc, result, err = apply(inv, runs, "--limit", NAME, "--tags", "gpu")
+    assert rc == 0, err[-3000:]
+    ct = lab.pve_control("GET", f"/ct/{VMID}")
+    assert ct["status"] == "running"
+    config = ct["config"]
+    assert (config["memory"], config["features"], str(config["onboot"]), config["startup"]) == (
+        SPEC_MEMORY, "nesting=1", "1", "order=2"
+    )  # fmt: skip
+    assert config["hostname"] == NAME and f"ip={address}/30" in config["net0"]
+    body = lab.created_containers()[VMID]
+    # the key in known_hosts is the one the create wrote into the CT's root: read on the node, never learnt over ssh
+    assert known_keys(lab, address) == [body_key(body)]
+    # converged like any other container: the gpu phase ran in it
+    assert as_root(lab, body).ssh("nvidia-smi --version").stdout.count("DRIVER version") == 1
+
+    requests = lab.pve_control("GET", "/requests")
+    rc, result, err = apply(inv, runs, "--limit", NAME, "--tags", "gpu")
+    assert rc == 0, err[-3000:]
+    assert result["hosts"][NAME]["changed"] == 0, result["hosts"][NAME]
+    again = lab.pve_control("GET", "/requests")[len(requests) :]
+    assert not [r for r in again if r[0] in ("POST", "PUT", "DELETE") and r[1] != "/api2/json/access/ticket"], again
+    assert known_keys(lab, address) == [body_key(body)]
+
+
+def test_an_existing_ct_that_differs_from_its_spec_is_reported_and_left_as_it_is(lab, new_ct, runs):
+    inv, _ = new_ct
+    before = lab.pve_control("GET", "/ct/101")["config"]
+    lab.pve_control("POST", "/ct-config", {"vmid": 101, "set": {"memory": 1024, "features": "nesting=0"}})
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    sglang01 = hosts["all"]["children"]["gpu_containers"]["hosts"]["sglang-01"]
+    index = int(sglang01["ansible_host"].split(".")[2])
+    differs = inv.parent / "differs"
+    shutil.copytree(inv, differs)
+    # the gpu phase sets nesting=1 itself unless told not to: that is its own convergence, not the spec's
+    sglang01.update(proxmox_ct_spec={**spec(lab, index), "hostname": "sglang-01", "memory": 4096},
+                    gpu_passthrough_nesting=False)  # fmt: skip
+    (differs / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    seen = len(lab.pve_control("GET", "/requests"))
+    try:
+        rc, result, err = apply(differs, runs, "--limit", "sglang-01", "--tags", "gpu")
+        assert rc == 0, err[-3000:]
+        warning = next(w for w in result["warnings"] if "differs from proxmox_ct_spec" in w)
+        assert warning.startswith("sglang-01: CT 101 on pve-grub differs from proxmox_ct_spec, left as it is")
+        assert "memory 4096 (spec) vs 1024 (actual)" in warning and "nesting True (spec) vs False (actual)" in warning
+        after = lab.pve_control("GET", "/ct/101")["config"]
+        assert (after["memory"], after["features"]) == (1024, "nesting=0"), "reported, never changed"
+        calls = lab.pve_control("GET", "/requests")[seen:]
+        assert not [c for c in calls if c[0] in ("POST", "DELETE") and "/lxc" in c[1]], calls
+    finally:
+        keys = ("memory", "features")
+        lab.pve_control("POST", "/ct-config", {"vmid": 101, "set": {k: before[k] for k in keys if k in before},
+                                               "delete": [k for k in keys if k not in before]})  # fmt: skip
+
+
+def test_a_ct_that_serves_another_host_key_than_its_node_reads_is_refused(lab, new_ct, runs):
+    inv, address = new_ct
+    if VMID not in lab.created_containers():  # this test alone: make CT 150 first
+        assert apply(inv, runs, "--limit", NAME, "--tags", "gpu")[0] == 0
+    body = lab.created_containers()[VMID]
+    trusted = known_keys(lab, address)
+    assert trusted == [body_key(body)]
+    # the CT now serves a new key; its node still reads the create's (the lab's pct copy, docs/lab.md)
+    swap = ("rm -f /etc/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key.pub && "
+            "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key && systemctl restart ssh")  # fmt: skip
+    assert as_root(lab, body).ssh(swap).returncode == 0
+    served = body_key(body)
+    assert served != trusted[0]
+
+    # with the node's key known: ssh itself refuses the container, and nothing replaces the known key
+    rc, result, err = apply(inv, runs, "--limit", NAME, "--tags", "gpu")
+    assert rc == 1 and result["hosts"][NAME]["unreachable"], err[-3000:]
+    assert known_keys(lab, address) == trusted
+
+    # with no key known for its address: the node's read is trusted and the container that serves another is refused
+    subprocess.run(["ssh-keygen", "-R", address, "-f", str(lab.known_hosts)], check=True, capture_output=True)
+    proc = run_provision("apply", "--inventory", str(inv), "--limit", NAME, "--tags", "gpu", "--yes", "--json",
+                         "--runs-dir", str(runs), timeout=1800)  # fmt: skip
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 1 and data["hosts"][NAME] == "failed", proc.stderr[-3000:]
+    refusal = (f"{NAME}: {address} serves an ssh host key that is not the one its node {NODE} reads in CT {VMID}: "
+               "refusing to connect")  # fmt: skip
+    assert [line for line in data["errors"] if refusal in line], data["errors"]
+    assert all("\n" not in line for line in data["errors"])
+    assert known_keys(lab, address) == trusted, "the node's key, never the one served"
