@@ -122,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"provision {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("apply", help="converge hosts: kernel args, GPU passthrough, SGLang service")
+    p = sub.add_parser("apply", help="converge hosts: kernel args, NVIDIA driver, GPU passthrough, SGLang service")
     _common(p)
-    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
     p.add_argument("--check", action="store_true", help="report what would change without changing it")
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
-    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
     _full(p)
     _runs_dir(p)
 

@@ -219,7 +219,7 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "run done, the host lock of the container's node given back",
     ),
 }
-PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "gpu_passthrough": "gpu", "sglang": "sglang"}
+PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "nvidia_driver": "driver", "gpu_passthrough": "gpu", "sglang": "sglang"}
 
 
 def left_behind(task: str, role: str = "", finished: bool = False) -> str:

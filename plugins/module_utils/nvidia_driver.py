@@ -23,8 +23,8 @@ import re
 # CUDA 13.0 GA's Linux x86_64 driver (the release notes' table): the oldest driver SGLang 0.5.23's CUDA 13 runs on.
 CUDA13_DRIVER_FLOOR = "580.65.06"
 FLOOR_REASON = "the CUDA 13 floor SGLang 0.5.23 needs (CUDA 13.0 release notes: Linux x86_64 driver >= 580.65.06)"
-_VERSION = re.compile(r"^(\d{3})\.(\d{1,3})(?:\.(\d{1,3}))?$")
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+_VERSION = re.compile(r"(\d{3})\.(\d{1,3})(?:\.(\d{1,3}))?")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _PROC_VERSION = re.compile(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)")
 _DKMS_LINE = re.compile(
     r"^(?P<module>[^/,\s]+)[/,]\s*(?P<version>[^,:\s]+)(?:,\s*(?P<kernel>[^,:\s]+),\s*(?P<arch>[^,:\s]+))?"
@@ -39,7 +39,7 @@ MODULES_TO_UNLOAD = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peerm
 
 def version_key(version: str) -> tuple[int, ...] | None:
     """(580, 95, 5) for "580.95.05"; None for anything that is not an NVIDIA driver version."""
-    m = _VERSION.match(str(version or ""))
+    m = _VERSION.fullmatch(str(version or ""))
     return tuple(int(p) for p in m.groups() if p is not None) if m else None
 
 
@@ -53,7 +53,7 @@ def version_problem(version) -> str | None:
 
 
 def sha256_problem(value) -> str | None:
-    if isinstance(value, str) and _SHA256.match(value):
+    if isinstance(value, str) and _SHA256.fullmatch(value):
         return None
     return "expected the installer's sha256, 64 hex digits (`sha256sum` of the file NVIDIA publishes)"
 
@@ -84,6 +84,15 @@ def parse_dkms_status(text: str, module: str = "nvidia") -> list[dict]:
 def dkms_installed(entries: list[dict], version: str, kernel: str) -> bool:
     """DKMS holds `version` installed for `kernel`: what nvidia-installer itself checks after registering."""
     return any(e["version"] == version and e["kernel"] == kernel and e["state"] == "installed" for e in entries)
+
+
+def installed_version(modinfo_version: str | None, entries: list[dict], kernel: str) -> str | None:
+    """The installed module's version for `kernel`: modinfo's (the module file itself); where modinfo cannot read one
+    (no file it knows as nvidia), the newest version DKMS has installed for that kernel."""
+    if modinfo_version:
+        return modinfo_version
+    versions = [e["version"] for e in entries if e["kernel"] == kernel and e["state"] == "installed"]
+    return max(versions, key=lambda v: version_key(v) or (0,)) if versions else None
 
 
 def nvswitch_present(lspci_n: str) -> bool:

@@ -25,6 +25,14 @@ options:
   installer_sha256:
     description: The installer's sha256 (C(nvidia_driver_installer_sha256)).
     type: str
+  installer_args:
+    description:
+      - The installer's arguments (C(nvidia_driver_installer_args)); returned as C(installer_args) with
+        C(--allow-installation-with-running-driver) added while an NVIDIA module is loaded (one that could not be
+        unloaded), without which a silent install aborts.
+    type: list
+    elements: str
+    default: []
   host:
     description: The inventory name the failure messages start with.
     type: str
@@ -62,6 +70,10 @@ decision:
   description: What the pinned version needs (install, upgrade, load, reboot_for_nouveau, current, reason).
   type: dict
   returned: always
+installer_args:
+  description: The installer's arguments for the module as loaded now.
+  type: list
+  returned: always
 """
 
 import os
@@ -98,12 +110,13 @@ def _module_users(proc_modules: str, name: str) -> int:
 def read_report(module) -> dict:
     kernel = os.uname().release
     proc_modules = _read("/proc/modules") or ""
-    installed = (_run(module, ["modinfo", "-k", kernel, "-F", "version", "nvidia"]) or "").strip() or None
+    modinfo = (_run(module, ["modinfo", "-k", kernel, "-F", "version", "nvidia"]) or "").strip() or None
+    dkms = rules.parse_dkms_status(_run(module, ["dkms", "status", "-m", "nvidia"]) or "")
     return {
         "kernel": kernel,
         "loaded": rules.module_version(_read("/proc/driver/nvidia/version")),
-        "installed": installed,
-        "dkms": rules.parse_dkms_status(_run(module, ["dkms", "status", "-m", "nvidia"]) or ""),
+        "installed": rules.installed_version(modinfo, dkms, kernel),
+        "dkms": dkms,
         "nouveau_loaded": any(line.split()[:1] == ["nouveau"] for line in proc_modules.splitlines()),
         "nvswitch": rules.nvswitch_present(_run(module, ["lspci", "-n", "-d", "10de:"]) or ""),
         "module_users": _module_users(proc_modules, "nvidia"),
@@ -127,6 +140,7 @@ def main():
             "version": {"type": "str", "required": True},
             "installer": {"type": "str"},
             "installer_sha256": {"type": "str"},
+            "installer_args": {"type": "list", "elements": "str", "default": []},
             "host": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
@@ -135,7 +149,9 @@ def main():
     if problems:
         module.fail_json(msg="; ".join(problems))
     report = read_report(module)
-    module.exit_json(changed=False, report=report, decision=rules.decide(module.params["version"], report))
+    args = rules.installer_args(module.params["installer_args"], running_driver_stays=report["loaded"] is not None)
+    decision = rules.decide(module.params["version"], report)
+    module.exit_json(changed=False, report=report, decision=decision, installer_args=args)
 
 
 if __name__ == "__main__":
