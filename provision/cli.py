@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Proxmox VE the API behaves as: 8 keeps every devN change pending until the CT restarts (default 9)",
     )  # fmt: skip
     c.add_argument(
+        "--bare",
+        action="store_true",
+        help="nodes without an NVIDIA driver (the driver phase installs it), no container (CT 101 not created)",
+    )
+    c.add_argument(
         "--gpu-link", choices=("pcie", "nvlink"), default="pcie",
         help="the link nvidia-smi topo -m reports between the fake GPUs: PHB (PCIe) or NV18 (default pcie)",
     )  # fmt: skip
@@ -441,7 +446,7 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
     if args.lab_command == "up":
         status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers,
-                        pve_version=args.pve_version, gpu_link=args.gpu_link)  # fmt: skip
+                        pve_version=args.pve_version, gpu_link=args.gpu_link, bare=args.bare)  # fmt: skip
     elif args.lab_command == "down":
         lab.down(progress=progress)
         return Outcome(EXIT_OK, {"up": False})
