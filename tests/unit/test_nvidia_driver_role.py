@@ -1,0 +1,58 @@
+"""The driver phase's role up to its installer, run through ansible-playbook on this machine: a wrong sha256 stops it
+before anything is installed, naming the file and the variable; a pin below the CUDA 13 floor stops it before
+anything is read or fetched. Runs as root (CI does), as the role's root-only download directory needs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.playbooks import role_outcome_playbook, run_role_playbook
+from tests.unit.collection import COLLECTIONS
+
+VERSION = "580.95.05"
+PLAYBOOK = role_outcome_playbook("nvidia_driver", "The driver phase")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role makes a root-owned directory: run as root")
+
+
+def run(tmp_path: Path, **overrides) -> str | None:
+    source = tmp_path / "mirror" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
+    marker = tmp_path / "ran"
+    if not source.exists():
+        source.parent.mkdir()
+        source.write_text(f'#!/bin/sh\necho "$0 $*" >> {marker}\n')
+    extra = {"provision_state_dir": str(tmp_path / "state"), "nvidia_driver_version": VERSION,
+             "nvidia_driver_installer": str(source),
+             "nvidia_driver_installer_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+             # nothing from apt, and no blacklist outside tmp_path: the run must stop before either anyway
+             "nvidia_driver_headers_packages": [], "nvidia_driver_packages": ["provision-test-no-such-package"],
+             "nvidia_driver_nouveau_blacklist": str(tmp_path / "blacklist.conf"), **overrides}  # fmt: skip
+
+    def sh(command: str, check: bool) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=check)
+
+    return run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+
+
+def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(tmp_path):
+    wrong = "0" * 64
+    failed = run(tmp_path, nvidia_driver_installer_sha256=wrong)
+    source = tmp_path / "mirror" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
+    real = hashlib.sha256(source.read_bytes()).hexdigest()
+    assert failed == (
+        f"localhost: {source} has sha256 {real}, not nvidia_driver_installer_sha256 ({wrong}); "
+        "it was removed and not run"
+    )
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "blacklist.conf").exists()
+    assert not (tmp_path / "state" / "downloads" / source.name).exists()
+
+
+def test_a_pin_below_the_cuda_13_floor_stops_before_anything_is_fetched(tmp_path):
+    failed = run(tmp_path, nvidia_driver_version="575.57.08")
+    assert failed.startswith("localhost: nvidia_driver_version: 575.57.08 is older than 580.65.06, the CUDA 13 floor")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "blacklist.conf").exists()
