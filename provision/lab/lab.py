@@ -522,8 +522,9 @@ class Lab:
                 os.killpg(int(pid_file.read_text()), signal.SIGTERM)
             pid_file.unlink(missing_ok=True)
         inv = inventory_dir()
-        for generated in (inv / "hosts.yml", inv / "group_vars" / "all.yml", inv / "group_vars" / "gpu_containers.yml"):
-            generated.unlink(missing_ok=True)
+        generated = ("hosts.yml", "group_vars/all.yml", "group_vars/gpu_containers.yml", "group_vars/proxmox_hosts.yml")
+        for name in generated:
+            (inv / name).unlink(missing_ok=True)
         if (inv / "group_vars").is_dir() and not any((inv / "group_vars").iterdir()):
             (inv / "group_vars").rmdir()
         if self.dir.is_dir():

@@ -155,3 +155,10 @@ def test_inventory_check_validates_the_driver_pin(tmp_path):
 def test_inventory_check_accepts_a_good_pin(tmp_path):
     node_vars = f'nvidia_driver_version: "{WANTED}"\nnvidia_driver_installer_sha256: "{"a" * 64}"\n'
     inventory.load(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
+
+
+def test_the_gpu_phase_checks_the_node_against_the_same_floor():
+    """gpu_passthrough's own check of the node's driver (host.yml) and the driver phase's refusal hold one floor."""
+    from provision.paths import role_default
+
+    assert role_default("gpu_passthrough", "gpu_passthrough_min_driver_version") == rules.CUDA13_DRIVER_FLOOR
