@@ -15,12 +15,18 @@ from tests.playbooks import role_outcome_playbook, run_role_playbook
 from tests.unit.collection import COLLECTIONS
 
 VERSION = "580.95.05"
-PLAYBOOK = role_outcome_playbook("nvidia_driver", "The driver phase")
+PLAYBOOK = role_outcome_playbook(
+    "nvidia_driver", "The driver phase", extra_outcome=", 'reason': _nvidia_driver_state.decision.reason | default('')"
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role makes a root-owned directory: run as root")
 
 
-def run(tmp_path: Path, **overrides) -> str | None:
+def run(tmp_path: Path, check: bool = False, **overrides) -> str | None:
+    return outcome(tmp_path, check, **overrides)["failed"]
+
+
+def outcome(tmp_path: Path, check: bool = False, **overrides) -> dict:
     source = tmp_path / "mirror" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
     marker = tmp_path / "ran"
     if not source.exists():
@@ -34,9 +40,11 @@ def run(tmp_path: Path, **overrides) -> str | None:
              "nvidia_driver_nouveau_blacklist": str(tmp_path / "blacklist.conf"), **overrides}  # fmt: skip
 
     def sh(command: str, check: bool) -> subprocess.CompletedProcess:
+        command = command.replace(" -i localhost,", " --check -i localhost,") if check_mode else command
         return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=check)
 
-    return run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+    check_mode = check
+    return run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)
 
 
 def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(tmp_path):
@@ -56,3 +64,11 @@ def test_a_pin_below_the_cuda_13_floor_stops_before_anything_is_fetched(tmp_path
     failed = run(tmp_path, nvidia_driver_version="575.57.08")
     assert failed.startswith("localhost: nvidia_driver_version: 575.57.08 is older than 580.65.06, the CUDA 13 floor")
     assert not (tmp_path / "state").exists() and not (tmp_path / "blacklist.conf").exists()
+
+
+def test_check_mode_reports_the_install_and_writes_nothing(tmp_path):
+    found = outcome(tmp_path, check=True, nvidia_driver_packages=[])
+    assert found["failed"] is None
+    assert found["reason"].startswith("no NVIDIA kernel module installed for kernel ")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "blacklist.conf").exists()
+    assert not (tmp_path / "ran").exists()
