@@ -89,45 +89,79 @@ def changed_tasks(stdout: str) -> list[str]:
     return names
 
 
-@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (a private mount namespace)")
-def test_a_bare_machine_gets_the_driver_and_a_second_run_changes_nothing(tmp_path):
-    """The whole role, for real, in a private mount namespace over this machine (its /etc, /usr, /var/lib and /run
-    are overlays: tests/unit/test_lab_nvidia_installer.py), with the lab's stand-in installer from a local mirror
-    and the lab's dkms status stand-in; update-initramfs is a recorder. No systemd here: nvidia-persistenced is off."""
+def namespace_node(tmp_path: Path):
+    """A private mount namespace over this machine standing in for a node (its /etc, /usr, /var/lib and /run are
+    overlays: tests/unit/test_lab_nvidia_installer.py), with the lab's dkms status stand-in and an update-initramfs
+    that records its calls; each run is a new namespace, as after a boot, where the lab's boot unit loads what DKMS
+    installed. Returns (sh for run_role_playbook, the outputs of the runs)."""
     (tmp_path / "ns").mkdir()
     ns = Namespace(tmp_path / "ns")
     dkms = OVERLAY / "usr" / "local" / "sbin" / "dkms"
     ns.setup += (
         f" && printf '#!/bin/sh\\nexec {sys.executable} {dkms} \"$@\"\\n' > /usr/local/sbin/dkms"
         " && printf '#!/bin/sh\\necho \"$*\" >> /run/initramfs-calls\\n' > /usr/local/sbin/update-initramfs"
-        " && chmod 0755 /usr/local/sbin/dkms /usr/local/sbin/update-initramfs"
+        # no systemd here, and no NVIDIA unit installed: `systemctl stop` answers as for a unit not loaded (exit 5)
+        " && printf '#!/bin/sh\\necho \"Unit $3 not loaded.\" >&2; exit 5\\n' > /usr/local/sbin/systemctl"
+        " && chmod 0755 /usr/local/sbin/dkms /usr/local/sbin/update-initramfs /usr/local/sbin/systemctl"
         " && mkdir -p /etc/modprobe.d"  # kmod's, on every PVE node; this machine has no kmod
-        # each run is a new namespace, as a boot: the lab's boot unit loads what DKMS installed (nothing at first)
         " && /usr/local/lib/lab/fake-nvidia.sh"
     )
-    installer = wheelhouse.build_fake_nvidia_installer(tmp_path, VERSION)
-    extra = {"provision_state_dir": str(tmp_path / "state"), "nvidia_driver_version": VERSION,
-             "nvidia_driver_installer": str(installer),
-             "nvidia_driver_installer_sha256": hashlib.sha256(installer.read_bytes()).hexdigest(),
-             "nvidia_driver_headers_packages": [], "nvidia_driver_packages": [],
-             "nvidia_driver_persistenced": False}  # fmt: skip
     runs = []
 
     def sh(command: str, check: bool) -> subprocess.CompletedProcess:
         proc = ns.run(f"{command}; echo \"== initramfs\"; cat /run/initramfs-calls 2>/dev/null; "
                       "echo \"== version\"; cat /proc/driver/nvidia/version 2>/dev/null; "
+                      "echo \"== dkms\"; dkms status -m nvidia; "
                       "echo \"== blacklist\"; cat /etc/modprobe.d/provision-blacklist-nouveau.conf")  # fmt: skip
         runs.append(proc.stdout)
         return proc
 
+    return sh, runs
+
+
+def pinned(tmp_path: Path, version: str) -> dict:
+    installer = wheelhouse.build_fake_nvidia_installer(tmp_path, version)
+    return {
+        "provision_state_dir": str(tmp_path / "state"),
+        "nvidia_driver_version": version,
+        "nvidia_driver_installer": str(installer),
+        "nvidia_driver_installer_sha256": hashlib.sha256(installer.read_bytes()).hexdigest(),
+        "nvidia_driver_headers_packages": [],
+        "nvidia_driver_packages": [],
+        "nvidia_driver_persistenced": False,
+    }  # fmt: skip  (no systemd here)
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (a private mount namespace)")
+def test_a_bare_machine_gets_the_driver_and_a_second_run_changes_nothing(tmp_path):
+    """The whole role, for real, with the lab's stand-in installer from a local mirror."""
+    sh, runs = namespace_node(tmp_path)
+    extra = pinned(tmp_path, VERSION)
     first = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)
     assert first["failed"] is None, runs[-1][-3000:]
     assert "Run the NVIDIA installer with DKMS" in changed_tasks(runs[-1])
     assert "== initramfs\n-u -k all\n" in runs[-1]
     assert f"x86_64  {VERSION}" in runs[-1].split("== version")[1]
     assert "blacklist nouveau\noptions nouveau modeset=0\n" in runs[-1].split("== blacklist")[1]
-    # the namespace is new for each run: what the first left on the overlays' upper layers is what the second finds
     second = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)
     assert second["failed"] is None, runs[-1][-3000:]
     assert second["reason"].endswith("installed, registered with DKMS and loaded")
     assert changed_tasks(runs[-1]) == [], runs[-1][-3000:]
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (a private mount namespace)")
+def test_an_upgrade_whose_old_module_stays_loaded_installs_and_asks_for_the_reboot(tmp_path):
+    """With reboots off (--reboot never), a new pin beside a module that cannot be unloaded: the installer runs with
+    --allow-installation-with-running-driver, DKMS holds the new version, the old one stays loaded, and the phase
+    stops with one line saying so."""
+    sh, runs = namespace_node(tmp_path)
+    assert run_role_playbook(sh, tmp_path, PLAYBOOK, pinned(tmp_path, VERSION), COLLECTIONS)["failed"] is None
+    upgrade = {**pinned(tmp_path, "580.105.08"), "nvidia_driver_reboot": "never"}
+    failed = run_role_playbook(sh, tmp_path, PLAYBOOK, upgrade, COLLECTIONS)["failed"]
+    assert failed == (
+        f"localhost: driver 580.105.08 is installed but {VERSION} stays loaded (held by a process), and "
+        "nvidia_driver_reboot is never (--reboot never): reboot the node to load it"
+    ), runs[-1][-3000:]
+    assert "Run the NVIDIA installer with DKMS" in changed_tasks(runs[-1])
+    assert "nvidia/580.105.08, " in runs[-1].split("== dkms")[1] and f"nvidia/{VERSION}" not in runs[-1]
+    assert f"x86_64  {VERSION}" in runs[-1].split("== version")[1]
