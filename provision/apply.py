@@ -18,7 +18,7 @@ from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, SUMMARY, RunRecord
 from provision.runner import RunResult, run_playbook
 
-PHASES = ("kernel", "gpu", "sglang", "verify")
+PHASES = ("kernel", "driver", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
 UNLOCK_PLAYBOOK = "unlock.yml"

@@ -122,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"provision {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("apply", help="converge hosts: kernel args, GPU passthrough, SGLang service")
+    p = sub.add_parser("apply", help="converge hosts: kernel args, NVIDIA driver, GPU passthrough, SGLang service")
     _common(p)
-    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
     p.add_argument("--check", action="store_true", help="report what would change without changing it")
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
-    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,gpu,sglang,verify")
+    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
     _full(p)
     _runs_dir(p)
 
@@ -200,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--pve-version", type=int, choices=(8, 9), default=9,
         help="the Proxmox VE the API behaves as: 8 keeps every devN change pending until the CT restarts (default 9)",
     )  # fmt: skip
+    c.add_argument(
+        "--bare",
+        action="store_true",
+        help="nodes without an NVIDIA driver (the driver phase installs it), no container (CT 101 not created)",
+    )
     c.add_argument(
         "--gpu-link", choices=("pcie", "nvlink"), default="pcie",
         help="the link nvidia-smi topo -m reports between the fake GPUs: PHB (PCIe) or NV18 (default pcie)",
@@ -441,7 +446,7 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
     if args.lab_command == "up":
         status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers,
-                        pve_version=args.pve_version, gpu_link=args.gpu_link)  # fmt: skip
+                        pve_version=args.pve_version, gpu_link=args.gpu_link, bare=args.bare)  # fmt: skip
     elif args.lab_command == "down":
         lab.down(progress=progress)
         return Outcome(EXIT_OK, {"up": False})

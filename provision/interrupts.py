@@ -190,6 +190,18 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "reboot into the restored line under way or done",
         "rebooted into the restored line",
     ),
+    "Rebuild the initramfs without nouveau": (
+        "nouveau blacklisted, the initramfs being rebuilt (update-initramfs): the next run rebuilds it",
+        "nouveau blacklisted, initramfs rebuilt, NVIDIA driver not installed",
+    ),
+    "Reboot the node": (
+        "reboot under way or done (to unload nouveau, or to load the new NVIDIA module); its guests not waited for",
+        "rebooted; its onboot guests not waited for",
+    ),
+    "Run the NVIDIA installer with DKMS": (
+        "NVIDIA installer cut short: the node may hold a partial driver install; the next run installs it again",
+        "NVIDIA driver installed, its module not checked (a reboot may be due to load it)",
+    ),
     "Pass the GPU device nodes into the container through the Proxmox API": (
         "the container's devN entries being changed through the API: the container may be restarting",
         "devN entries set, NVIDIA userspace not checked",
@@ -220,7 +232,7 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "run done, the host lock of the container's node given back",
     ),
 }
-PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "gpu_passthrough": "gpu", "sglang": "sglang"}
+PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "nvidia_driver": "driver", "gpu_passthrough": "gpu", "sglang": "sglang"}
 
 
 def left_behind(task: str, role: str = "", finished: bool = False) -> str:

@@ -346,6 +346,23 @@ VARIABLE_TYPES: dict[str, tuple[Any, str]] = {
 }
 
 
+def _driver_rule(name: str):
+    """A check from the node driver's rules (plugins/module_utils/nvidia_driver.py), the same the role applies."""
+    return lambda v: getattr(module_util("nvidia_driver"), name)(v) is None
+
+
+VARIABLE_TYPES.update(
+    {
+        "nvidia_driver_version": (
+            _driver_rule("version_problem"),
+            "an NVIDIA driver version such as 580.95.05, 580.65.06 or newer (the CUDA 13 floor SGLang 0.5.23 needs)",
+        ),
+        "nvidia_driver_installer_sha256": (_driver_rule("sha256_problem"), "the installer's sha256, 64 hex digits"),
+        "nvidia_driver_installer": (_driver_rule("source_problem"), "an http(s) URL or an absolute path on the node"),
+    }
+)
+
+
 def _describe(value: Any) -> str:
     """`'110' (str)`: the value as the user wrote it, without Ansible's tagged types."""
     kind = next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)), type(value))

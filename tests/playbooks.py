@@ -32,6 +32,7 @@ def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_o
             dest: "{{{{ outcome_file }}}}"
             content: "{{{{ {{'failed': _failure | default(None){extra_outcome}}} | to_json }}}}"
             mode: "0600"
+          check_mode: false  # a test of check mode reads it too
 """
     return play
 

@@ -20,10 +20,10 @@ uvm_major: {description: the (dynamic) major of /dev/nvidia-uvm, type: int, retu
 
 import glob
 import os
-import re
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils.nvidia_driver import module_version
 
 
 def kind(mode):
@@ -45,9 +45,9 @@ def driver_version(module):
             return versions[0], "nvidia-smi"
     try:
         with open("/proc/driver/nvidia/version") as f:
-            m = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", f.read())
-            if m:
-                return m.group(1), "/proc/driver/nvidia/version"
+            version = module_version(f.read())
+        if version:
+            return version, "/proc/driver/nvidia/version"
     except OSError:
         pass
     return None, "neither nvidia-smi nor /proc/driver/nvidia/version answered"

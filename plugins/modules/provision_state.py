@@ -23,7 +23,7 @@ options:
     required: true
   phase:
     type: str
-    choices: [kernel, gpu, sglang, verify]
+    choices: [kernel, driver, gpu, sglang, verify]
     description: The phase whose record to write; without it only the fingerprint is written.
   version:
     type: str
@@ -117,7 +117,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             dir=dict(type="path", required=True),
-            phase=dict(type="str", choices=["kernel", "gpu", "sglang", "verify"]),
+            phase=dict(type="str", choices=["kernel", "driver", "gpu", "sglang", "verify"]),
             version=dict(type="str"),
             fingerprint=dict(
                 type="dict",

@@ -13,7 +13,7 @@ SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
 # the host variables the checks read: playbooks/verify_probe.yml renders these, and only these (the
 # others may hold secrets), through Ansible, so templates, vault and precedence are Ansible's
-HOST_VARS = ("verify_smoke_question", "verify_smoke_expect", "verify_session_tokens")
+HOST_VARS = ("verify_smoke_question", "verify_smoke_expect", "verify_session_tokens", "nvidia_driver_version")
 
 # the records the checks read, by their names in the state directory
 VERIFY_RECORD = "verify.json"

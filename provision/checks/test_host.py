@@ -10,6 +10,8 @@ from provision.paths import module_util
 
 # the rule the kernel_cmdline module decides a reboot by: arguments as the kernel reads them
 kernel_cmdline = module_util("kernel_cmdline")
+# the driver phase's rules: the loaded module's version as the nvidia_driver_info module reads it
+nvidia_driver = module_util("nvidia_driver")
 
 
 def test_kernel_arguments_in_running_kernel(target):
@@ -77,3 +79,14 @@ def test_gpu_device_nodes(target):
     nodes = target.data["nvidia_nodes"]
     if "nvidia-uvm" in nodes:
         assert nodes["nvidia-uvm"]["major"] != 195, "/dev/nvidia-uvm has the GPU major 195: it should have its own"
+
+
+def test_nvidia_driver_is_the_pinned_one(target):
+    """The loaded NVIDIA module is the version the inventory pins (nvidia_driver_version), where it pins one: the
+    driver phase installs it, and a node that still runs another (an upgrade whose reboot was left pending) fails."""
+    wanted = str(target.vars.get("nvidia_driver_version") or "")
+    loaded = nvidia_driver.module_version(target.data.get("nvidia_module"))
+    assert not wanted or loaded == wanted, (
+        f"the loaded NVIDIA module is {loaded or 'none'}, not nvidia_driver_version {wanted}: run provision apply "
+        "(the driver phase), and reboot the node if it says so"
+    )

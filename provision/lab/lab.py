@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ CONTAINER_CONFIG = {
 }  # fmt: skip
 # An offline site's package share: the real sglang wheel and the lab's SGLang stand-in.
 WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
+# the nodes' copy of the stand-in NVIDIA installer, where an offline site's mirror holds NVIDIA's
+NODE_DRIVER_MIRROR = "/srv/provision-mirror/nvidia"
 # `provision lab up --gpu-link`: what the lab's nvidia-smi reports between GPUs (overlay/.../nvidia-smi)
 GPU_LINKS = ("pcie", "nvlink")
 GPU_LINK_FILE = "/etc/lab/gpu_link"
@@ -179,6 +181,7 @@ class Lab:
         containers: int = 1,
         pve_version: int = 9,
         gpu_link: str = "pcie",
+        bare: bool = False,
     ) -> dict[str, Any]:
         if hosts < 1:
             raise ProvisionError("--hosts: at least 1")
@@ -198,7 +201,7 @@ class Lab:
             image = ensure_image(progress)
             timings["image_s"] = round(time.monotonic() - start, 1)
             timings.update(image.timings_s)
-            state = self._init_state(hosts, image, cold_boot, containers)
+            state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare)
             state["pve_version"] = PVE_VERSIONS[pve_version]
             (self.dir / "gpu_link").write_text(gpu_link + "\n")
             start = time.monotonic()
@@ -217,6 +220,7 @@ class Lab:
             timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
             for vm in vms:  # what the node's pve-guests.service needs to call startall/stopall (lab stand-in)
                 self._node_api_file(vm, state)
+                self._driver_mirror(vm)
             self.set_gpu_link(gpu_link, vms)
             # the API starts the containers as PVE does (prestart checks against their node), so nodes come first
             start = time.monotonic()
@@ -246,7 +250,10 @@ class Lab:
         link = link_file.read_text().strip() if link_file.is_file() else GPU_LINKS[0]
         hosts, containers = len(state.get("vms", [])) or 2, len(state.get("containers", [])) or 1
         self.down(progress=progress)
-        return self.up(hosts=hosts, containers=containers, pve_version=version, gpu_link=link, progress=progress)
+        return self.up(
+            hosts=hosts, containers=containers, pve_version=version, gpu_link=link, progress=progress,
+            bare=bool(state.get("bare")),
+        )  # fmt: skip
 
     @staticmethod
     def _start_vm(vm: LabVm, accel: str, cold_boot: bool, progress) -> bool:
@@ -299,7 +306,9 @@ class Lab:
                 shutil.copy(f"{cached}{suffix}", target)
         self.client_key.chmod(0o600)
 
-    def _init_state(self, hosts: int, image: Image, cold_boot: bool, containers: int) -> dict[str, Any]:
+    def _init_state(
+        self, hosts: int, image: Image, cold_boot: bool, containers: int, bare: bool = False
+    ) -> dict[str, Any]:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._client_key()
         secrets_file = self.dir / "secrets.json"
@@ -311,6 +320,8 @@ class Lab:
         (self.dir / "pve-password").touch(mode=0o600)
         (self.dir / "pve-password").write_text(self.secrets()["pve_password"])
         vm_specs = host_specs(hosts, [_free_port() for _ in range(hosts)])
+        if bare:  # no driver at boot (and its own booted snapshots: the spec is part of their key)
+            vm_specs = [replace(spec, driver_version="") for spec in vm_specs]
         # sglang-01 first (CT 101), then sglang-02 ... for a fleet; all on the first node
         ct_specs = [ContainerSpec(name=f"sglang-{i + 1:02d}", index=self.net_index + i) for i in range(containers)]
         state: dict[str, Any] = {
@@ -323,6 +334,7 @@ class Lab:
             "vms": [vars(s) for s in vm_specs],
             "containers": [{"name": s.name, "index": s.index, "gpus": s.gpus} for s in ct_specs],
             "pve_port": _free_port(),
+            "bare": bare,
         }
         self._save(state)
         machines = [*self.vms(state), *self.containers(state)]
@@ -504,7 +516,31 @@ class Lab:
             ).hexdigest(),
         }
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
+        node_vars = yaml.safe_dump(self._node_vars(), sort_keys=False)
+        (inv / "group_vars" / "proxmox_hosts.yml").write_text(header + node_vars)
         return inv
+
+    # ---------------------------------------------------------------- the node's NVIDIA driver
+    def _standin_installer(self) -> Path:
+        return self.dir / "wheelhouse" / f"NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
+
+    def _driver_mirror(self, vm: LabVm) -> None:
+        """The stand-in NVIDIA installer on the node, where an offline site's mirror holds NVIDIA's file."""
+        target = f"{NODE_DRIVER_MIRROR}/{self._standin_installer().name}"
+        command = f"mkdir -p {NODE_DRIVER_MIRROR} && cat > {target} && chmod 0644 {target}"
+        _pipe_to_node(vm, command, self._standin_installer().read_text(), f"write {target}")
+
+    def _node_vars(self) -> dict[str, Any]:
+        """The driver phase's variables, as an offline site sets them: the pinned version, the installer from the
+        node's mirror and its sha256. The lab's nodes reach no package mirror: their headers and dkms are not
+        installed by the phase (the lab's dkms status stand-in is in the image; docs/lab.md)."""
+        return {
+            "nvidia_driver_version": DRIVER_VERSION,
+            "nvidia_driver_installer": f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{{{{ nvidia_driver_version }}}}.run",
+            "nvidia_driver_installer_sha256": hashlib.sha256(self._standin_installer().read_bytes()).hexdigest(),
+            "nvidia_driver_headers_packages": [],
+            "nvidia_driver_packages": [],
+        }
 
     # ---------------------------------------------------------------- down
     def down(self, progress=print) -> None:
@@ -519,8 +555,9 @@ class Lab:
                 os.killpg(int(pid_file.read_text()), signal.SIGTERM)
             pid_file.unlink(missing_ok=True)
         inv = inventory_dir()
-        for generated in (inv / "hosts.yml", inv / "group_vars" / "all.yml", inv / "group_vars" / "gpu_containers.yml"):
-            generated.unlink(missing_ok=True)
+        generated = ("hosts.yml", "group_vars/all.yml", "group_vars/gpu_containers.yml", "group_vars/proxmox_hosts.yml")
+        for name in generated:
+            (inv / name).unlink(missing_ok=True)
         if (inv / "group_vars").is_dir() and not any((inv / "group_vars").iterdir()):
             (inv / "group_vars").rmdir()
         if self.dir.is_dir():

@@ -107,7 +107,8 @@ class LabVm(LabMachine):
             "authorized_keys": f"file={self.client_key}.pub",
             "hostname": f"string={s.name}",
             "gpus": f"string={s.gpus}",
-            "driver_version": f"string={s.driver_version}",
+            # none for `lab up --bare`: the node has no driver until the driver phase installs one
+            **({"driver_version": f"string={s.driver_version}"} if s.driver_version else {}),
         }
         for name, source in fw.items():
             cmd += ["-fw_cfg", f"name=opt/lab/{name},{source}"]

@@ -126,21 +126,12 @@ def build_standin_wheel(sglang_wheel: Path, out_dir: Path) -> Path:
 
 
 def build_fake_nvidia_installer(out_dir: Path, version: str) -> Path:
-    """The lab's stand-in for NVIDIA-Linux-x86_64-<version>.run: with --no-kernel-module it installs an
-    nvidia-smi that reports this version (the lab's shim), as the real userspace would."""
+    """The lab's stand-in for NVIDIA-Linux-x86_64-<version>.run (standin/nvidia_installer.sh, with this version and
+    the lab's nvidia-smi shim): on a node it takes NVIDIA's flags, registers with DKMS and "loads" the module
+    through the lab's fake driver; with --no-kernel-module (a container) it installs the userspace only."""
     shim = (HERE / "overlay" / "common" / "usr" / "local" / "bin" / "nvidia-smi").read_text()
-    script = f"""#!/bin/sh
-# provision lab: stands in for NVIDIA's installer; no kernel module, no libraries, only nvidia-smi.
-set -eu
-case " $* " in *" --no-kernel-module "*) ;;
-  *) echo "ERROR: the lab installer needs --no-kernel-module" >&2; exit 1;; esac
-mkdir -p /etc/lab /usr/bin
-echo {version} > /etc/lab/driver_version
-cat > /usr/bin/nvidia-smi <<'SHIM'
-{shim}SHIM
-chmod 0755 /usr/bin/nvidia-smi
-echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: {version}) is now complete."
-"""
+    template = (STANDIN_SRC.parent / "nvidia_installer.sh").read_text()
+    script = template.replace("@VERSION@", version).replace("@SMI@", shim)
     path = out_dir / f"NVIDIA-Linux-x86_64-{version}.run"
     path.write_text(script)
     path.chmod(0o755)

@@ -329,3 +329,28 @@ def test_verify_limit_selects_what_ansible_playbook_limit_does(tmp_path, limit):
     ansible = sorted(line.strip() for line in listed.stdout.split("hosts (", 1)[1].splitlines()[1:] if line.strip())
     inv = verify.inventory_mod.load(str(tmp_path / "inv"))
     assert sorted(h.name for h in verify.targets(inv, limit)) == ansible
+
+
+def test_a_node_must_run_the_driver_the_inventory_pins(tmp_path):
+    def module(version):
+        return f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (dvs-builder@U16)\n"
+
+    pin = {"nvidia_driver_version": "580.95.05"}
+    spec = _spec(
+        tmp_path,
+        {
+            "pinned": {"vars": pin, "probe": {"nvidia_module": module("580.95.05")}, "error": ""},
+            "old": {"vars": pin, "probe": {"nvidia_module": module("580.65.06")}, "error": ""},
+            "none": {"vars": pin, "probe": {"nvidia_module": None}, "error": ""},
+            "unpinned": {"vars": {}, "probe": {"nvidia_module": module("580.65.06")}, "error": ""},
+        },
+    )
+    checks = verify._run_checks(["pinned", "old", "none", "unpinned"], spec, tmp_path, select="nvidia_driver_is_the")
+    result = {c.host: (c.passed, c.reason) for c in checks}
+    assert result["pinned"] == (True, "") and result["unpinned"] == (True, "")
+    assert result["old"] == (
+        False,
+        "the loaded NVIDIA module is 580.65.06, not nvidia_driver_version 580.95.05: run provision apply (the driver "
+        "phase), and reboot the node if it says so",
+    )
+    assert not result["none"][0] and result["none"][1].startswith("the loaded NVIDIA module is none")

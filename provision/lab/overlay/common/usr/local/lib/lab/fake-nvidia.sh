@@ -7,9 +7,20 @@
 # add files to procfs, so they are made under /run/lab/driver and bind-mounted onto /proc/driver.
 # The char majors the modules would register (nvidia-uvm, nvidia-caps are dynamic) go to
 # /run/lab/driver-majors, where the shims read them instead of /proc/devices.
+# Which module "loads": the version DKMS has installed for the running kernel (the lab's stand-in NVIDIA installer
+# registers it, as `dkms install` marks it: /var/lib/dkms/nvidia/kernel-<kernel>-<arch> -> <version>/<kernel>/<arch>),
+# else the driver the lab was brought up with (/etc/lab/driver_version, from qemu's fw_cfg). A node of
+# `provision lab up --bare` has neither until the driver phase installs one: no module, no /proc/driver/nvidia.
 set -eu
 n=$(cat /etc/lab/gpus 2>/dev/null || echo 2)
-version=$(cat /etc/lab/driver_version 2>/dev/null || echo 580.95.05)
+link=/var/lib/dkms/nvidia/kernel-$(uname -r)-$(uname -m)
+if [ -L "$link" ]; then
+  version=$(readlink "$link" | cut -d/ -f1)
+elif [ -s /etc/lab/driver_version ]; then
+  version=$(cat /etc/lab/driver_version)
+else
+  exit 0
+fi
 D=/run/lab/driver/nvidia
 mkdir -p "$D/gpus" "$D/capabilities/mig"
 printf 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (lab@provision)  \nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n' "$version" > "$D/version"

@@ -22,7 +22,7 @@ if [ -r "$FW/hostname/raw" ]; then
   printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$name" > /etc/hosts
 fi
 mkdir -p /etc/lab
-for f in gpus driver_version; do
-  [ -r "$FW/$f/raw" ] && cat "$FW/$f/raw" > "/etc/lab/$f"
-done
+[ -r "$FW/gpus/raw" ] && cat "$FW/gpus/raw" > /etc/lab/gpus
+# the driver the lab comes up with (none with --bare); once an installer wrote the userspace's version, it stays
+[ -r "$FW/driver_version/raw" ] && [ ! -e /etc/lab/driver_version ] && cat "$FW/driver_version/raw" > /etc/lab/driver_version
 exit 0

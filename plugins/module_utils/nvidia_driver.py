@@ -1,0 +1,158 @@
+"""The node's NVIDIA driver: the rules for the inventory's pin, what a node reports about its driver, and what to do
+about it (install, upgrade, load, reboot). Pure functions, used by the nvidia_driver_info module on the node and by
+`provision inventory check` on the controller (provision.paths.module_util): one rule, one place.
+
+Sources, read, not copied:
+- the floor: CUDA 13.0 Toolkit release notes (docs.nvidia.com/cuda/archive/13.0.0/cuda-toolkit-release-notes),
+  table "CUDA Toolkit and Corresponding Driver Versions": CUDA 13.0 GA, Linux x86_64, ">= 580.65.06"; the CUDA
+  compatibility guide (docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html, Table 1) gives
+  ">= 580" for CUDA 13.x under minor version compatibility. SGLang 0.5.23's wheels are built for CUDA 13.
+- the installer: NVIDIA/nvidia-installer 590.48.01, option_table.h (`--silent` implies `--ui=none --no-questions`;
+  `--dkms`; `--allow-installation-with-running-driver`; `--skip-module-unload` is "ignored when the driver is being
+  installed"), kernel.c (a loaded NVIDIA module that rmmod cannot take out aborts a `--no-questions` install unless
+  `--allow-installation-with-running-driver`), misc.c dkms_register_module/dkms_module_installed (`dkms ldtarball`,
+  `dkms install`, then `dkms status -m nvidia -v <ver> -k <kernel>` must say ": installed").
+- `dkms status` lines: dkms 3.x `nvidia/580.95.05, 6.8.12-4-pve, x86_64: installed` (and `nvidia/580.95.05: added`
+  before a build); dkms 2.x `nvidia, 580.95.05, 6.8.12-4-pve, x86_64: installed`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# CUDA 13.0 GA's Linux x86_64 driver (the release notes' table): the oldest driver SGLang 0.5.23's CUDA 13 runs on.
+CUDA13_DRIVER_FLOOR = "580.65.06"
+FLOOR_REASON = "the CUDA 13 floor SGLang 0.5.23 needs (CUDA 13.0 release notes: Linux x86_64 driver >= 580.65.06)"
+_VERSION = re.compile(r"(\d{3})\.(\d{1,3})(?:\.(\d{1,3}))?")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_PROC_VERSION = re.compile(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)")
+_DKMS_LINE = re.compile(
+    r"^(?P<module>[^/,\s]+)[/,]\s*(?P<version>[^,:\s]+)(?:,\s*(?P<kernel>[^,:\s]+),\s*(?P<arch>[^,:\s]+))?"
+    r"(?:\s*\([^)]*\))?:\s*(?P<state>\w+)"
+)
+# PCI class of an NVSwitch: "Bridge: other bridge device" (0680), vendor NVIDIA (10de), as `lspci -n` prints it
+# (Fabric Manager user guide, "NVSwitch-based systems": the NVSwitches show as NVIDIA bridges beside the GPUs).
+_NVSWITCH = re.compile(r"\s0680:\s*10de:[0-9a-f]{4}", re.IGNORECASE)
+# NVIDIA's modules that hold the driver loaded, most dependent first (the order `modprobe -r` needs).
+MODULES_TO_UNLOAD = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia")
+
+
+def version_key(version: str) -> tuple[int, ...] | None:
+    """(580, 95, 5) for "580.95.05"; None for anything that is not an NVIDIA driver version."""
+    m = _VERSION.fullmatch(str(version or ""))
+    return tuple(int(p) for p in m.groups() if p is not None) if m else None
+
+
+def version_problem(version) -> str | None:
+    """Why `version` cannot be the node's pinned driver, or None."""
+    if not isinstance(version, str) or version_key(version) is None:
+        return f"expected an NVIDIA driver version such as 580.95.05, got {version!r}"
+    if version_key(version) < version_key(CUDA13_DRIVER_FLOOR):
+        return f"{version} is older than {CUDA13_DRIVER_FLOOR}, {FLOOR_REASON}"
+    return None
+
+
+def sha256_problem(value) -> str | None:
+    if isinstance(value, str) and _SHA256.fullmatch(value):
+        return None
+    return "expected the installer's sha256, 64 hex digits (`sha256sum` of the file NVIDIA publishes)"
+
+
+def source_problem(value) -> str | None:
+    """The installer comes from an http(s) URL or an absolute path on the node (an offline site's mirror)."""
+    if isinstance(value, str) and (re.match(r"^https?://\S+$", value) or value.startswith("/")) and "\n" not in value:
+        return None
+    return f"expected an http(s) URL or an absolute path on the node, got {value!r}"
+
+
+def module_version(proc_text: str | None) -> str | None:
+    """The loaded module's version from /proc/driver/nvidia/version, or None."""
+    m = _PROC_VERSION.search(proc_text or "")
+    return m.group(1) if m else None
+
+
+def parse_dkms_status(text: str, module: str = "nvidia") -> list[dict]:
+    """`dkms status` output (2.x or 3.x) as [{version, kernel, arch, state}] for `module`."""
+    found = []
+    for line in (text or "").splitlines():
+        m = _DKMS_LINE.match(line.strip())
+        if m and m.group("module") == module:
+            found.append({k: m.group(k) for k in ("version", "kernel", "arch", "state")})
+    return found
+
+
+def dkms_installed(entries: list[dict], version: str, kernel: str) -> bool:
+    """DKMS holds `version` installed for `kernel`: what nvidia-installer itself checks after registering."""
+    return any(e["version"] == version and e["kernel"] == kernel and e["state"] == "installed" for e in entries)
+
+
+def installed_version(modinfo_version: str | None, entries: list[dict], kernel: str) -> str | None:
+    """The installed module's version for `kernel`: modinfo's (the module file itself); where modinfo cannot read one
+    (no file it knows as nvidia), the newest version DKMS has installed for that kernel."""
+    if modinfo_version:
+        return modinfo_version
+    versions = [e["version"] for e in entries if e["kernel"] == kernel and e["state"] == "installed"]
+    return max(versions, key=lambda v: version_key(v) or (0,)) if versions else None
+
+
+def nvswitch_present(lspci_n: str) -> bool:
+    """Whether `lspci -n` shows an NVIDIA NVSwitch (an NVIDIA device of class 0680)."""
+    return bool(_NVSWITCH.search(lspci_n or ""))
+
+
+def installer_args(base: list[str], running_driver_stays: bool) -> list[str]:
+    """The installer's arguments: `base` (the inventory's), plus the flag without which a silent install aborts
+    while an NVIDIA module that could not be unloaded is still loaded (then a reboot loads the new one)."""
+    extra = ["--allow-installation-with-running-driver"] if running_driver_stays else []
+    return [*base, *[a for a in extra if a not in base]]
+
+
+def decide(wanted: str, report: dict) -> dict:
+    """What the node needs, from what it reports:
+    report = {kernel, loaded (the module's version in /proc/driver/nvidia/version, or None), installed (modinfo's
+    version of the module for the running kernel, or None), dkms ([{version, kernel, arch, state}]),
+    nouveau_loaded (bool)}.
+    Returns {install, upgrade, load, reboot_for_nouveau, current, reason}:
+    - install: the installer must run (nothing installed, another version, or not registered with DKMS);
+    - upgrade: another version is installed or loaded (its holders are stopped and the module unloaded first);
+    - load: the wanted module is installed but not the one loaded (none, or an older one still in memory);
+    - reboot_for_nouveau: nouveau is loaded, so the node reboots (after the blacklist) before the installer runs,
+      which refuses to install while nouveau is in use;
+    - current: nothing to do."""
+    kernel = report.get("kernel", "")
+    registered = dkms_installed(report.get("dkms") or [], wanted, kernel)
+    installed_ok = report.get("installed") == wanted and registered
+    loaded = report.get("loaded")
+    install = not installed_ok
+    upgrade = any(v not in (None, wanted) for v in (report.get("installed"), loaded))
+    load = not install and loaded != wanted
+    reboot_for_nouveau = bool(report.get("nouveau_loaded")) and loaded is None
+    current = installed_ok and loaded == wanted
+    reason = _reason(wanted, report, registered)
+    return {"install": install, "upgrade": upgrade, "load": load, "reboot_for_nouveau": reboot_for_nouveau,
+            "current": current, "reason": reason}  # fmt: skip
+
+
+def _reason(wanted: str, report: dict, registered: bool) -> str:
+    installed, loaded = report.get("installed"), report.get("loaded")
+    if installed is None:
+        return f"no NVIDIA kernel module installed for kernel {report.get('kernel')}: install {wanted}"
+    if installed != wanted:
+        return f"driver {installed} installed: upgrade to {wanted}"
+    if not registered:
+        return f"driver {wanted} installed but not registered with DKMS for {report.get('kernel')}: install again"
+    if loaded is None:
+        return f"driver {wanted} installed, not loaded: load it"
+    if loaded != wanted:
+        return f"driver {wanted} installed, {loaded} still loaded: reboot to load {wanted}"
+    return f"driver {wanted} installed, registered with DKMS and loaded"
+
+
+def after_install(wanted: str, loaded: str | None) -> dict:
+    """Once the installer ran (or the module was loaded): {reboot, reason}. A module of another version still
+    loaded (it could not be unloaded) is replaced only by a reboot."""
+    if loaded == wanted:
+        return {"reboot": False, "reason": f"driver {wanted} loaded"}
+    if loaded is None:
+        return {"reboot": False, "reason": f"driver {wanted} installed but not loaded"}
+    return {"reboot": True, "reason": f"driver {loaded} still loaded after installing {wanted}: reboot to load it"}

@@ -1,0 +1,115 @@
+"""The driver phase on nodes that have no NVIDIA driver (`provision lab up --bare`, issue #14): plan says what it would
+do and changes nothing; a wrong sha256 stops the phase before anything is installed, naming the file; the phase
+installs the pinned driver with DKMS and loads it, and a second apply changes nothing; a new pin upgrades, and the
+node reboots (through the kernel phase's safe reboot) into the new module, which the old one's holder kept out.
+
+The module brings up a bare lab of its own (the session's lab goes down first) and leaves a normal one behind. The
+lab's nodes reach no package mirror (the phase's headers and dkms lists are empty in the lab's inventory) and cannot
+build a module: the stand-in installer and the dkms status stand-in are what they run (docs/lab.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from provision.lab import wheelhouse
+from provision.lab.lab import DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
+from tests.conftest import run_provision
+from tests.lab.helpers import NODES, apply, boots, set_host_vars
+
+# tests/lab/conftest.py: it changes only its own bare lab, and leaves a fresh normal one behind
+LAB_CHANGES: set[str] = set()
+UPGRADE = "580.105.08"
+BLACKLIST = "/etc/modprobe.d/provision-blacklist-nouveau.conf"
+
+
+@pytest.fixture(scope="module")
+def bare(lab):
+    lab.down(progress=lambda msg: None)
+    lab.up(hosts=2, bare=True, progress=lambda msg: print(msg, flush=True))
+    yield lab
+    lab.down(progress=lambda msg: None)
+    lab.up(hosts=2, progress=lambda msg: print(msg, flush=True))
+
+
+@pytest.fixture(scope="module")
+def inventory(bare):
+    from provision.lab.lab import inventory_dir
+
+    return inventory_dir()
+
+
+def node_state(vm) -> dict:
+    out = vm.ssh(
+        "echo version=$(cat /proc/driver/nvidia/version 2>/dev/null | head -1); "
+        "echo dkms=$(dkms status -m nvidia | tr '\\n' ';'); "
+        f"echo blacklist=$(test -e {BLACKLIST} && echo yes); "
+        "echo download=$(ls /var/lib/provision/downloads 2>/dev/null); "
+        "echo persistenced=$(systemctl is-active nvidia-persistenced 2>/dev/null)"
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_bare_nodes_have_no_driver_and_no_container(bare):
+    for name in NODES:
+        state = node_state(bare.vm(name))
+        assert state["version"] == "" and state["dkms"] == "" and state["blacklist"] == "", (name, state)
+    assert bare.state()["containers"] == [] and bare.created_containers() == {}
+
+
+def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, tmp_path):
+    proc = run_provision("plan", "--inventory", str(inventory), "--tags", "driver", "--json", "--runs-dir",
+                         str(tmp_path), timeout=900)  # fmt: skip
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["hosts"] == dict.fromkeys(NODES, "changes pending")
+    for name in NODES:
+        assert node_state(bare.vm(name))["blacklist"] == ""
+
+
+def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare, inventory, tmp_path):
+    wrong = "0" * 64
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_installer_sha256": wrong})
+    try:
+        code, _, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
+    finally:
+        set_host_vars(inventory, "pve-grub", None)
+    source = f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
+    assert code == 1
+    assert f"{source} has sha256" in err and f"not nvidia_driver_installer_sha256 ({wrong})" in err, err[-2000:]
+    state = node_state(bare.vm("pve-grub"))
+    assert (state["version"], state["dkms"], state["blacklist"], state["download"]) == ("", "", "", ""), state
+
+
+def test_bare_nodes_get_the_driver_and_a_second_apply_changes_nothing(bare, inventory, tmp_path):
+    code, _, err = apply(inventory, tmp_path / "first", "--tags", "driver")
+    assert code == 0, err[-3000:]
+    for name in NODES:
+        state = node_state(bare.vm(name))
+        assert f"x86_64  {DRIVER_VERSION}" in state["version"], (name, state)
+        assert state["dkms"].startswith(f"nvidia/{DRIVER_VERSION}, ") and state["dkms"].endswith(": installed;")
+        assert state["blacklist"] == "yes" and state["persistenced"] == "active", (name, state)
+    code, second, err = apply(inventory, tmp_path / "second", "--tags", "driver", "--full")
+    assert code == 0, err[-3000:]
+    assert {h: s["changed"] for h, s in second["hosts"].items()} == dict.fromkeys(NODES, 0)
+
+
+def test_a_new_pin_upgrades_and_reboots_into_the_new_module(bare, inventory, tmp_path):
+    vm = bare.vm("pve-grub")
+    new = wheelhouse.build_fake_nvidia_installer(tmp_path, UPGRADE)
+    target = f"{NODE_DRIVER_MIRROR}/{new.name}"
+    _pipe_to_node(vm, f"cat > {target}", new.read_text(), f"write {target}")
+    before = boots(vm)
+    sha = hashlib.sha256(new.read_bytes()).hexdigest()
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_version": UPGRADE, "nvidia_driver_installer_sha256": sha})
+    try:
+        code, _, err = apply(inventory, tmp_path / "runs", "--tags", "driver", "--limit", "pve-grub")
+        assert code == 0, err[-3000:]
+        state = node_state(vm)
+        # the lab's old module cannot be unloaded (as one a CUDA process holds): the node rebooted into the new one
+        assert boots(vm) == before + 1
+        assert f"x86_64  {UPGRADE}" in state["version"] and state["dkms"].count("nvidia/") == 1, state
+        assert vm.ssh("nvidia-smi --version").stdout.count(f"DRIVER version      : {UPGRADE}") == 1
+    finally:
+        set_host_vars(inventory, "pve-grub", None)

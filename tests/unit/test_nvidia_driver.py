@@ -1,0 +1,164 @@
+"""The node driver's pure rules (plugins/module_utils/nvidia_driver.py): the CUDA 13 floor, what `dkms status` and
+`lspci -n` say, the installer's arguments, and the install/upgrade/load/reboot decision from what a node reports;
+the module's and `inventory check`'s one-line refusals naming the variable."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from ansible_collections.provision.pve_sglang.plugins.modules import nvidia_driver_info
+
+from provision import inventory
+from provision.paths import module_util
+from tests.unit.test_inventory import GOOD_HOSTS, make, problems
+
+rules = module_util("nvidia_driver")
+KERNEL = "6.8.12-4-pve"
+WANTED = "580.95.05"
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("580.65.06", True), ("580.95.05", True), ("590.48.01", True), ("580.65.05", False), ("575.57.08", False),
+     ("570.1", False), ("580", False), ("580.95.05\n", False), ("", False), (580.95, False)],
+)  # fmt: skip
+def test_the_floor_is_cuda_13_0s_driver(version, ok):
+    assert (rules.version_problem(version) is None) is ok
+
+
+def test_a_version_below_the_floor_says_why():
+    assert rules.version_problem("575.57.08") == (
+        "575.57.08 is older than 580.65.06, the CUDA 13 floor SGLang 0.5.23 needs (CUDA 13.0 release notes: Linux "
+        "x86_64 driver >= 580.65.06)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "ok"),
+    [("https://us.download.nvidia.com/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run", True),
+     ("/srv/mirror/NVIDIA-Linux-x86_64-580.95.05.run", True), ("mirror/NVIDIA.run", False),
+     ("ftp://x/y.run", False), ("/srv/a\nb", False), (None, False)],
+)  # fmt: skip
+def test_the_installer_comes_from_a_url_or_an_absolute_path(source, ok):
+    assert (rules.source_problem(source) is None) is ok
+
+
+def test_dkms_status_of_both_formats():
+    text = textwrap.dedent(f"""\
+        nvidia/590.48.01: added
+        nvidia/{WANTED}, {KERNEL}, x86_64: installed
+        nvidia, 580.65.06, 6.8.8-2-pve, x86_64: built
+        zfs/2.2.6, {KERNEL}, x86_64: installed
+        nvidia/{WANTED}, 6.5.13-1-pve, x86_64: installed (original_module exists)
+        """)
+    assert rules.parse_dkms_status(text) == [
+        {"version": "590.48.01", "kernel": None, "arch": None, "state": "added"},
+        {"version": WANTED, "kernel": KERNEL, "arch": "x86_64", "state": "installed"},
+        {"version": "580.65.06", "kernel": "6.8.8-2-pve", "arch": "x86_64", "state": "built"},
+        {"version": WANTED, "kernel": "6.5.13-1-pve", "arch": "x86_64", "state": "installed"},
+    ]
+
+
+def test_nvswitches_are_nvidia_bridges_in_lspci():
+    gpus = "0000:18:00.0 0302: 10de:2335 (rev a1)\n0000:2a:00.0 0302: 10de:2335 (rev a1)\n"
+    assert not rules.nvswitch_present(gpus)
+    assert rules.nvswitch_present(gpus + "0000:05:00.0 0680: 10de:22a3 (rev a1)\n")
+    assert not rules.nvswitch_present("0000:05:00.0 0680: 8086:1234\n")  # another vendor's bridge
+
+
+def dkms(version=WANTED, kernel=KERNEL, state="installed"):
+    return [{"version": version, "kernel": kernel, "arch": "x86_64", "state": state}]
+
+
+def report(installed=None, loaded=None, entries=(), nouveau=False):
+    return {"kernel": KERNEL, "installed": installed, "loaded": loaded, "dkms": list(entries),
+            "nouveau_loaded": nouveau}  # fmt: skip
+
+
+def test_a_bare_node_gets_the_installer():
+    d = rules.decide(WANTED, report())
+    assert (d["install"], d["upgrade"], d["load"], d["current"]) == (True, False, False, False)
+    assert d["reason"] == f"no NVIDIA kernel module installed for kernel {KERNEL}: install {WANTED}"
+
+
+def test_nouveau_loaded_means_a_reboot_before_the_installer():
+    assert rules.decide(WANTED, report(nouveau=True))["reboot_for_nouveau"]
+    assert not rules.decide(WANTED, report())["reboot_for_nouveau"]
+
+
+def test_the_pinned_driver_installed_with_dkms_and_loaded_is_current():
+    d = rules.decide(WANTED, report(WANTED, WANTED, dkms()))
+    assert d["current"] and not d["install"] and not d["load"] and not d["upgrade"]
+
+
+def test_another_version_is_an_upgrade():
+    d = rules.decide(WANTED, report("580.65.06", "580.65.06", dkms("580.65.06")))
+    assert (d["install"], d["upgrade"], d["current"]) == (True, True, False)
+    assert d["reason"] == f"driver 580.65.06 installed: upgrade to {WANTED}"
+
+
+def test_installed_without_dkms_for_this_kernel_installs_again():
+    for entries in ([], dkms(kernel="6.5.13-1-pve"), dkms(state="built")):
+        assert rules.decide(WANTED, report(WANTED, WANTED, entries))["install"]
+
+
+def test_installed_but_not_the_loaded_one_loads_it():
+    assert rules.decide(WANTED, report(WANTED, None, dkms()))["load"]
+    d = rules.decide(WANTED, report(WANTED, "580.65.06", dkms()))
+    assert d["load"] and d["upgrade"] and not d["install"]
+
+
+def test_the_installer_may_run_beside_a_module_only_while_one_stays_loaded():
+    base = ["--silent", "--dkms", "--no-questions", "--ui=none"]
+    assert rules.installer_args(base, running_driver_stays=False) == base
+    assert rules.installer_args(base, running_driver_stays=True) == [*base, "--allow-installation-with-running-driver"]
+
+
+def test_after_the_install_an_old_module_still_loaded_needs_a_reboot():
+    assert rules.after_install(WANTED, WANTED) == {"reboot": False, "reason": f"driver {WANTED} loaded"}
+    assert rules.after_install(WANTED, "580.65.06")["reboot"]
+    assert not rules.after_install(WANTED, None)["reboot"]
+
+
+def test_installed_version_is_modinfos_else_what_dkms_installed_for_the_kernel():
+    entries = dkms("580.65.06") + dkms() + dkms("590.48.01", kernel="6.5.13-1-pve")
+    assert rules.installed_version("580.65.06", entries, KERNEL) == "580.65.06"
+    assert rules.installed_version(None, entries, KERNEL) == WANTED
+    assert rules.installed_version(None, dkms(state="built"), KERNEL) is None
+
+
+def test_the_module_refuses_each_bad_input_naming_its_variable():
+    params = {"version": "575.57.08", "installer": "mirror/x.run", "installer_sha256": "abc", "host": "pve1"}
+    assert nvidia_driver_info.input_problems(params) == [
+        "pve1: nvidia_driver_version: 575.57.08 is older than 580.65.06, " + rules.FLOOR_REASON,
+        "pve1: nvidia_driver_installer: expected an http(s) URL or an absolute path on the node, got 'mirror/x.run'",
+        "pve1: nvidia_driver_installer_sha256: expected the installer's sha256, 64 hex digits (`sha256sum` of the file "
+        "NVIDIA publishes)",
+    ]
+    good = {"version": WANTED, "installer": "/srv/x.run", "installer_sha256": "a" * 64, "host": "pve1"}
+    assert nvidia_driver_info.input_problems(good) == []
+
+
+def test_inventory_check_validates_the_driver_pin(tmp_path):
+    node_vars = (
+        'nvidia_driver_version: "575.57.08"\nnvidia_driver_installer_sha256: "xyz"\nnvidia_driver_installer: x.run\n'
+    )
+    found = problems(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
+    assert len(found) == 3, found
+    assert any("nvidia_driver_version: expected an NVIDIA driver version such as 580.95.05, 580.65.06 or newer" in p
+               and "got '575.57.08' (str)" in p and "group_vars/proxmox_hosts.yml" in p for p in found)  # fmt: skip
+    assert any("nvidia_driver_installer_sha256: expected the installer's sha256" in p for p in found)
+    assert any("nvidia_driver_installer: expected an http(s) URL or an absolute path" in p for p in found)
+
+
+def test_inventory_check_accepts_a_good_pin(tmp_path):
+    node_vars = f'nvidia_driver_version: "{WANTED}"\nnvidia_driver_installer_sha256: "{"a" * 64}"\n'
+    inventory.load(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
+
+
+def test_the_gpu_phase_checks_the_node_against_the_same_floor():
+    """gpu_passthrough's own check of the node's driver (host.yml) and the driver phase's refusal hold one floor."""
+    from provision.paths import role_default
+
+    assert role_default("gpu_passthrough", "gpu_passthrough_min_driver_version") == rules.CUDA13_DRIVER_FLOOR
