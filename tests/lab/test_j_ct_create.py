@@ -172,6 +172,7 @@ def test_a_ct_that_serves_another_host_key_than_its_node_reads_is_refused(lab, n
     assert proc.returncode == 1 and data["hosts"][NAME] == "failed", proc.stderr[-3000:]
     refusal = (f"{NAME}: {address} serves an ssh host key that is not the one its node {NODE} reads in CT {VMID}: "
                "refusing to connect")  # fmt: skip
-    assert [line for line in data["errors"] if refusal in line], data["errors"]
-    assert all("\n" not in line for line in data["errors"])
+    said = [f["message"] for f in data["result"]["failures"]]
+    assert [line for line in said if refusal in line], said
+    assert all("\n" not in line for line in said)
     assert known_keys(lab, address) == trusted, "the node's key, never the one served"
