@@ -13,15 +13,9 @@ import pytest
 from huggingface_hub import errors
 
 from provision.lab import hfhub
+from tests.unit.conftest import HF_TOKEN
 
-TOKEN = "hf_labtokenlabtoken"
-
-
-@pytest.fixture
-def hub():
-    served = hfhub.Hub([hfhub.tiny_repo()], {TOKEN}).start()
-    yield served
-    served.stop()
+TOKEN = HF_TOKEN
 
 
 def api(hub, token=TOKEN):

@@ -15,18 +15,12 @@ import pytest
 
 from provision.lab import hfhub
 from tests.unit.collection import main_result, module
+from tests.unit.conftest import HF_TOKEN
 
 weights = module("sglang_weights")
 ms = __import__("ansible_collections.provision.pve_sglang.plugins.module_utils.model_source", fromlist=["x"])
 
-TOKEN = "hf_labtokenlabtoken"
-
-
-@pytest.fixture
-def hub():
-    served = hfhub.Hub([hfhub.tiny_repo()], {TOKEN}).start()
-    yield served
-    served.stop()
+TOKEN = HF_TOKEN
 
 
 def args(hub, path, **kw):
