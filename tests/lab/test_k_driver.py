@@ -43,7 +43,7 @@ def inventory(bare):
 
 def node_state(vm) -> dict:
     out = vm.ssh(
-        "echo version=$(cat /proc/driver/nvidia/version 2>/dev/null | head -1); "
+        'echo "version=$(cat /proc/driver/nvidia/version 2>/dev/null | head -1)"; '
         "echo dkms=$(dkms status -m nvidia | tr '\\n' ';'); "
         f"echo blacklist=$(test -e {BLACKLIST} && echo yes); "
         "echo download=$(ls /var/lib/provision/downloads 2>/dev/null); "
@@ -72,12 +72,13 @@ def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare,
     wrong = "0" * 64
     set_host_vars(inventory, "pve-grub", {"nvidia_driver_installer_sha256": wrong})
     try:
-        code, _, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
+        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
     finally:
         set_host_vars(inventory, "pve-grub", None)
     source = f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
-    assert code == 1
-    assert f"{source} has sha256" in err and f"not nvidia_driver_installer_sha256 ({wrong})" in err, err[-2000:]
+    assert code == 1, err[-2000:]
+    said = " ".join(f["message"] for f in result["failures"])
+    assert f"{source} has sha256" in said and f"not nvidia_driver_installer_sha256 ({wrong})" in said, said
     state = node_state(bare.vm("pve-grub"))
     assert (state["version"], state["dkms"], state["blacklist"], state["download"]) == ("", "", "", ""), state
 
