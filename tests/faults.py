@@ -133,6 +133,27 @@ CITED = [
         "left, neither node rebooted nor its boot configuration changed",
         "yes: the next test's `apply --tags kernel` reboots each node once into the line",
         LAB_KERNEL + "test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record", True, True),
+    Row("SIGINT while the gpu phase's API module writes the devN entries (dropped underneath, the container "
+        "rebooted without its nodes)", "gpu",
+        "`error: interrupted by SIGINT: run record …`, exit 130; the record `interrupted`, naming the container's "
+        "last task (`Pass the GPU device nodes into the container through the Proxmox API`) and that its devN "
+        "entries were being changed", "no process of the run left (the module runs on the controller), no host "
+        "lock left", "yes: `apply --tags gpu` writes every entry and the nodes are inside (mode 666)",
+        LAB_GPU + "test_sigint_while_the_api_writes_the_entries_then_a_rerun_converges", True, True),
+    Row("SIGINT while the sglang service restarts for a changed unit", "sglang",
+        "`error: interrupted by SIGINT: run record …`, exit 130; the record `interrupted`, naming the handler "
+        "`Restart sglang` and `SGLang service restarting`", "no process of the run left, no host lock left",
+        "yes: `apply --tags sglang` runs the unit with the new stop timeout (`TimeoutStopUSec=2min 3s`), active, "
+        "`/health_generate` 200",
+        LAB_SGLANG + "test_sigint_while_the_service_restarts_then_a_rerun_serves_again", True, True),
+    Row("the container stopped through the API (as `pct stop`) while the sglang phase installs SGLang into its "
+        "venv", "sglang",
+        "exit 1, the container failed or unreachable with one line: `unreachable: the connection was lost while "
+        "the task ran (the host stopped, rebooted or lost its network: …); run apply again once it answers ssh`, "
+        "or ssh's own `Connection refused` for the next task, or pip's failure when the stop killed it first",
+        "the container stopped, its venv without the server package", "yes, once the container is started again: "
+        "`apply --tags sglang` installs again and the service answers `/health_generate` 200",
+        LAB_SGLANG + "test_the_container_stopped_mid_install_is_named_and_a_rerun_converges", True, True),
     Row("a container that served before its node's reboot does not serve again after it (module, in process)",
         "kernel", "`sglang-01: sglang did not serve again within 3s (… does not answer 200); the rollout stops here, "
         "before the next node reboots`", "not checked: the module's own test; the stop of the rollout is "
@@ -143,8 +164,7 @@ CITED = [
 
 # Faults the issue names that no test injects yet (docs/reliability.md lists them apart from the table).
 NOT_YET = [
-    "SIGINT in the gpu and sglang phases (the kernel phase has a lab test, the verify phase one on sshd targets)",
-    "the container stopped mid-install (gpu userspace, SGLang's venv)",
+    "the container stopped mid-install of the gpu phase's NVIDIA userspace (the sglang phase's venv has a lab test)",
 ]
 
 
