@@ -62,7 +62,7 @@ def test_a_converged_phase_is_skipped_until_its_state_or_its_inputs_change(lab, 
     rc, report, err = apply(inv, runs, env=ENV)
     assert rc == 0, err[-2000:]
     assert _skipped(report, "sglang-01") == {"gpu", "sglang", "verify"}
-    assert _skipped(report, "pve-grub") == _skipped(report, "pve-sdboot") == {"kernel", "verify"}
+    assert _skipped(report, "pve-grub") == _skipped(report, "pve-sdboot") == {"kernel", "driver", "verify"}
     assert sum(h["changed"] for h in report["hosts"].values()) == 0
 
     ct.ssh("systemctl disable --now sglang")  # drift: neither enabled nor running
