@@ -232,7 +232,7 @@ def run_module(module, where, run, failures=(ApiFailure,)):
     except failures as exc:
         module.fail_json(msg=where + one_line(exc))
     except Exception as exc:
-        module.fail_json(msg=f"{where}{type(exc).__name__}: {exc}", exception=traceback.format_exc())
+        module.fail_json(msg=f"{where}{type(exc).__name__}: {one_line(exc)}", exception=traceback.format_exc())
 
 
 def one_line(text):
