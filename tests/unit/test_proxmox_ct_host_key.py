@@ -101,5 +101,6 @@ def test_no_key_in_the_container_is_one_line_naming_the_ct_the_files_and_the_nod
 def test_a_ct_that_is_not_running_is_pcts_one_line(node):
     with_key(node)
     Api.status = "stopped"
-    assert run(node) == f"localhost: `pct exec {VMID} -- cat` on localhost failed (exit 255): container '{VMID}' not running!"
+    pct_said = f"container '{VMID}' not running!"
+    assert run(node) == f"localhost: `pct exec {VMID} -- cat` on localhost failed (exit 255): {pct_said}"
     assert known(node) == []
