@@ -37,20 +37,28 @@ def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_o
     return play
 
 
-def run_role_playbook(sh, root, playbook: str, extra: dict, collections) -> dict:
+def run_role_playbook(sh, root, playbook: str, extra: dict, collections, interpreter_var: str = "extra") -> dict:
     """Run `playbook` (a role_outcome_playbook) on localhost with `extra` vars through `sh(command, check=False)`
-    (a shell: this machine's, or a mount namespace's) and return its outcome."""
+    (a shell: this machine's, or a mount namespace's) and return its outcome. The interpreter (this Python) is an
+    extra var, or with `interpreter_var="inventory"` the host's inventory variable, which a task's own
+    `ansible_python_interpreter` then overrides as it does in a real inventory."""
     import json
     import sys
     from pathlib import Path
 
     outcome = Path(root) / "outcome.json"
     outcome.unlink(missing_ok=True)
-    extra = {**extra, "ansible_python_interpreter": sys.executable, "outcome_file": str(outcome)}
+    extra = {**extra, "outcome_file": str(outcome)}
+    inventory = "localhost,"
+    if interpreter_var == "extra":
+        extra["ansible_python_interpreter"] = sys.executable
+    else:
+        inventory = f"{root}/hosts"
+        Path(inventory).write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     (Path(root) / "site.yml").write_text(playbook)
     (Path(root) / "extra.json").write_text(json.dumps(extra))
     command = Path(sys.executable).parent / "ansible-playbook"
     env = f"ANSIBLE_COLLECTIONS_PATH={collections} ANSIBLE_NOCOLOR=1"
-    proc = sh(f"{env} {command} -i localhost, -e @{root}/extra.json {root}/site.yml", check=False)
+    proc = sh(f"{env} {command} -i {inventory} -e @{root}/extra.json {root}/site.yml", check=False)
     assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(outcome.read_text())

@@ -73,3 +73,13 @@ def first_free(mps: dict) -> str:
 def in_effect(running: dict, host_path: str, ct_path: str) -> bool:
     """Whether the running config (GET config with current=1) has the mount."""
     return any(matches(v, host_path, ct_path) for v in entries(running).values())
+
+
+def running_after_write(running: dict, plan: dict, ct_running: bool) -> dict:
+    """The running config (GET config with current=1) that a PUT of plan["set"] leaves, by PVE's rule: a stopped CT
+    takes the change into its config at once (API2/LXC/Config.pm update_vm: vmconfig_apply_pending); a running one
+    hot-plugs an mpN that its running config does not hold and keeps a changed one pending (LXC/Config.pm
+    vmconfig_hotplug_pending: "don't try to hotplug over existing mp"). What check mode predicts the write does."""
+    if not plan["set"] or (ct_running and plan["key"] in running):
+        return running
+    return {**running, **plan["set"]}

@@ -28,6 +28,10 @@ KEYS = {"node_dir": {"type", "path"}, "huggingface": {"type", "repo", "revision"
 CHUNK = 1 << 20
 # the record of a verified download, in the model directory (read back to skip re-hashing unchanged files)
 MANIFEST = ".provision-weights.json"
+# where a download is put together in the model directory before its files are moved into place
+STAGING = ".provision-download"
+# what in the model directory is not the model's: the record, the staging, the client's own records
+NOT_MODEL_FILES = (MANIFEST, MANIFEST + ".tmp", STAGING, ".cache")
 
 
 def source_problems(source) -> list[str]:
@@ -115,6 +119,32 @@ def recorded_unchanged(manifest, expected: dict, root: str) -> bool:
         return False
     same = all(entry.get(k) == expected.get(k) for k in ("size", "sha256", "git_sha1"))
     return same and stat_key(os.path.join(root, expected["name"])) == entry.get("stat")
+
+
+def recorded_not_listed(manifest, files: list[dict]) -> list[str]:
+    """The files the record says a download put in the model directory and that `files` (the revision now asked
+    for) does not list: what a change of revision leaves behind. Names that would leave the directory are never
+    returned, whatever the record says."""
+    listed = {f["name"] for f in files}
+    return sorted(n for n in recorded_files(manifest) if isinstance(n, str) and safe_name(n) and n not in listed)
+
+
+def recorded_files(manifest) -> dict:
+    """{name: entry} of the record, {} when it has none or is not one."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def files_under(root: str) -> list[str]:
+    """Every file (or link) under `root`, relative, outside NOT_MODEL_FILES; [] when root does not exist."""
+    found = []
+    for top, dirs, names in os.walk(root):
+        if top == root:
+            dirs[:] = [d for d in dirs if d not in NOT_MODEL_FILES]
+            names = [n for n in names if n not in NOT_MODEL_FILES]
+        rel = os.path.relpath(top, root)
+        found += [n if rel == "." else f"{rel}/{n}" for n in names]
+    return sorted(found)
 
 
 def free_bytes(path: str) -> tuple[str, int]:

@@ -28,7 +28,11 @@ options:
     required: true
     description:
       - The container's fields (the inventory's proxmox_ct_spec; module_utils/lxc_spec.py lists them).
-  task_timeout: {type: int, default: 600, description: seconds to wait for each task (download, create, start)}
+  task_timeout:
+    type: int
+    default: 600
+    description:
+      - Seconds to wait for each task (download, create, start).
 attributes:
   check_mode: {support: full}
   diff_mode: {support: none}

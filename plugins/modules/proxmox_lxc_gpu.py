@@ -28,7 +28,11 @@ options:
   node: {type: str, required: true}
   vmid: {type: int, required: true}
   nodes: {type: list, elements: dict, required: true, description: "the host's device nodes (path, type, mode)"}
-  gpus: {type: raw, default: all, description: all, or a list of GPU indices}
+  gpus:
+    type: raw
+    default: all
+    description:
+      - C(all), or a list of GPU indices.
   mode: {type: str, default: "0666"}
   uid: {type: int}
   gid: {type: int}

@@ -13,7 +13,9 @@ description:
     slot, with the digest; reads again and retries when PVE answers "detected modified configuration".
   - PVE hot-plugs a new mount point into a running CT (PVE 8 and 9); a changed one stays pending until the CT
     restarts. The running config (C(current=1)) decides; with I(restart=auto) a running CT that lacks the mount is
-    rebooted through PVE, and the task's exitstatus checked.
+    rebooted through PVE, and the task's exitstatus checked. Check mode, which writes nothing, predicts the running
+    config by the same rule (module_utils/lxc_mounts.py running_after_write), so it reports the restart exactly
+    when apply would do one.
   - Bind mounts are root@pam's only (an API token is refused, HTTP 403); a host path that is not a directory on the
     node fails the hot-plug and PVE writes nothing. Each is one line naming the CT, node and path.
   - Login, retries and refusals are module_utils/pve_api.py's. Runs on the controller. Supports check mode and diff.
@@ -53,8 +55,9 @@ RETURN = r"""
 key: {description: the mpN entry that holds the mount, type: str, returned: always}
 value: {description: its value after the run, type: str, returned: always}
 set: {description: entries written, type: dict, returned: always}
-pending: {description: whether the running CT lacks the mount after the run, type: bool, returned: always}
+pending: {description: whether the running CT lacks the mount after the run (or would), type: bool, returned: always}
 restarted: {description: whether the CT was rebooted to apply it, type: bool, returned: always}
+would_restart: {description: check mode - the CT would be rebooted to apply it, type: bool, returned: when true}
 """
 
 import re
@@ -94,7 +97,7 @@ def write(module, ct, result):
         plan = lxc_mounts.plan_mount(config, p["host_path"], p["ct_path"])
         result.update(key=plan["key"], value=plan["value"], set=plan["set"])
         if not plan["set"]:
-            return
+            return plan
         result["changed"] = True
         if module._diff:
             header = f"CT {p['vmid']} {plan['key']} ({p['node']})"
@@ -102,30 +105,35 @@ def write(module, ct, result):
             result["diff"] = dict(before=before, after=f"{plan['key']}: {plan['value']}\n", before_header=header,
                                   after_header=header)  # fmt: skip
         if module.check_mode:
-            return
+            return plan
         body = dict(plan["set"], digest=config["digest"])
         try:
             with_retries(p, "writing the mount point", lambda b=body: ct.config.put(**b), lambda e: put_refused(p, e))
-            return
+            return plan
         except ResourceException as exc:
             if MODIFIED not in str(exc) or attempt == p["retries"]:
                 raise
     raise ApiFailure(f"the container config kept changing underneath ({p['retries'] + 1} attempts)")
 
 
-def apply_pending(module, api, ct, result):
-    """Reboot a running CT whose running config lacks the mount, when allowed."""
+def apply_pending(module, api, ct, result, plan):
+    """Reboot a running CT whose running config lacks the mount, when allowed. In check mode nothing was written:
+    the running config is the one the write would leave (lxc_mounts.running_after_write)."""
     p = module.params
     running = with_retries(p, "reading the running config", lambda: ct.config.get(current=1))
+    status = None
+    if module.check_mode and plan["set"]:
+        status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
+        running = lxc_mounts.running_after_write(running, plan, status.get("status") == "running")
     result["pending"] = not lxc_mounts.in_effect(running, p["host_path"], p["ct_path"])
     if not result["pending"]:
         return
-    status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
+    status = status or with_retries(p, "reading the container status", lambda: ct.status.current.get())
     if status.get("status") != "running" or p["restart"] != "auto":
         return  # the next start mounts it
     result["changed"] = True
     if module.check_mode:
-        result["would_restart"] = True
+        result.update(would_restart=True, pending=False)
         return
     upid = with_retries(p, "rebooting the container", lambda: ct.status.reboot.post())
     pve_api.wait_task(p, api, p["node"], upid, "the container's reboot", with_retries)
@@ -137,8 +145,7 @@ def run(module):
     result = dict(changed=False, restarted=False, pending=False, set={})
     api = with_retries(p, "logging in", lambda: connect(p))
     ct = api.nodes(p["node"]).lxc(p["vmid"])
-    write(module, ct, result)
-    apply_pending(module, api, ct, result)
+    apply_pending(module, api, ct, result, write(module, ct, result))
     return result
 
 

@@ -13,11 +13,19 @@ description:
     missing or wrong file with C(hf_hub_download) into I(path), and verifies every file against the size and hash
     the hub reports; an LFS file by its sha256, any other file by its git blob sha1 (the hub reports no sha256 for
     those). A file that does not match is removed, and the module fails naming it.
+  - Files are downloaded into C(.provision-download) inside I(path) and moved into place only when every file of
+    the revision is there and verified; a download that fails leaves I(path) as it was (a complete earlier
+    revision stays complete) and removes what it fetched. After the move, the files that the record says an
+    earlier download put there and that this revision does not list (say a stale
+    C(model.safetensors.index.json)) are removed. A file in I(path) that no download of this module put there and
+    that the revision does not list is left, with a warning naming it.
   - A record of the verified files (C(.provision-weights.json) in I(path)) lets a re-run skip the hub and the
     hashing when every file is as it was verified (same size, mtime and inode); it then reports no change.
   - The token reaches the client as a module parameter only; it is never on a command line, in the result or in
     the record.
-  - In check mode, reports which files would be downloaded, and downloads nothing.
+  - In check mode, reports which files would be downloaded and which removed, and changes nothing. Run by a
+    Python without C(huggingface_hub) (the venv the role installs it into does not exist yet), check mode reports
+    the download as pending, unless the record says the revision is complete in I(path).
 options:
   repo:
     type: str
@@ -60,7 +68,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 files:
-  description: One entry per file of the repo, with what the run did to it (present, downloaded, would_download).
+  description:
+    - One entry per file, with what the run did to it - present, downloaded or would_download (a file of the
+      revision), removed or would_remove (a file of an earlier download that the revision does not list).
+    - Empty in check mode when the client is not installed yet (see I(msg)).
   type: list
   elements: dict
   returned: always
@@ -69,14 +80,20 @@ downloaded_bytes:
   type: int
   returned: always
 client_version:
-  description: The huggingface_hub version that ran.
+  description: The huggingface_hub version that ran; null in check mode when it is not installed yet.
   type: str
   returned: always
+msg:
+  description: In check mode without the client, that the download is pending and why the files are not listed.
+  type: str
+  returned: when the client is not installed yet, in check mode
 """
 
 import contextlib
 import json
 import os
+import shutil
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import model_source as ms
@@ -87,15 +104,16 @@ class WeightsError(Exception):
     pass
 
 
-def hub_client():
-    """huggingface_hub, or one line saying which Python lacks it."""
+def hub_client(required: bool = True):
+    """huggingface_hub; when it is missing, None (not `required`: check mode) or one line saying which Python
+    lacks it."""
     try:
         import huggingface_hub
 
         return huggingface_hub
     except ImportError as exc:
-        import sys
-
+        if not required:
+            return None
         raise WeightsError(
             f"huggingface_hub is not installed for {sys.executable}: run this module with the Python of the venv "
             "that holds it (the sglang role installs it there)"
@@ -139,8 +157,8 @@ def status(exc) -> str:
 
 
 def check_present(expected: dict, root: str, manifest) -> tuple[bool, dict | None]:
-    """(whether the file in place is right, its record entry). A wrong file is removed, with the client's
-    download metadata, so that hf_hub_download fetches it again instead of trusting its own record."""
+    """(whether the file in place is right, its record entry). A wrong file stays until the verified download of
+    the right one replaces it (put_in_place)."""
     target = os.path.join(root, expected["name"])
     if ms.recorded_unchanged(manifest, expected, root):
         return True, manifest["files"][expected["name"]]
@@ -156,30 +174,68 @@ def record_entry(expected: dict, target: str) -> dict:
     return {k: expected[k] for k in ("size", "sha256", "git_sha1") if k in expected} | {"stat": ms.stat_key(target)}
 
 
+def client_metadata(root: str, name: str) -> str:
+    """Where hf_hub_download keeps its record of a file it put in `root` (huggingface_hub _local_folder.py:
+    .cache/huggingface/download/<name>.metadata)."""
+    return os.path.join(root, ".cache", "huggingface", "download", name + ".metadata")
+
+
 def remove_download(root: str, name: str) -> None:
-    """A file and the client's metadata for it (huggingface_hub _local_folder.py: .cache/huggingface/download)."""
-    for path in (os.path.join(root, name), os.path.join(root, ".cache", "huggingface", "download", name + ".metadata")):
+    """A file and the client's metadata for it; the directories the file leaves empty, up to `root`."""
+    for path in (os.path.join(root, name), client_metadata(root, name)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+    parent = os.path.dirname(os.path.join(root, name))
+    while parent != os.path.normpath(root) and parent.startswith(os.path.normpath(root) + os.sep):
+        try:
+            os.rmdir(parent)
+        except OSError:  # not empty
+            break
+        parent = os.path.dirname(parent)
 
 
-def download(hf, p, expected: dict) -> dict:
-    """hf_hub_download one file (the client resumes a transfer that breaks, within the call), then verify it."""
-    root, name = p["path"], expected["name"]
-    remove_download(root, name)
+def download(hf, p, staging: str, expected: dict) -> None:
+    """hf_hub_download one file into `staging` (the client resumes a transfer that breaks, within the call), then
+    verify it there. A failure names the file where it was meant to go."""
+    name = expected["name"]
+    target = os.path.join(p["path"], name)
     try:
-        hf.hf_hub_download(p["repo"], name, revision=p["revision"], local_dir=root, token=p["token"] or False,
+        hf.hf_hub_download(p["repo"], name, revision=p["revision"], local_dir=staging, token=p["token"] or False,
                            endpoint=p["endpoint"])  # fmt: skip
     except Exception as exc:
-        remove_download(root, name)
-        raise WeightsError(f"{os.path.join(root, name)}: the download failed: {type(exc).__name__}: "
+        raise WeightsError(f"{target}: the download failed: {type(exc).__name__}: "
                            f"{' '.join(str(exc).split())[:300]}") from exc  # fmt: skip
-    target = os.path.join(root, name)
-    problem = ms.mismatch(expected, *ms.file_digests(target))
+    problem = ms.mismatch(expected, *ms.file_digests(os.path.join(staging, name)))
     if problem:
-        remove_download(root, name)
         raise WeightsError(f"{target}: downloaded file does not match the hub's record ({problem}); removed it")
-    return record_entry(expected, target)
+
+
+def download_all(hf, p, missing: list[dict]) -> str:
+    """Every missing file into the staging directory, verified; on a failure nothing of it is left, and the model
+    directory is as it was."""
+    staging = os.path.join(p["path"], ms.STAGING)
+    shutil.rmtree(staging, ignore_errors=True)  # what a killed run left
+    try:
+        for expected in missing:
+            download(hf, p, staging, expected)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def put_in_place(root: str, staging: str, missing: list[dict], stale: list[str]) -> None:
+    """The switch, once the whole revision is verified: the earlier download's files this revision does not list
+    go, the new files are renamed into place (one filesystem: no copy, no partial file), the staging goes."""
+    for name in stale:
+        remove_download(root, name)
+    for expected in missing:
+        target = os.path.join(root, expected["name"])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(os.path.join(staging, expected["name"]), target)
+        with contextlib.suppress(FileNotFoundError):  # the client's record of the file this one replaced
+            os.unlink(client_metadata(root, expected["name"]))
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def run(module) -> dict:
@@ -189,28 +245,58 @@ def run(module) -> dict:
         raise WeightsError("; ".join(problems))
     root = p["path"]
     manifest = read_json(os.path.join(root, ms.MANIFEST))
-    hf = hub_client()
-    result = dict(changed=False, files=[], downloaded_bytes=0, client_version=hf.__version__)
+    hf = hub_client(required=not module.check_mode)
+    result = dict(changed=False, files=[], downloaded_bytes=0, client_version=getattr(hf, "__version__", None))
     if ms.recorded_complete(manifest, p["repo"], p["revision"], root):
         result["files"] = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
         return result
+    if hf is None:  # check mode before the role has installed the client: the download is pending
+        result.update(changed=True, msg=f"the download of {p['repo']} at {p['revision']} into {root} is pending: "
+                                        f"huggingface_hub is not installed for {sys.executable} yet")  # fmt: skip
+        return result
     files = hub_files(hf, p)
     record, missing = sort_present(files, root, manifest)
+    stale = [n for n in ms.recorded_not_listed(manifest, files) if os.path.lexists(os.path.join(root, n))]
+    warn_unlisted(module, root, files, manifest)
     need = sum(f["size"] for f in missing)
     problem = ms.space_problem(root, need, *ms.free_bytes(root))
     if problem:
         raise WeightsError(problem)
-    # the record is a cache of what was verified, not a change of the weights: changed means files to fetch
-    result.update(downloaded_bytes=need, changed=bool(missing))
+    # the record is a cache of what was verified, not a change of the weights: changed means files to fetch or remove
+    result.update(downloaded_bytes=need, changed=bool(missing or stale))
     if not module.check_mode:
-        os.makedirs(root, mode=0o755, exist_ok=True)
-        for expected in missing:
-            record[expected["name"]] = download(hf, p, expected)
-        write_manifest(os.path.join(root, ms.MANIFEST), p, record)
-    action = "would_download" if module.check_mode else "downloaded"
-    names = {f["name"] for f in missing}
-    result["files"] = [file_line(f, action if f["name"] in names else "present") for f in files]
+        converge(hf, p, record, missing, stale)
+    result["files"] = file_lines(files, missing, stale, manifest, module.check_mode)
     return result
+
+
+def converge(hf, p, record: dict, missing: list[dict], stale: list[str]) -> None:
+    """Download what is missing, put it in place, remove what the revision does not list, and record it all."""
+    root = p["path"]
+    os.makedirs(root, mode=0o755, exist_ok=True)
+    put_in_place(root, download_all(hf, p, missing), missing, stale)
+    record.update({e["name"]: record_entry(e, os.path.join(root, e["name"])) for e in missing})
+    write_manifest(os.path.join(root, ms.MANIFEST), p, record)
+
+
+def file_lines(files: list[dict], missing: list[dict], stale: list[str], manifest, check_mode: bool) -> list[dict]:
+    """The result's `files`: each file of the revision, then each file of an earlier download that went."""
+    fetched = {f["name"] for f in missing}
+    action = "would_download" if check_mode else "downloaded"
+    lines = [file_line(f, action if f["name"] in fetched else "present") for f in files]
+    sizes = {n: e.get("size") for n, e in ms.recorded_files(manifest).items() if isinstance(e, dict)}
+    gone = "would_remove" if check_mode else "removed"
+    return lines + [{"name": n, "size": sizes.get(n), "action": gone} for n in stale]
+
+
+def warn_unlisted(module, root: str, files: list[dict], manifest) -> None:
+    """A warning for each file in the model directory that no download of this module put there and that the
+    revision does not list: left in place (it is not this module's to remove), but the loader may read it."""
+    listed = {f["name"] for f in files} | set(ms.recorded_files(manifest))
+    for name in ms.files_under(root):
+        if name not in listed:
+            module.warn(f"{os.path.join(root, name)} is not a file of {module.params['repo']} at "
+                        f"{module.params['revision']} and no download put it there: left as it is")  # fmt: skip
 
 
 def sort_present(files: list[dict], root: str, manifest) -> tuple[dict, list[dict]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provision import locks
 from provision.lab.container import LabContainer
 from provision.lab.ctbody import TEMPLATE_VOLID, _link_in_use, net_index
 from tests.conftest import run_provision
@@ -28,6 +29,7 @@ from tests.lab.helpers import apply, pve_api, wait_task
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
 
 NODE, VMID, NAME = "pve-grub", 150, "sglang-02"
+CREATE_TASK = "Create the container from proxmox_ct_spec when its VMID does not exist"  # roles/proxmox_ct
 SPEC_MEMORY = 3072
 
 
@@ -81,6 +83,24 @@ def as_root(lab, body) -> LabContainer:
     return LabContainer(body.spec, body.dir, body.rootfs, lab.client_key, lab.known_hosts, body.read_only_binds)
 
 
+def created_under_node_lock(record: Path) -> bool:
+    """Whether, in the run's job events (runner's order), the read that took the host lock of NAME's node (under
+    --limit, the container's delegated read of its node) answered `taken` before the create task started on NAME."""
+    events = sorted((json.loads(p.read_text()) for p in (record / "artifacts" / "run" / "job_events").glob("*.json")),
+                    key=lambda e: e.get("counter", 0))  # fmt: skip
+    for event in events:
+        data = event.get("event_data") or {}
+        if data.get("host") != NAME:
+            continue
+        if event["event"] == "runner_on_ok" and data.get("task") == locks.NODE_READ_TASK:
+            lock = json.loads((data.get("res") or {}).get("stdout") or "{}").get("lock") or {}
+            if lock.get("taken"):
+                return True
+        if event["event"] == "runner_on_start" and data.get("task") == CREATE_TASK:
+            return False
+    return False
+
+
 def test_a_missing_ct_is_pending_in_the_plan_then_created_from_its_spec_and_converged(lab, new_ct, runs):
     inv, address = new_ct
     proc = run_provision("plan", "--inventory", str(inv), "--limit", NAME, "--tags", "gpu", "--json",
@@ -91,8 +111,11 @@ def test_a_missing_ct_is_pending_in_the_plan_then_created_from_its_spec_and_conv
     assert f"create CT {VMID} on {NODE}" in said and "pending" in said, said
     assert VMID not in lab.created_containers() and known_keys(lab, address) == [], "check mode created nothing"
 
+    records = set(runs.iterdir())
     rc, result, err = apply(inv, runs, "--limit", NAME, "--tags", "gpu")
     assert rc == 0, err[-3000:]
+    (record,) = set(runs.iterdir()) - records
+    assert created_under_node_lock(record), "the create reached PVE before the run held its node's host lock"
     ct = lab.pve_control("GET", f"/ct/{VMID}")
     assert ct["status"] == "running"
     config = ct["config"]

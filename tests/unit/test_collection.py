@@ -87,6 +87,30 @@ def test_ansible_doc_reads_every_module_and_lookup_of_the_installed_collection(i
     assert sorted(json.loads(doc.stdout)) == names
 
 
+# The keys a module's option may have in its documentation: ansible-test's validate-modules schema for modules
+# (ansible_test/_util/controller/sanity/validate-modules/validate_modules/schema.py, ansible-core 2.19,
+# list_dict_option_schema l.577-589 and the suboptions of l.697-700). `no_log` is not one: it belongs to the
+# argument spec, where Ansible acts on it.
+MODULE_OPTION_KEYS = {"description", "required", "choices", "aliases", "version_added", "version_added_collection",
+                      "default", "type", "elements", "suboptions"}  # fmt: skip
+
+
+def test_every_documented_option_has_only_the_keys_ansible_documents(installed):
+    names = [f"provision.pve_sglang.{p.stem}" for p in sorted((REPO / "plugins" / "modules").glob("*.py"))]
+    doc = run([BIN / "ansible-doc", "-t", "module", "--json", *names], cwd=installed, env=ansible_env(installed))
+    assert doc.returncode == 0, doc.stderr
+
+    def wrong(options: dict, where: str) -> list[str]:
+        found = []
+        for name, option in (options or {}).items():
+            found += [f"{where}{name}: {key}" for key in sorted(set(option) - MODULE_OPTION_KEYS)]
+            found += wrong(option.get("suboptions"), f"{where}{name}.")
+        return found
+
+    found = [f"{m}: {line}" for m, d in json.loads(doc.stdout).items() for line in wrong(d["doc"]["options"], "")]
+    assert found == []
+
+
 @pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs a system python3 outside the virtualenv")
 def test_a_module_runs_its_module_utils_from_the_collection_without_provision(installed, tmp_path):
     probe = run([SYSTEM_PYTHON, "-c", "import provision"], cwd=tmp_path)

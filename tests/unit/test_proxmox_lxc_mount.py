@@ -71,3 +71,41 @@ def test_check_mode_writes_nothing(module, served):
     before = dict(served.ct.config)
     result = run(module, served, _ansible_check_mode=True)
     assert result["changed"] is True and served.ct.config == before
+
+
+# ---------------------------------------------------------------- check mode predicts what apply does (#14 review)
+
+
+def outcome(result: dict) -> dict:
+    """What a run did, or in check mode would do: the change, the reboot, and the mount left pending."""
+    assert not result.get("failed"), result
+    return {"changed": result["changed"], "restart": result.get("restarted") or result.get("would_restart", False),
+            "pending": result["pending"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "status", "apply_does"),
+    [
+        # a new mpN on a running CT: PVE hot-plugs it
+        ({}, "running", {"changed": True, "restart": False, "pending": False}),
+        # an mpN the running CT already holds, changed: it stays pending, and the module reboots the CT
+        ({"mp1": f"/srv/old,mp={CT}"}, "running", {"changed": True, "restart": True, "pending": False}),
+        # a stopped CT takes the change at once
+        ({"mp1": f"/srv/old,mp={CT}"}, "stopped", {"changed": True, "restart": False, "pending": False}),
+        # nothing to write, but an earlier change of the entry still pending on the running CT
+        ({"mp1": f"/srv/old,mp={CT}", "pending": {"mp1": f"{HOST},mp={CT},ro=1"}}, "running",
+         {"changed": True, "restart": True, "pending": False}),
+    ],
+    ids=["new-entry-hot-plugged", "changed-entry-rebooted", "stopped-ct", "left-pending-earlier"],
+)  # fmt: skip
+def test_check_mode_predicts_exactly_what_apply_does(module, served, config, status, apply_does):
+    served.ct.config.update({k: v for k, v in config.items() if k != "pending"})
+    served.ct.pending.update(config.get("pending", {}))
+    served.ct.status = status
+    predicted = outcome(run(module, served, _ansible_check_mode=True))
+    assert served.reboots() == 0
+    done = outcome(run(module, served))
+    served.idle()
+    assert done == apply_does, "what PVE does (fakepve: LXC/Config.pm vmconfig_hotplug_pending)"
+    assert predicted == done, (predicted, done)
+    assert served.reboots() == int(apply_does["restart"])

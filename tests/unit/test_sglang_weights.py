@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -168,3 +169,120 @@ def test_too_little_space_fails_before_downloading(hub, tmp_path, monkeypatch):
     result = main_result(weights, args(hub, tmp_path / "tiny"))
     assert result.get("failed") and result["msg"].startswith(f"{tmp_path / 'tiny'}: the download needs "), result
     assert "free" in result["msg"] and not [r for r in hub.requests if "/resolve/" in r["path"]]
+
+
+# ---------------------------------------------------------------- a change of revision (#14 review)
+
+
+def revisions(hub):
+    """Revision A, as served now plus a sharded-checkpoint index and a file in a subdirectory, and B, a later commit
+    with another config and other weights and neither of A's extra files. The hub serves A until `to_b()`."""
+    a = hub.repos[hfhub.REPO_ID]
+    index = hfhub.HubFile("model.safetensors.index.json", b'{"weight_map": {"weight": "model-00001.safetensors"}}\n')
+    a = hfhub.HubRepo(a.repo_id, [*a.files, index, hfhub.HubFile("extra/notes.txt", b"revision a\n")])
+    b = hfhub.HubRepo(a.repo_id, [
+        hfhub.HubFile("config.json", a.file("config.json").data.replace(b'"hidden_size": 64', b'"hidden_size": 32')),
+        a.file("tokenizer.json"),
+        hfhub.HubFile("model.safetensors", hfhub.safetensors_blob(60_000), lfs=True),
+    ])  # fmt: skip
+    assert a.commit != b.commit
+    hub.repos[hfhub.REPO_ID] = a
+    return a, b
+
+
+def tree(path) -> dict:
+    """Every file under path, relative, with its sha256 (the record and the client's own records aside)."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != ms.MANIFEST and ".cache" not in p.relative_to(path).parts}  # fmt: skip
+
+
+def as_served(repo) -> dict:
+    return {f.path: f.sha256 for f in repo.files}
+
+
+def test_a_new_revision_replaces_the_old_ones_files_and_removes_those_it_does_not_list(hub, tmp_path):
+    a, b = revisions(hub)
+    assert main_result(weights, args(hub, tmp_path))["changed"] is True
+    assert tree(tmp_path) == as_served(a)
+    hub.repos[hfhub.REPO_ID] = b
+    result = main_result(weights, args(hub, tmp_path, revision=b.commit))
+    assert not result.get("failed"), result
+    assert tree(tmp_path) == as_served(b), "the files of revision B, and nothing of A's that B does not list"
+    assert not (tmp_path / "extra").exists() and not (tmp_path / ms.STAGING).exists()
+    assert {f["name"]: f["action"] for f in result["files"]} == {
+        "config.json": "downloaded", "tokenizer.json": "present", "model.safetensors": "downloaded",
+        "extra/notes.txt": "removed", "model.safetensors.index.json": "removed",
+    }  # fmt: skip
+    assert json.loads((tmp_path / ms.MANIFEST).read_text())["revision"] == b.commit
+    again = main_result(weights, args(hub, tmp_path, revision=b.commit))
+    assert again["changed"] is False, again
+
+
+def test_check_mode_of_a_new_revision_names_what_would_go_and_changes_nothing(hub, tmp_path):
+    a, b = revisions(hub)
+    main_result(weights, args(hub, tmp_path))
+    hub.repos[hfhub.REPO_ID] = b
+    result = main_result(weights, args(hub, tmp_path, revision=b.commit, _ansible_check_mode=True))
+    assert result["changed"] is True
+    assert {f["name"] for f in result["files"] if f["action"] == "would_remove"} == {
+        "extra/notes.txt", "model.safetensors.index.json"}  # fmt: skip
+    assert tree(tmp_path) == as_served(a) and not (tmp_path / ms.STAGING).exists()
+
+
+def test_a_failed_download_of_a_new_revision_leaves_the_old_one_whole(hub, tmp_path):
+    a, b = revisions(hub)
+    main_result(weights, args(hub, tmp_path))
+    hub.repos[hfhub.REPO_ID] = b
+    hub.corrupt(hfhub.REPO_ID, "model.safetensors")
+    result = main_result(weights, args(hub, tmp_path, revision=b.commit))
+    assert result.get("failed") and f"{tmp_path / 'model.safetensors'}: " in result["msg"], result
+    assert "sha256" in result["msg"] and "\n" not in result["msg"]
+    # config.json of B was downloaded and verified before the failure: none of it reached the model directory
+    assert tree(tmp_path) == as_served(a) and not (tmp_path / ms.STAGING).exists()
+    assert json.loads((tmp_path / ms.MANIFEST).read_text())["revision"] == a.commit
+    hub.repos[hfhub.REPO_ID] = a
+    hub.requests.clear()
+    back = main_result(weights, args(hub, tmp_path))
+    assert back["changed"] is False and hub.requests == [], "A is still recorded complete: the hub is not asked"
+
+
+def test_a_file_no_download_put_there_is_left_with_a_warning(hub, tmp_path, capsys):
+    (tmp_path / "NOTES.local").write_text("mine\n")
+    result = main_result(weights, args(hub, tmp_path))
+    assert not result.get("failed") and (tmp_path / "NOTES.local").read_text() == "mine\n", result
+    assert f"{tmp_path / 'NOTES.local'} is not a file of {hfhub.REPO_ID} at " in capsys.readouterr().err
+
+
+def test_a_record_naming_a_file_outside_the_directory_removes_nothing_there(hub, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the model's\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / ms.MANIFEST).write_text(json.dumps({"repo": "x/y", "revision": "0" * 40,
+                                                 "files": {"../outside.txt": {"size": 16}}}))  # fmt: skip
+    result = main_result(weights, args(hub, model))
+    assert not result.get("failed") and outside.exists(), result
+
+
+# ---------------------------------------------------------------- check mode before the client is installed
+
+
+def test_check_mode_without_the_client_reports_the_download_pending(hub, tmp_path, monkeypatch):
+    """A fresh container in `provision plan`: the venv that gets huggingface_hub does not exist yet, so the module
+    runs under a Python without it (roles/sglang tasks/weights.yml)."""
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` raises ImportError
+    target = tmp_path / "tiny"
+    result = main_result(weights, args(hub, target, _ansible_check_mode=True))
+    assert not result.get("failed"), result
+    assert result["changed"] is True and result["client_version"] is None and result["files"] == []
+    assert result["msg"].startswith(f"the download of {hfhub.REPO_ID} at ") and "pending" in result["msg"]
+    assert not target.exists() and hub.requests == []
+    applied = main_result(weights, args(hub, target))
+    assert applied.get("failed") and applied["msg"].startswith("huggingface_hub is not installed for "), applied
+
+
+def test_check_mode_without_the_client_finds_a_recorded_complete_download_up_to_date(hub, tmp_path, monkeypatch):
+    main_result(weights, args(hub, tmp_path))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    result = main_result(weights, args(hub, tmp_path, _ansible_check_mode=True))
+    assert result["changed"] is False and {f["action"] for f in result["files"]} == {"present"}, result
