@@ -113,6 +113,9 @@ class EventCollector:
         self.aborted = False
         self.last_tasks: dict[str, dict[str, Any]] = {}
         self._on_update = on_update
+        # a host's last failure, and those after which the host ran on: a rescue's candidates (_drop_rescued)
+        self._last_failure: dict[str, dict[str, Any]] = {}
+        self._ran_on: dict[str, list[dict[str, Any]]] = {}
 
     def _report(self, host: str, res: dict[str, Any]) -> None:
         messages = _report_messages(res)
@@ -142,6 +145,10 @@ class EventCollector:
             self.current_task = data.get("task", "")
         elif kind == "runner_on_start" and host:
             self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": False}
+            if host in self._last_failure:
+                self._ran_on.setdefault(host, []).append(self._last_failure.pop(host))
+        elif kind == "playbook_on_stats":
+            self._drop_rescued(data.get("rescued") or {})
         elif kind.startswith("runner_on_") and host and kind != "runner_on_async_poll":
             self._host_result(kind, host, data)
         elif kind in ("warning", "deprecated") and event.get("stdout"):
@@ -182,7 +189,17 @@ class EventCollector:
             stats.ignored += 1
         else:
             stats.failed += 1
-            self.failures.append({"host": host, "task": task, "message": _failure_message(res)})
+            self._last_failure[host] = {"host": host, "task": task, "message": _failure_message(res)}
+            self.failures.append(self._last_failure[host])
+
+    def _drop_rescued(self, rescued: dict[str, int]) -> None:
+        """A failure a block's rescue handled is not the run's: Ansible's stats count each host's rescues, and the
+        failures they were are among those after which the host ran on (an `always` runs on too, but is no rescue)."""
+        for host, count in rescued.items():
+            for failure in self._ran_on.get(host, [])[: int(count)]:
+                self.failures.remove(failure)
+                self.live[host].failed -= 1
+                self.live[host].rescued += 1
 
 
 # A task reports to the operator by returning this key in its msg (`ansible.builtin.debug` with
@@ -232,7 +249,7 @@ def _failure_message(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
     if res.get("stderr") and res.get("msg") and res["stderr"] not in str(msg):
         msg = f"{msg}: {res['stderr']}"
-    return str(msg).strip()
+    return " ".join(str(msg).split())  # one line, whatever the module or the connection printed
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -86,3 +86,26 @@ def test_a_connection_lost_mid_task_says_what_happened_not_to_file_a_bug():
         "message": "unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
         "network: the respondent Context has disconnected); run apply again once it answers ssh",
     }]  # fmt: skip
+
+
+def test_a_failure_a_rescue_handled_is_not_among_the_runs_failures():
+    """A block's rescue ran after the first failure (the host ran on, and the stats count one rescue); the rescue's
+    own failure, the host's last, stays. A failure followed only by an `always` stays too."""
+    c = EventCollector()
+    events = [
+        _ev("runner_on_start", task="wait"),
+        _ev("runner_on_failed", task="wait", res={"msg": "WARNING: REMOTE HOST IDENTIFICATION\nHAS CHANGED"}),
+        _ev("runner_on_start", task="refuse"),
+        _ev("runner_on_failed", task="refuse", res={"msg": "h1: serves another key: refusing to connect"}),
+        _ev("runner_on_start", host="h2", task="step"),
+        _ev("runner_on_failed", host="h2", task="step", res={"msg": "broke"}),
+        _ev("runner_on_start", host="h2", task="always"),
+        _ev("runner_on_ok", host="h2", task="always", res={}),
+        {"event": "playbook_on_stats", "event_data": {"rescued": {"h1": 1}, "failures": {"h1": 1, "h2": 1}}},
+    ]
+    assert all(c.handle(e) is True for e in events)
+    assert [(f["host"], f["message"]) for f in c.failures] == [
+        ("h1", "h1: serves another key: refusing to connect"),
+        ("h2", "broke"),
+    ]
+    assert (c.live["h1"].failed, c.live["h1"].rescued, c.live["h2"].failed) == (1, 1, 1)
