@@ -34,7 +34,7 @@ class Namespace:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         mounts = []
-        for i, lower in enumerate(("/etc", "/usr/bin", "/usr/src", "/usr/local", "/var/lib", "/run")):
+        for i, lower in enumerate(("/etc", "/usr/bin", "/usr/src", "/usr/local", "/var/lib", "/var/log", "/run")):
             upper, work = tmp / f"upper{i}", tmp / f"work{i}"
             upper.mkdir()
             work.mkdir()
