@@ -200,7 +200,7 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
     ),
     "Run the NVIDIA installer with DKMS": (
         "NVIDIA installer cut short: the node may hold a partial driver install; the next run installs it again",
-        "NVIDIA driver installed, its module not checked (a reboot may be due to load it)",
+        "NVIDIA installer ran, its result and module not checked (a reboot may be due to load it); the next run checks",
     ),
     "Pass the GPU device nodes into the container through the Proxmox API": (
         "the container's devN entries being changed through the API: the container may be restarting",

@@ -354,8 +354,9 @@ def _driver_rule(name: str):
 VARIABLE_TYPES.update(
     {
         "nvidia_driver_version": (
-            _driver_rule("version_problem"),
-            "an NVIDIA driver version such as 580.95.05, 580.65.06 or newer (the CUDA 13 floor SGLang 0.5.23 needs)",
+            _driver_rule("pin_problem"),
+            "an NVIDIA driver version such as 580.95.05, 580.65.06 or newer (the CUDA 13 floor SGLang 0.5.23 needs), "
+            "or unset (the driver not managed)",
         ),
         "nvidia_driver_installer_sha256": (_driver_rule("sha256_problem"), "the installer's sha256, 64 hex digits"),
         "nvidia_driver_installer": (_driver_rule("source_problem"), "an http(s) URL or an absolute path on the node"),

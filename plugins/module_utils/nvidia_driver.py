@@ -12,6 +12,12 @@ Sources, read, not copied:
   installed"), kernel.c (a loaded NVIDIA module that rmmod cannot take out aborts a `--no-questions` install unless
   `--allow-installation-with-running-driver`), misc.c dkms_register_module/dkms_module_installed (`dkms ldtarball`,
   `dkms install`, then `dkms status -m nvidia -v <ver> -k <kernel>` must say ": installed").
+- the installer's log: NVIDIA/nvidia-installer 590.48.01 nvidia-installer.h DEFAULT_LOG_FILE_NAME
+  (/var/log/nvidia-installer.log; option_table.h `--log-file-name`), user-interface.c message_helper/level_str (each
+  error is logged as a line starting `ERROR: `), install-from-cwd.c (a failed install ends with the error
+  "Installation has failed.  Please see the file '<log>' ...", which says nothing of why).
+- NVIDIA's downloads of its data center drivers: https://us.download.nvidia.com/tesla/<version>/
+  NVIDIA-Linux-x86_64-<version>.run (the base URL the driver phase has used since #14).
 - `dkms status` lines: dkms 3.x `nvidia/580.95.05, 6.8.12-4-pve, x86_64: installed` (and `nvidia/580.95.05: added`
   before a build); dkms 2.x `nvidia, 580.95.05, 6.8.12-4-pve, x86_64: installed`.
 """
@@ -35,6 +41,27 @@ _DKMS_LINE = re.compile(
 _NVSWITCH = re.compile(r"\s0680:\s*10de:[0-9a-f]{4}", re.IGNORECASE)
 # NVIDIA's modules that hold the driver loaded, most dependent first (the order `modprobe -r` needs).
 MODULES_TO_UNLOAD = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia")
+INSTALLER_LOG = "/var/log/nvidia-installer.log"
+_ERROR, _INSTALL_FAILED = "ERROR: ", "Installation has failed."
+DOWNLOAD_URL = "https://us.download.nvidia.com/tesla/{version}/NVIDIA-Linux-x86_64-{version}.run"
+
+
+def pinned(version) -> bool:
+    """Whether the inventory pins the node's driver: an unset or empty nvidia_driver_version leaves the driver
+    unmanaged (the driver phase skips the node, verify does not check it)."""
+    return version is not None and version != ""
+
+
+def pin_problem(version) -> str | None:
+    """Why `version` cannot be the node's pin, or None: no pin at all is not a problem (the driver is not
+    managed), a pin that is set must be a driver version at the CUDA 13 floor or newer."""
+    return version_problem(version) if pinned(version) else None
+
+
+def download_url(version: str) -> str:
+    """NVIDIA's URL of the .run installer for `version`: the default source of the node's driver and, while the
+    node runs its pin, of the container's userspace (the same file, so the same sha256)."""
+    return DOWNLOAD_URL.format(version=version)
 
 
 def version_key(version: str) -> tuple[int, ...] | None:
@@ -112,13 +139,19 @@ def decide(wanted: str, report: dict) -> dict:
     report = {kernel, loaded (the module's version in /proc/driver/nvidia/version, or None), installed (modinfo's
     version of the module for the running kernel, or None), dkms ([{version, kernel, arch, state}]),
     nouveau_loaded (bool)}.
-    Returns {install, upgrade, load, reboot_for_nouveau, current, reason}:
+    Returns {managed, install, upgrade, load, unload, may_reboot, reboot_for_nouveau, current, reason}:
+    - managed: the inventory pins a driver (else every other key is false, current true: nothing to do);
     - install: the installer must run (nothing installed, another version, or not registered with DKMS);
-    - upgrade: another version is installed or loaded (its holders are stopped and the module unloaded first);
+    - upgrade: another version is installed or loaded;
     - load: the wanted module is installed but not the one loaded (none, or an older one still in memory);
+    - unload: a module is loaded and the node is not current: its holders are stopped and it is unloaded first;
+    - may_reboot: the loaded module is another version: where a process holds it, it cannot be unloaded and only a
+      reboot loads the wanted one (so whether the node may reboot is settled before anything is stopped);
     - reboot_for_nouveau: nouveau is loaded, so the node reboots (after the blacklist) before the installer runs,
       which refuses to install while nouveau is in use;
     - current: nothing to do."""
+    if not pinned(wanted):
+        return _unmanaged(report)
     kernel = report.get("kernel", "")
     registered = dkms_installed(report.get("dkms") or [], wanted, kernel)
     installed_ok = report.get("installed") == wanted and registered
@@ -129,8 +162,17 @@ def decide(wanted: str, report: dict) -> dict:
     reboot_for_nouveau = bool(report.get("nouveau_loaded")) and loaded is None
     current = installed_ok and loaded == wanted
     reason = _reason(wanted, report, registered)
-    return {"install": install, "upgrade": upgrade, "load": load, "reboot_for_nouveau": reboot_for_nouveau,
-            "current": current, "reason": reason}  # fmt: skip
+    return {"managed": True, "install": install, "upgrade": upgrade, "load": load,
+            "unload": loaded is not None and not current, "may_reboot": loaded not in (None, wanted),
+            "reboot_for_nouveau": reboot_for_nouveau, "current": current, "reason": reason}  # fmt: skip
+
+
+def _unmanaged(report: dict) -> dict:
+    loaded = report.get("loaded")
+    running = f"NVIDIA module {loaded} loaded" if loaded else "no NVIDIA module loaded"
+    reason = f"driver not managed (nvidia_driver_version is not set), skipped: {running}"
+    nothing = ("managed", "install", "upgrade", "load", "unload", "may_reboot", "reboot_for_nouveau")
+    return {**dict.fromkeys(nothing, False), "current": True, "reason": reason}
 
 
 def _reason(wanted: str, report: dict, registered: bool) -> str:
@@ -156,3 +198,29 @@ def after_install(wanted: str, loaded: str | None) -> dict:
     if loaded is None:
         return {"reboot": False, "reason": f"driver {wanted} installed but not loaded"}
     return {"reboot": True, "reason": f"driver {loaded} still loaded after installing {wanted}: reboot to load it"}
+
+
+def installer_log(args: list[str]) -> str:
+    """Where the installer writes its log: `--log-file-name` among its arguments, else NVIDIA's default."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--log-file-name="):
+            return arg.split("=", 1)[1]
+        if arg == "--log-file-name" and i + 1 < len(args):
+            return args[i + 1]
+    return INSTALLER_LOG
+
+
+def last_installer_error(log_text: str | None) -> str | None:
+    """The last error the installer logged that says why it failed (its closing "Installation has failed." says
+    only that it did): its first line (a message may go on over more); None where the log holds none."""
+    lines = (log_text or "").splitlines()
+    errors = [line[len(_ERROR) :].strip() for line in lines if line.startswith(_ERROR)]
+    said = [e for e in errors if e and not e.startswith(_INSTALL_FAILED)]
+    return said[-1] if said else None
+
+
+def installer_failure(host: str, version: str, rc: int, log_path: str, log_text: str | None) -> str:
+    """The one line for a failed install: the host, the version, the log, and the installer's last error."""
+    error = last_installer_error(log_text)
+    why = f": {error}" if error else ""
+    return f"{host}: the NVIDIA installer for driver {version} failed (exit {rc}){why}; its log: {host}:{log_path}"

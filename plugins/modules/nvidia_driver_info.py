@@ -11,14 +11,17 @@ description:
     running kernel (C(modinfo -F version nvidia)), the DKMS status of C(nvidia), whether nouveau is loaded
     (C(/proc/modules)), and whether the node has NVSwitches (C(lspci -n), an NVIDIA device of class 0680).
   - Checks the pinned version, the installer's sha256 and its source before anything is read, each failure one line
-    naming the inventory variable.
-  - Decides whether the installer must run, whether it is an upgrade, whether the module needs loading and whether
-    nouveau forces a reboot first (plugins/module_utils/nvidia_driver.py C(decide)).
+    naming the inventory variable (none of them where no version is pinned).
+  - Decides whether the installer must run, whether it is an upgrade, whether the module needs loading or unloading,
+    whether a reboot may follow and whether nouveau forces a reboot first, and once the installer ran whether the node
+    must reboot to load the new module (plugins/module_utils/nvidia_driver.py C(decide) and C(after_install)).
 options:
   version:
-    description: The pinned driver version (the inventory's C(nvidia_driver_version)).
+    description:
+      - The pinned driver version (the inventory's C(nvidia_driver_version)). Empty - the driver is not managed - the
+        module reads the node and decides nothing to do (C(decision.managed) false).
     type: str
-    required: true
+    default: ""
   installer:
     description: The installer's source, an http(s) URL or an absolute path on the node (C(nvidia_driver_installer)).
     type: str
@@ -37,6 +40,17 @@ options:
     description: The inventory name the failure messages start with.
     type: str
     default: ""
+  installer_rc:
+    description:
+      - The exit status of the installer this run ran. Where it is not 0, C(installer_failure) is the one line that
+        says so - the host, the version, the installer's last error from its log (C(/var/log/nvidia-installer.log),
+        or the C(--log-file-name) among I(installer_args)) and where that log is.
+    type: int
+  installer_started:
+    description:
+      - When that installer started, as ansible.builtin.command returns it (C(start), the host's local time). A log
+        older than that is an earlier run's, and its errors are not quoted.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -48,7 +62,7 @@ EXAMPLES = r"""
 - name: Read the node's NVIDIA driver
   provision.pve_sglang.nvidia_driver_info:
     version: "580.95.05"
-    installer: https://us.download.nvidia.com/XFree86/Linux-x86_64/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run
+    installer: https://us.download.nvidia.com/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run
     installer_sha256: "{{ nvidia_driver_installer_sha256 }}"
   register: driver
 """
@@ -67,16 +81,35 @@ report:
     nvswitch: {description: the node has NVSwitches (fabric manager needed), type: bool}
     module_users: {description: the loaded nvidia module's use count, type: int}
 decision:
-  description: What the pinned version needs (install, upgrade, load, reboot_for_nouveau, current, reason).
+  description:
+    - What the pinned version needs - managed, install, upgrade, load, unload, may_reboot, reboot_for_nouveau, current
+      and reason (plugins/module_utils/nvidia_driver.py C(decide)).
   type: dict
+  returned: always
+after_install:
+  description: Once the installer ran or the module was loaded - whether only a reboot loads the pinned one, and why.
+  type: dict
+  returned: always
+  contains:
+    reboot: {description: the loaded module is another version that could not be unloaded, type: bool}
+    reason: {description: what the node runs now, type: str}
+modules_to_unload:
+  description: NVIDIA's modules that hold the driver loaded, in the order C(modprobe -r) takes them out.
+  type: list
+  elements: str
   returned: always
 installer_args:
   description: The installer's arguments for the module as loaded now.
   type: list
   returned: always
+installer_failure:
+  description: The one line for an installer that failed (I(installer_rc) not 0), else null.
+  type: str
+  returned: always
 """
 
 import os
+from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import nvidia_driver as rules
@@ -124,8 +157,10 @@ def read_report(module) -> dict:
 
 
 def input_problems(params: dict) -> list[str]:
-    """One line per inventory variable that cannot be used, each naming it."""
-    checks = [("nvidia_driver_version", rules.version_problem(params["version"]))]
+    """One line per inventory variable that cannot be used, each naming it (no pin at all: nothing to check)."""
+    if not rules.pinned(params["version"]):
+        return []
+    checks = [("nvidia_driver_version", rules.pin_problem(params["version"]))]
     if params.get("installer") is not None:
         checks.append(("nvidia_driver_installer", rules.source_problem(params["installer"])))
     if params.get("installer_sha256") is not None:
@@ -142,16 +177,47 @@ def main():
             "installer_sha256": {"type": "str"},
             "installer_args": {"type": "list", "elements": "str", "default": []},
             "host": {"type": "str", "default": ""},
+            "installer_rc": {"type": "int"},
+            "installer_started": {"type": "str"},
         },
         supports_check_mode=True,
     )
     problems = input_problems(module.params)
     if problems:
         module.fail_json(msg="; ".join(problems))
+    p = module.params
     report = read_report(module)
-    args = rules.installer_args(module.params["installer_args"], running_driver_stays=report["loaded"] is not None)
-    decision = rules.decide(module.params["version"], report)
-    module.exit_json(changed=False, report=report, decision=decision, installer_args=args)
+    module.exit_json(
+        changed=False,
+        report=report,
+        decision=rules.decide(p["version"], report),
+        after_install=rules.after_install(p["version"], report["loaded"]),
+        modules_to_unload=list(rules.MODULES_TO_UNLOAD),
+        installer_args=rules.installer_args(p["installer_args"], running_driver_stays=report["loaded"] is not None),
+        installer_failure=installer_failure(p),
+    )
+
+
+def installer_failure(params: dict) -> str | None:
+    """The one line for the installer this run ran, where it failed: its last error read from its log."""
+    if params.get("installer_rc") in (None, 0):
+        return None
+    log = rules.installer_log(params["installer_args"])
+    host = params["host"] or os.uname().nodename
+    return rules.installer_failure(host, params["version"], params["installer_rc"], log, _log_since(log, params))
+
+
+def _log_since(path: str, params: dict) -> str | None:
+    """The installer's log, where this run's installer wrote it (not older than its start)."""
+    try:
+        started = datetime.strptime(params.get("installer_started") or "", "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    except ValueError:
+        started = 0.0
+    try:
+        written = os.stat(path).st_mtime
+    except OSError:
+        return None
+    return _read(path) if written >= started - 1 else None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The driver phase on nodes that have no NVIDIA driver (`provision lab up --bare`, issue #14): plan says what it would
-do and changes nothing; a wrong sha256 stops the phase before anything is installed, naming the file; the phase
-installs the pinned driver with DKMS and loads it, and a second apply changes nothing; a new pin upgrades, and the
-node reboots (through the kernel phase's safe reboot) into the new module, which the old one's holder kept out.
+do, each step a pending change, and changes nothing; a wrong sha256 stops the phase before anything is installed,
+naming the file; the phase installs the pinned driver with DKMS and loads it, and a second apply changes nothing; a
+node without a pin is not managed; a new pin with reboots off stops before anything changes; a new pin upgrades, and
+the node reboots (through the kernel phase's safe reboot) into the new module, which the old one's holder kept out.
 
 The module brings up a bare lab of its own (the session's lab goes down first) and leaves a normal one behind. The
 lab's nodes reach no package mirror (the phase's headers and dkms lists are empty in the lab's inventory) and cannot
@@ -63,9 +64,14 @@ def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, t
     proc = run_provision("plan", "--inventory", str(inventory), "--tags", "driver", "--json", "--runs-dir",
                          str(tmp_path), timeout=900)  # fmt: skip
     assert proc.returncode == 4, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["hosts"] == dict.fromkeys(NODES, "changes pending")
+    envelope = json.loads(proc.stdout)
+    assert envelope["hosts"] == dict.fromkeys(NODES, "changes pending")
     for name in NODES:
         assert node_state(bare.vm(name))["blacklist"] == ""
+        # each step check mode cannot run is listed as a change (#14 review): the initramfs rebuild, the installer
+        pending = envelope["result"]["would_change"][name]
+        assert "Report the initramfs to be rebuilt without nouveau (check mode)" in pending, pending
+        assert "Report the NVIDIA installer to be run (check mode)" in pending, pending
 
 
 def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare, inventory, tmp_path):
@@ -94,6 +100,45 @@ def test_bare_nodes_get_the_driver_and_a_second_apply_changes_nothing(bare, inve
     code, second, err = apply(inventory, tmp_path / "second", "--tags", "driver", "--full")
     assert code == 0, err[-3000:]
     assert {h: s["changed"] for h, s in second["hosts"].items()} == dict.fromkeys(NODES, 0)
+
+
+def test_a_node_without_a_pin_is_not_managed_and_the_phase_says_so(bare, inventory, tmp_path):
+    """No nvidia_driver_version for pve-sdboot (#14 review): the phase reads it, reports one line and changes nothing;
+    inventory check accepts it."""
+    set_host_vars(inventory, "pve-sdboot", {"nvidia_driver_version": ""})
+    try:
+        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-sdboot", "--full")
+    finally:
+        set_host_vars(inventory, "pve-sdboot", None)
+    assert code == 0, err[-3000:]
+    assert result["hosts"]["pve-sdboot"]["changed"] == 0
+    said = result["reports"]["pve-sdboot"]
+    assert f"driver not managed (nvidia_driver_version is not set), skipped: NVIDIA module {DRIVER_VERSION} loaded" in (
+        said
+    ), said
+    assert node_state(bare.vm("pve-sdboot"))["persistenced"] == "active"
+
+
+def test_an_upgrade_that_may_not_reboot_stops_before_anything_changes(bare, inventory, tmp_path):
+    """--reboot never, a new pin beside the loaded module (#14 review): one line, and the node as it was: the old
+    module loaded and in DKMS, nvidia-persistenced still running, nothing downloaded, no reboot."""
+    vm = bare.vm("pve-grub")
+    new = wheelhouse.build_fake_nvidia_installer(tmp_path, UPGRADE)
+    _pipe_to_node(vm, f"cat > {NODE_DRIVER_MIRROR}/{new.name}", new.read_text(), f"write {new.name}")
+    before, sha = boots(vm), hashlib.sha256(new.read_bytes()).hexdigest()
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_version": UPGRADE, "nvidia_driver_installer_sha256": sha})
+    try:
+        code, result, err = apply(inventory, tmp_path / "runs", "--tags", "driver", "--limit", "pve-grub",
+                                  "--reboot", "never")  # fmt: skip
+    finally:
+        set_host_vars(inventory, "pve-grub", None)
+    assert code == 1, err[-3000:]
+    said = " ".join(f["message"] for f in result["failures"])
+    assert f"driver {DRIVER_VERSION} is loaded, and upgrading it to {UPGRADE} needs a reboot" in said, said
+    state = node_state(vm)
+    assert f"x86_64  {DRIVER_VERSION}" in state["version"] and state["dkms"].startswith(f"nvidia/{DRIVER_VERSION}, ")
+    assert state["persistenced"] == "active" and UPGRADE not in state["download"], state
+    assert boots(vm) == before
 
 
 def test_a_new_pin_upgrades_and_reboots_into_the_new_module(bare, inventory, tmp_path):

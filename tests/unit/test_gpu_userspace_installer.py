@@ -89,3 +89,26 @@ def test_the_checked_installer_runs_from_a_root_only_directory_and_a_planted_one
     setup["marker"].unlink()
     assert run(tmp_path, setup["source"], setup["sha256"], setup["bindir"]) is None
     assert not setup["marker"].exists()
+
+
+def test_by_default_the_container_installs_the_nodes_own_file_from_the_nodes_source(tmp_path, setup):
+    """The node pins VERSION with its installer on a mirror (nvidia_driver_installer) and its sha256: the container's
+    userspace, with neither of its own variables set, comes from the same source, checked against the same sha256
+    (one rule, roles/gpu_passthrough vars `_gpu_passthrough_node_pinned`), not from NVIDIA's site."""
+    import json
+
+    source = str(setup["source"]).replace(VERSION, "{{ nvidia_driver_version }}")
+    node = {"nvidia_driver_version": VERSION, "nvidia_driver_installer_sha256": setup["sha256"],
+            "nvidia_driver_installer": source}  # fmt: skip
+    inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local", "proxmox_host": "node1"},
+                                   "node1": node}}}  # fmt: skip
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    extra = {"provision_state_dir": str(tmp_path / "state"), "gpu_passthrough_node_driver": VERSION}
+    env = {**os.environ, "PATH": f"{setup['bindir']}:{os.environ['PATH']}"}
+
+    def sh(command: str, check: bool) -> subprocess.CompletedProcess:
+        command = command.replace(" -i localhost,", f" -i {tmp_path / 'inventory.json'}")
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, check=check)
+
+    assert run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"] is None
+    assert setup["marker"].read_text().split() == [str(setup["target"]), "--silent", "--no-kernel-module"]

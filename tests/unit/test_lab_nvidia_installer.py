@@ -34,7 +34,7 @@ class Namespace:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         mounts = []
-        for i, lower in enumerate(("/etc", "/usr/bin", "/usr/src", "/usr/local", "/var/lib", "/run")):
+        for i, lower in enumerate(("/etc", "/usr/bin", "/usr/src", "/usr/local", "/var/lib", "/var/log", "/run")):
             upper, work = tmp / f"upper{i}", tmp / f"work{i}"
             upper.mkdir()
             work.mkdir()
@@ -130,3 +130,25 @@ def test_the_container_userspace_install_leaves_no_module(ns, installers):
     out = sections(proc.stdout)
     assert "== rc 0" in proc.stdout and out["userspace"] == f"{V1}\n"
     assert "No such file" in out["dkms"] and "loaded" not in out["dkms"]
+
+
+def test_a_refusal_is_logged_as_nvidias_installer_logs_it(ns, installers):
+    """The upgrade refused beside a loaded module: the reason is an `ERROR: ` line in /var/log/nvidia-installer.log,
+    then the closing "Installation has failed." naming the log, as NVIDIA's installer writes them; the role's rule
+    (last_installer_error) quotes the reason, not the closing line. --log-file-name moves the log."""
+    proc = ns.run(f"""sh {installers[V1]} {ARGS} || exit 3
+        sh {installers[V2]} {ARGS}; echo "== refused $?"
+        echo "== log"; cat /var/log/nvidia-installer.log
+        sh {installers[V2]} {ARGS} --log-file-name=/var/log/other.log
+        echo "== moved"; grep -c ERROR /var/log/other.log""")
+    out = sections(proc.stdout)
+    assert "== refused 1" in proc.stdout
+    errors = [line for line in out["log"].splitlines() if line.startswith("ERROR: ")]
+    assert errors[-1].startswith(
+        "ERROR: Installation has failed.  Please see the file '/var/log/nvidia-installer.log' for details."
+    )
+    assert rules.last_installer_error(out["log"]).startswith(
+        "An NVIDIA kernel module 'nvidia' appears to be already loaded in your kernel."
+    )
+    assert out["log"].startswith("nvidia-installer log file '/var/log/nvidia-installer.log'")
+    assert out["moved"] == "2\n"

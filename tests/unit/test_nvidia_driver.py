@@ -157,6 +157,120 @@ def test_inventory_check_accepts_a_good_pin(tmp_path):
     inventory.load(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
 
 
+@pytest.mark.parametrize(("version", "managed"), [(None, False), ("", False), (WANTED, True), ("575.57.08", True)])
+def test_only_a_version_that_is_set_pins_the_driver(version, managed):
+    assert rules.pinned(version) is managed
+    assert (rules.pin_problem(version) is None) is (not managed or version == WANTED)
+
+
+def test_no_pin_decides_nothing_to_do_and_says_what_the_node_runs():
+    d = rules.decide("", report(WANTED, "580.65.06", dkms()))
+    assert not d["managed"] and d["current"]
+    assert not any(d[k] for k in ("install", "upgrade", "load", "unload", "may_reboot", "reboot_for_nouveau"))
+    said = "driver not managed (nvidia_driver_version is not set), skipped: NVIDIA module 580.65.06 loaded"
+    assert d["reason"] == said
+    assert rules.decide(None, report())["reason"].endswith("skipped: no NVIDIA module loaded")
+    assert rules.decide(WANTED, report())["managed"]
+
+
+def test_a_reboot_may_follow_only_where_another_version_is_loaded():
+    """may_reboot: the old module could be held, so only a reboot would load the pin; unload: something is loaded
+    and the node is not current (its holders are stopped, the module unloaded first)."""
+    cases = {
+        "bare": (report(), False, False),
+        "installed, not loaded": (report(WANTED, None, dkms()), False, False),
+        "current": (report(WANTED, WANTED, dkms()), False, False),
+        "loaded, not in DKMS": (report(WANTED, WANTED, []), False, True),
+        "another loaded": (report("580.65.06", "580.65.06", dkms("580.65.06")), True, True),
+        "pin installed, another loaded": (report(WANTED, "580.65.06", dkms()), True, True),
+    }
+    for name, (found, may_reboot, unload) in cases.items():
+        d = rules.decide(WANTED, found)
+        assert (d["may_reboot"], d["unload"]) == (may_reboot, unload), name
+
+
+def test_nvidias_url_is_the_default_source_for_a_version():
+    assert rules.download_url(WANTED) == (
+        f"https://us.download.nvidia.com/tesla/{WANTED}/NVIDIA-Linux-x86_64-{WANTED}.run"
+    )
+
+
+# The installer's log as NVIDIA/nvidia-installer 590.48.01 writes it (log.c log_init's header, user-interface.c
+# level_str's `ERROR: ` prefix, install-from-cwd.c's closing error)
+INSTALLER_LOG = textwrap.dedent("""\
+    nvidia-installer log file '/var/log/nvidia-installer.log'
+    creation time: Tue Jan  6 10:00:00 2026
+    installer version: 580.95.05
+
+    -> Installing NVIDIA driver version 580.95.05.
+    WARNING: The nvidia-drm module will not be installed.
+    ERROR: Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module was built against the wrong or improperly configured kernel sources
+    -> Kernel module load error: No such device
+    ERROR: Installation has failed.  Please see the file '/var/log/nvidia-installer.log' for details.  You may find suggestions on fixing installation problems in the README available on the Linux driver download page at www.nvidia.com.
+    """)  # noqa: E501  (the log's own lines)
+
+
+def test_an_installer_failure_is_one_line_with_its_last_error():
+    cause = ("Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module "
+             "was built against the wrong or improperly configured kernel sources")  # fmt: skip
+    assert rules.last_installer_error(INSTALLER_LOG) == cause
+    assert rules.installer_failure("pve1", WANTED, 1, rules.INSTALLER_LOG, INSTALLER_LOG) == (
+        f"pve1: the NVIDIA installer for driver {WANTED} failed (exit 1): {cause}; its log: "
+        "pve1:/var/log/nvidia-installer.log"
+    )
+    only_closing = INSTALLER_LOG.replace("ERROR: Unable", "-> Unable")
+    assert rules.installer_failure("pve1", WANTED, 1, "/var/log/x.log", only_closing) == (
+        f"pve1: the NVIDIA installer for driver {WANTED} failed (exit 1); its log: pve1:/var/log/x.log"
+    )
+    assert rules.last_installer_error(None) is None
+
+
+def test_the_installers_log_is_where_its_arguments_put_it():
+    assert rules.installer_log(["--silent", "--dkms"]) == "/var/log/nvidia-installer.log"
+    assert rules.installer_log(["--silent", "--log-file-name=/root/i.log"]) == "/root/i.log"
+    assert rules.installer_log(["--log-file-name", "/root/i.log", "--silent"]) == "/root/i.log"
+
+
+def test_the_module_quotes_only_a_log_this_runs_installer_wrote(tmp_path):
+    import os
+    import time
+    from datetime import datetime
+
+    log = tmp_path / "nvidia-installer.log"
+    log.write_text(INSTALLER_LOG)
+    written = log.stat().st_mtime
+    params = {"installer_rc": 1, "installer_args": [f"--log-file-name={log}"], "host": "pve1", "version": WANTED}
+
+    def started(at: float) -> str:
+        return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S.%f")  # ansible.builtin.command's `start`
+
+    assert "Unable to load the kernel module" in nvidia_driver_info.installer_failure(
+        {**params, "installer_started": started(written - 5)}
+    )
+    stale = nvidia_driver_info.installer_failure({**params, "installer_started": started(written + 60)})
+    assert stale == f"pve1: the NVIDIA installer for driver {WANTED} failed (exit 1); its log: pve1:{log}"
+    os.utime(log, (time.time(), time.time()))
+    assert nvidia_driver_info.installer_failure({**params, "installer_rc": 0}) is None
+
+
+def test_the_module_checks_nothing_where_no_version_is_pinned():
+    params = {"version": "", "installer": "https://us.download.nvidia.com/tesla//NVIDIA-Linux-x86_64-.run",
+              "installer_sha256": "", "host": "pve1"}  # fmt: skip
+    assert nvidia_driver_info.input_problems(params) == []
+
+
+@pytest.mark.parametrize("pin", ["", None], ids=["empty", "unset"])
+def test_inventory_check_accepts_no_pin(tmp_path, pin):
+    node_vars = "" if pin is None else 'nvidia_driver_version: ""\n'
+    inventory.load(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
+
+
+def test_inventory_check_refuses_a_pin_that_is_set_but_below_the_floor_in_one_line(tmp_path):
+    found = problems(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": 'nvidia_driver_version: "575.57.08"\n'}))
+    assert len(found) == 1 and "\n" not in found[0], found
+    assert "host pve1: nvidia_driver_version: expected an NVIDIA driver version such as 580.95.05" in found[0]
+
+
 def test_the_gpu_phase_checks_the_node_against_the_same_floor():
     """gpu_passthrough's own check of the node's driver (host.yml) and the driver phase's refusal hold one floor."""
     from provision.paths import role_default

@@ -343,11 +343,14 @@ def test_a_node_must_run_the_driver_the_inventory_pins(tmp_path):
             "old": {"vars": pin, "probe": {"nvidia_module": module("580.65.06")}, "error": ""},
             "none": {"vars": pin, "probe": {"nvidia_module": None}, "error": ""},
             "unpinned": {"vars": {}, "probe": {"nvidia_module": module("580.65.06")}, "error": ""},
+            # the driver phase's rule (module_utils/nvidia_driver.py pinned): an empty pin is no pin
+            "empty": {"vars": {"nvidia_driver_version": ""}, "probe": {"nvidia_module": None}, "error": ""},
         },
     )
-    checks = verify._run_checks(["pinned", "old", "none", "unpinned"], spec, tmp_path, select="nvidia_driver_is_the")
+    hosts = ["pinned", "old", "none", "unpinned", "empty"]
+    checks = verify._run_checks(hosts, spec, tmp_path, select="nvidia_driver_is_the")
     result = {c.host: (c.passed, c.reason) for c in checks}
-    assert result["pinned"] == (True, "") and result["unpinned"] == (True, "")
+    assert result["pinned"] == (True, "") and result["unpinned"] == (True, "") and result["empty"] == (True, "")
     assert result["old"] == (
         False,
         "the loaded NVIDIA module is 580.65.06, not nvidia_driver_version 580.95.05: run provision apply (the driver "

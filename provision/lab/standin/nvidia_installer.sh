@@ -13,6 +13,11 @@
 #   <ver>/<kernel>/<arch>/{module,log/make.log}, and the kernel-<kernel>-<arch> link that marks them installed
 #   (dell/dkms dkms.in _is_module_installed). The lab has no dkms package: the tree is written as `dkms ldtarball`
 #   and `dkms install` leave it, and the lab's `dkms status` stand-in reads it.
+# - its log: nvidia-installer.h DEFAULT_LOG_FILE_NAME /var/log/nvidia-installer.log, or --log-file-name; log.c
+#   log_init opens it for writing ("w": each run replaces the last one's) once the options are parsed, and a root-only
+#   path it cannot open only disables logging; user-interface.c message_helper/level_str log every error as a line
+#   `ERROR: <message>`; install-from-cwd.c ends a failed install with the error "Installation has failed.  Please see
+#   the file '<log>' for details. ...".
 # With --no-kernel-module(s) (a container) only the userspace: nvidia-smi reporting this version.
 # What it cannot do: build or load a real module. "Loading" is the lab's fake driver (fake-nvidia.sh), which shows
 # the version DKMS has installed for the running kernel in /proc/driver/nvidia/version.
@@ -20,7 +25,18 @@ set -eu
 VERSION=@VERSION@
 ARCH=$(uname -m)
 KERNEL=$(uname -r)
-fail() { echo "ERROR: $*" >&2; exit 1; }
+LOG=/var/log/nvidia-installer.log logging=0
+log() { [ "$logging" = 0 ] || printf '%s\n' "$@" >> "$LOG"; }
+fail() {  # ui_error's message, then install-from-cwd.c's closing one; on stderr (errors show even with --silent)
+  see=""
+  [ "$logging" = 0 ] || see="Please see the file '$LOG' for details.  "
+  for msg in "$*" "Installation has failed.  ${see}You may find suggestions on fixing installation problems in the \
+README available on the Linux driver download page at www.nvidia.com."; do
+    echo "ERROR: $msg" >&2
+    log "ERROR: $msg"
+  done
+  exit 1
+}
 silent=0 kernel_module=1 dkms=0 nouveau_check=1 allow_running=0 module_load=1
 while [ $# -gt 0 ]; do
   opt=$1; shift
@@ -39,12 +55,20 @@ while [ $# -gt 0 ]; do
     --no-drm|--no-peermem|--no-unified-memory|--no-install-compat32-libs|--install-compat32-libs) ;;
     --rebuild-initramfs|--no-rebuild-initramfs|--no-rpms|--no-abi-note|--no-precompiled-interface) ;;
     --ui=none|--ui=ncurses|--kernel-module-type=open|--kernel-module-type=proprietary|-M=open|-M=proprietary) ;;
-    --log-file-name=*|--tmpdir=*|--kernel-name=*|--kernel-source-path=*|--kernel-output-path=*|--utility-prefix=*) ;;
-    --ui|-M|--kernel-module-type|--log-file-name|--tmpdir|--kernel-name|--kernel-source-path)
+    --log-file-name=*) LOG=${opt#--log-file-name=} ;;
+    --log-file-name) [ $# -gt 0 ] || fail "option $opt needs an argument"; LOG=$1; shift ;;
+    --tmpdir=*|--kernel-name=*|--kernel-source-path=*|--kernel-output-path=*|--utility-prefix=*) ;;
+    --ui|-M|--kernel-module-type|--tmpdir|--kernel-name|--kernel-source-path)
       [ $# -gt 0 ] || fail "option $opt needs an argument"; shift ;;
     *) echo "nvidia-installer: unrecognized option: \"$opt\"" >&2; exit 1 ;;
   esac
 done
+if { : > "$LOG"; } 2>/dev/null; then
+  logging=1
+  log "nvidia-installer log file '$LOG'" "creation time: $(date)" "installer version: $VERSION" ""
+else
+  echo "nvidia-installer: Error opening log file '$LOG' for writing; disabling logging." >&2
+fi
 [ "$(id -u)" = 0 ] || fail "nvidia-installer must be run as root"
 say() { [ "$silent" = 1 ] || echo "$*"; }
 
