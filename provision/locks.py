@@ -50,7 +50,7 @@ from provision.errors import ProvisionError
 from provision.job_events import task_outcomes
 from provision.paths import module_util, role_default
 
-# The role's task names (roles/provision_state/tasks/facts.yml and unlock.yml) whose results say who holds a lock.
+# The role's task names (roles/provision_state/tasks/read.yml, node_read.yml and unlock.yml) whose results say who holds a lock.
 # Keyed by name, not by a returned value, because the lock is taken and given back by raw commands, and a command
 # that started and never answered (a signal, a dropped connection) left no result: only its start event, which
 # names its task, says that the lock may be this run's. tests/unit/test_locks.py checks each name is a task.

@@ -114,7 +114,7 @@ class EventCollector:
         self.last_tasks: dict[str, dict[str, Any]] = {}
         self._on_update = on_update
         # a host's last failure, and those after which the host ran on: a rescue's candidates (_drop_rescued)
-        self._last_failure: dict[str, dict[str, Any]] = {}
+        self._last_failure: dict[str, tuple[dict[str, Any], bool]] = {}  # and whether it was an unreachable
         self._ran_on: dict[str, list[dict[str, Any]]] = {}
 
     def _report(self, host: str, res: dict[str, Any]) -> None:
@@ -145,8 +145,7 @@ class EventCollector:
             self.current_task = data.get("task", "")
         elif kind == "runner_on_start" and host:
             self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": False}
-            if host in self._last_failure:
-                self._ran_on.setdefault(host, []).append(self._last_failure.pop(host))
+            self._ran_on_after(host)
         elif kind == "playbook_on_stats":
             self._drop_rescued(data.get("rescued") or {})
         elif kind.startswith("runner_on_") and host and kind != "runner_on_async_poll":
@@ -172,7 +171,9 @@ class EventCollector:
             self._failed(host, task, stats, res, ignored=bool(data.get("ignore_errors")))
         elif kind == "runner_on_unreachable":
             stats.unreachable += 1
-            self.failures.append({"host": host, "task": task, "message": unreachable_message(str(res.get("msg", "")))})
+            failure = {"host": host, "task": task, "message": unreachable_message(str(res.get("msg", "")))}
+            self._last_failure[host] = (failure, True)
+            self.failures.append(failure)
         elif kind == "runner_on_skipped":
             stats.skipped += 1
 
@@ -189,8 +190,22 @@ class EventCollector:
             stats.ignored += 1
         else:
             stats.failed += 1
-            self._last_failure[host] = {"host": host, "task": task, "message": _failure_message(res)}
-            self.failures.append(self._last_failure[host])
+            failure = {"host": host, "task": task, "message": _failure_message(res)}
+            self._last_failure[host] = (failure, False)
+            self.failures.append(failure)
+
+    def _ran_on_after(self, host: str) -> None:
+        """The host ran another task after its last failure: a rescue's (_drop_rescued), or an unreachable result
+        the task ignored (ignore_unreachable; Ansible takes a host that was unreachable out of the play otherwise)."""
+        failure, unreachable = self._last_failure.pop(host, (None, False))
+        if failure is None:
+            return
+        if unreachable:
+            self.failures.remove(failure)
+            self.live[host].unreachable -= 1
+            self.live[host].ignored += 1
+        else:
+            self._ran_on.setdefault(host, []).append(failure)
 
     def _drop_rescued(self, rescued: dict[str, int]) -> None:
         """A failure a block's rescue handled is not the run's: Ansible's stats count each host's rescues, and the

@@ -147,7 +147,7 @@ def forms(secret: str) -> set[str]:
     """Every spelling of a secret the redactor replaces (module doc); none shorter than MIN_LEN."""
     found = {
         secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], quote(secret, safe=""), quote(secret),
-        quote_plus(secret),
+        quote_plus(secret), secret.strip(), " ".join(secret.split()),  # the last two: as a one-line message shows it
     }  # fmt: skip
     found |= _shell_forms(secret)
     found |= _base64_forms(secret.encode("utf-8", "surrogateescape"))

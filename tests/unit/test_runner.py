@@ -109,3 +109,21 @@ def test_a_failure_a_rescue_handled_is_not_among_the_runs_failures():
         ("h2", "broke"),
     ]
     assert (c.live["h1"].failed, c.live["h1"].rescued, c.live["h2"].failed) == (1, 1, 1)
+
+
+def test_an_unreachable_the_task_ignored_is_not_a_failure_and_one_that_stops_the_host_is():
+    """ignore_unreachable: Ansible counts the result as ignored and the host runs on (kernel_cmdline's
+    before_reboot.yml reading a stopped container); without it the host leaves the play."""
+    c = EventCollector()
+    for event in (
+        _ev("runner_on_start", task="read the container"),
+        _ev("runner_on_unreachable", task="read the container", res={"msg": "ssh: connect refused"}),
+        _ev("runner_on_start", task="next"),
+        _ev("runner_on_ok", task="next", res={}),
+        _ev("runner_on_start", host="h2", task="read"),
+        _ev("runner_on_unreachable", host="h2", task="read", res={"msg": "ssh: no route"}),
+    ):
+        c.handle(event)
+    assert [(f["host"], f["message"]) for f in c.failures] == [("h2", "unreachable: ssh: no route")]
+    assert (c.live["h1"].unreachable, c.live["h1"].ignored, c.live["h1"].status) == (0, 1, "ok")
+    assert c.live["h2"].status == "unreachable"

@@ -175,3 +175,14 @@ def test_the_sglang_journal_scrubber_on_the_host_and_the_controller_agree():
     """)
     assert not reveals(Redactor({KEY}).text(journal_tail.scrub(tail, [KEY])), KEY)
     assert not reveals(Redactor({KEY}).text(tail), KEY)
+
+
+def test_a_secret_with_a_newline_is_scrubbed_from_the_one_line_a_failure_shows():
+    """A vault value from `encrypt_string` on stdin keeps its trailing newline; a failure message is made one line
+    (runner._failure_message) before the record is scrubbed."""
+    from provision.runner import _failure_message
+
+    secret = "tok-9f3a1c77e2\nsecond-part\n"
+    message = _failure_message({"msg": f"login failed with {secret} for root@pam"})
+    assert "\n" not in message
+    assert Redactor([secret]).text(message) == f"login failed with {REDACTED} for root@pam"
