@@ -9,6 +9,13 @@ EXIT_PENDING = 4  # provision plan: changes are pending (nothing was changed)
 EXIT_SIGNAL_BASE = 128
 
 
+def one_line(text: object, limit: int | None = None) -> str:
+    """A message as one line: whitespace (newlines, a host's wrapped output) folded, bytes that are not text (a
+    binary file's) shown escaped; cut at `limit` characters when one is given."""
+    line = " ".join(str(text).encode("utf-8", "backslashreplace").decode("utf-8").split())
+    return line[:limit] if limit else line
+
+
 class ProvisionError(Exception):
     """An error the user can fix. Its message names the file, host and variable involved.
 

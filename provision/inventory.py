@@ -30,7 +30,7 @@ import yaml
 
 from provision import secrets
 from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
-from provision.errors import InventoryError, UsageError
+from provision.errors import InventoryError, UsageError, one_line
 from provision.paths import example_inventory_dir, module_util, roles_dir
 
 PROXMOX_HOSTS = "proxmox_hosts"
@@ -189,13 +189,8 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
         exc = getattr(exc, "orig_exc", None) or exc.__cause__ or exc.__context__
 
 
-def _one_line(text: str) -> str:
-    """Whitespace folded, and bytes that are not text (a binary file's) shown escaped."""
-    return " ".join(str(text).encode("utf-8", "backslashreplace").decode("utf-8").split())
-
-
 def _error_line(source: Path, exc: BaseException) -> str:
-    message = _one_line(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
+    message = one_line(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
     where = next(filter(None, (_origin(getattr(e, "obj", None)) for e in _chain(exc))), str(source))
     if "no vault secrets" in message or "Decryption failed" in message:
         return f"{where}: cannot decrypt: {message} (pass --vault-password-file or --vault-id)"
@@ -237,7 +232,7 @@ def _parse_failure(source: Path, caught: list[tuple[str, BaseException | None]])
         return lines
     quiet = ("Unable to parse", "No inventory was parsed", "No module named")
     others = [m for m, _ in caught if not m.startswith(quiet)] or [m for m, _ in caught][:1]
-    return list(dict.fromkeys(f"{source}: {_one_line(m)}" for m in others))
+    return list(dict.fromkeys(f"{source}: {one_line(m)}" for m in others))
 
 
 def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
@@ -261,7 +256,7 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
                 loader, vault_ids=ids, vault_password_files=files, auto_prompt=False, initialize_context=False
             )
     except Exception as exc:
-        raise UsageError(f"--vault-id {' '.join(ids)}: {_one_line(getattr(exc, 'message', None) or exc)}") from None
+        raise UsageError(f"--vault-id {' '.join(ids)}: {one_line(getattr(exc, 'message', None) or exc)}") from None
     loader.set_vault_secrets(found)
     try:  # ansible-core 2.19+: inline !vault values decrypt through this process-wide context
         from ansible.parsing.vault import VaultSecretsContext
@@ -386,7 +381,7 @@ def rendered(inv: Inventory, host: Host, name: str) -> Any:
     try:
         return Templar(loader=inv.loader, variables=host.vars).template(value)
     except Exception as exc:
-        reason = " ".join(str(exc).split())
+        reason = one_line(exc)
         raise UsageError(
             f"{host.where(name)}: host {host.name}: {name}: cannot be rendered before the run: {reason}"
         ) from None

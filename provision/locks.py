@@ -46,11 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from provision import inventory as inventory_mod
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, one_line
 from provision.job_events import task_outcomes
 from provision.paths import module_util, role_default
 
-# The role's task names (roles/provision_state/tasks/read.yml, node_read.yml and unlock.yml) whose results say who holds a lock.
+# The role's task names (roles/provision_state/tasks/read.yml, node_read.yml and unlock.yml) whose results say who
+# holds a lock.
 # Keyed by name, not by a returned value, because the lock is taken and given back by raw commands, and a command
 # that started and never answered (a signal, a dropped connection) left no result: only its start event, which
 # names its task, says that the lock may be this run's. tests/unit/test_locks.py checks each name is a task.
@@ -278,7 +279,7 @@ class LeaseRenewal:
                 self.renew(self.stop)
                 self.count += 1
             except Exception as exc:  # a renewal must never stop the run it keeps
-                self.errors.append(" ".join(f"{type(exc).__name__}: {exc}".split()))
+                self.errors.append(one_line(f"{type(exc).__name__}: {exc}"))
 
     def __enter__(self) -> LeaseRenewal:
         self._thread.start()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import secrets
-from provision.errors import ProvisionError, UsageError
+from provision.errors import ProvisionError, UsageError, one_line
 
 SUMMARY = "summary.json"
 # where run records go unless the caller says (the CLI: --runs-dir, else $PROVISION_RUNS_DIR, else this)
@@ -68,7 +68,7 @@ class RunRecord:
         if self._discarded:
             return
         if exc is not None and not self._summary_written:
-            error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            error = one_line(f"{type(exc).__name__}: {exc}")
             self.write_summary({"command": self.kind, "status": "error", "error": error})
         self.redactor.tree(self.path)
 

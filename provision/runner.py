@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import ansible_config, interrupts
-from provision.errors import Interrupted, ProvisionError
+from provision.errors import Interrupted, ProvisionError, one_line
 from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
 from provision.record import RunRecord
@@ -227,7 +227,7 @@ def _report_messages(res: dict[str, Any]) -> list[str]:
     """What one task result reports (one message per loop item that has one)."""
     items = res.get("results") if isinstance(res.get("results"), list) else [res]
     msgs = [i.get("msg") for i in items if isinstance(i, dict)]
-    return [" ".join(str(m[REPORT_KEY]).split()) for m in msgs if isinstance(m, dict) and m.get(REPORT_KEY)]
+    return [one_line(m[REPORT_KEY]) for m in msgs if isinstance(m, dict) and m.get(REPORT_KEY)]
 
 
 # Mitogen's words when the host went away in the middle of a task; its "please file a bug" misleads an operator
@@ -238,7 +238,7 @@ _MITOGEN_LOST = "Mitogen was disconnected from the remote environment while a ca
 def unreachable_message(msg: str) -> str:
     """The one line for a host that became unreachable: the connection's own words, or for a connection lost in
     the middle of a task, what that means and what to do."""
-    msg = " ".join(msg.split())
+    msg = one_line(msg)
     if _MITOGEN_LOST in msg:
         cause = msg.rsplit("Original error was:", 1)[-1].strip()
         return ("unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
@@ -264,7 +264,7 @@ def _failure_message(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
     if res.get("stderr") and res.get("msg") and res["stderr"] not in str(msg):
         msg = f"{msg}: {res['stderr']}"
-    return " ".join(str(msg).split())  # one line, whatever the module or the connection printed
+    return one_line(msg)  # whatever the module or the connection printed
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

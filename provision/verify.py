@@ -24,6 +24,7 @@ from pathlib import Path
 from provision import capacity
 from provision import inventory as inventory_mod
 from provision.checks.support import DEFAULT_STATE_DIR, HOST_VARS, cannot_read, no_sglang, probe_request
+from provision.errors import one_line
 from provision.job_events import run_stats
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, RunRecord
@@ -125,10 +126,6 @@ def _suites(inv: inventory_mod.Inventory, hosts: list[inventory_mod.Host]) -> di
     }
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    return " ".join(str(text).split())[:limit]
-
-
 def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
     """Per host, from what the probe run handed back (its stats, PROBE_STATS): the rendered variables the checks
     read, the probe's JSON, or the reason there is none (unreachable, the probe failed, or the play never got
@@ -145,11 +142,11 @@ def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
             try:
                 reading["probe"] = json.loads(str(got["stdout"]).strip().splitlines()[-1])
             except (KeyError, IndexError, ValueError):
-                reading["error"] = "the probe printed no JSON: " + _one_line(got.get("stderr", ""))
+                reading["error"] = "the probe printed no JSON: " + one_line(got.get("stderr", ""), 300)
         elif name in failures:
-            reading["error"] = _one_line(failures[name])
+            reading["error"] = one_line(failures[name], 300)
         else:
-            reading["error"] = _one_line(f"the probe never ran here: {general}")
+            reading["error"] = one_line(f"the probe never ran here: {general}", 300)
         found[name] = reading
     return found
 
@@ -332,7 +329,7 @@ def capacities(
         try:
             found[name] = capacity_of(name, readings.get(name) or {}, session_tokens).to_dict()
         except capacity.CapacityUnknown as exc:
-            unknown[name] = _one_line(exc)
+            unknown[name] = one_line(exc, 300)
     return found, unknown
 
 
