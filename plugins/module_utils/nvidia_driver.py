@@ -212,15 +212,29 @@ def installer_log(args: list[str]) -> str:
 
 def last_installer_error(log_text: str | None) -> str | None:
     """The last error the installer logged that says why it failed (its closing "Installation has failed." says
-    only that it did): its first line (a message may go on over more); None where the log holds none."""
-    lines = (log_text or "").splitlines()
-    errors = [line[len(_ERROR) :].strip() for line in lines if line.startswith(_ERROR)]
+    only that it did), with the indented lines a wrapped message goes on over; None where the log holds none."""
+    errors: list[str] = []
+    going_on = False  # the line before was an error's
+    for line in (log_text or "").splitlines():
+        if line.startswith(_ERROR):
+            errors.append(line[len(_ERROR) :].strip())
+        elif going_on and line[:1].isspace() and line.strip():
+            errors[-1] += " " + line.strip()
+        going_on = line.startswith(_ERROR) or (going_on and line[:1].isspace() and bool(line.strip()))
     said = [e for e in errors if e and not e.startswith(_INSTALL_FAILED)]
     return said[-1] if said else None
 
 
-def installer_failure(host: str, version: str, rc: int, log_path: str, log_text: str | None) -> str:
-    """The one line for a failed install: the host, the version, the log, and the installer's last error."""
-    error = last_installer_error(log_text)
+def last_output_line(output: str | None) -> str | None:
+    """The last line the .run printed: where it failed before nvidia-installer wrote a log (the self-extractor's
+    checksum, a /tmp that is full or noexec, an unknown option), the only words about why."""
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def installer_failure(host: str, version: str, rc: int, log_path: str, log_text: str | None, output: str = "") -> str:
+    """The one line for a failed install: the host, the version, the log, and the installer's last error (from its
+    log, else the last line it printed)."""
+    error = last_installer_error(log_text) or last_output_line(output)
     why = f": {error}" if error else ""
     return f"{host}: the NVIDIA installer for driver {version} failed (exit {rc}){why}; its log: {host}:{log_path}"

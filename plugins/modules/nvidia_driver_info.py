@@ -46,6 +46,12 @@ options:
         says so - the host, the version, the installer's last error from its log (C(/var/log/nvidia-installer.log),
         or the C(--log-file-name) among I(installer_args)) and where that log is.
     type: int
+  installer_output:
+    description:
+      - What that installer printed (its stderr, else its stdout). Where its log holds no error of this run (the .run
+        failed before nvidia-installer started), C(installer_failure) quotes the last line of it.
+    type: str
+    default: ""
   installer_started:
     description:
       - When that installer started, as ansible.builtin.command returns it (C(start), the host's local time). A log
@@ -179,6 +185,7 @@ def main():
             "host": {"type": "str", "default": ""},
             "installer_rc": {"type": "int"},
             "installer_started": {"type": "str"},
+            "installer_output": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -204,7 +211,8 @@ def installer_failure(params: dict) -> str | None:
         return None
     log = rules.installer_log(params["installer_args"])
     host = params["host"] or os.uname().nodename
-    return rules.installer_failure(host, params["version"], params["installer_rc"], log, _log_since(log, params))
+    return rules.installer_failure(host, params["version"], params["installer_rc"], log, _log_since(log, params),
+                                   params.get("installer_output") or "")  # fmt: skip
 
 
 def _log_since(path: str, params: dict) -> str | None:

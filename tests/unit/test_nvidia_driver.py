@@ -225,6 +225,27 @@ def test_an_installer_failure_is_one_line_with_its_last_error():
     assert rules.last_installer_error(None) is None
 
 
+def test_a_wrapped_error_is_read_whole_and_a_run_that_wrote_no_log_is_quoted_from_its_output():
+    """A message wrapped over indented lines (as older nvidia-installer releases write their log) is one error; where
+    the log holds none of this run (the .run's self-extractor failed first), the last line the .run printed says why."""
+    wrapped = INSTALLER_LOG.replace(
+        "ERROR: Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module "
+        "was built against the wrong or improperly configured kernel sources",
+        "ERROR: Unable to load the kernel module 'nvidia.ko'.  This happens most\n"
+        "       frequently when this kernel module was built against the wrong or\n"
+        "       improperly configured kernel sources",
+    )
+    assert rules.last_installer_error(wrapped) == (
+        "Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module was "
+        "built against the wrong or improperly configured kernel sources"
+    )
+    output = "Verifying archive integrity... Error in MD5 checksums: 0badc0de is different from 5eed1e55\n"
+    assert rules.installer_failure("pve1", WANTED, 1, rules.INSTALLER_LOG, None, output) == (
+        f"pve1: the NVIDIA installer for driver {WANTED} failed (exit 1): Verifying archive integrity... Error in MD5 "
+        "checksums: 0badc0de is different from 5eed1e55; its log: pve1:/var/log/nvidia-installer.log"
+    )
+
+
 def test_the_installers_log_is_where_its_arguments_put_it():
     assert rules.installer_log(["--silent", "--dkms"]) == "/var/log/nvidia-installer.log"
     assert rules.installer_log(["--silent", "--log-file-name=/root/i.log"]) == "/root/i.log"
