@@ -465,8 +465,11 @@ def _result(playbook, runner, collector, check, started, started_at, record) -> 
 
 
 def _stdout_tail(pdd: Path) -> str:
+    """Why a run with no host failure failed (a playbook Ansible could not load, say), as one line: from Ansible's
+    last `ERROR!` on (it names the file and line), else the end of what it printed."""
     stdout = pdd / "artifacts" / "run" / "stdout"
-    return _strip_ansi(stdout.read_text(errors="replace")[-2000:]).strip() if stdout.is_file() else ""
+    tail = _strip_ansi(stdout.read_text(errors="replace")[-2000:]) if stdout.is_file() else ""
+    return one_line(tail[tail.rfind("ERROR!") :] if "ERROR!" in tail else tail[-600:], 600)
 
 
 def _final_stats(stats: dict[str, dict[str, int]] | None, collector: EventCollector) -> dict[str, HostStats]:

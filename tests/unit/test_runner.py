@@ -127,3 +127,19 @@ def test_an_unreachable_the_task_ignored_is_not_a_failure_and_one_that_stops_the
     assert [(f["host"], f["message"]) for f in c.failures] == [("h2", "unreachable: ssh: no route")]
     assert (c.live["h1"].unreachable, c.live["h1"].ignored, c.live["h1"].status) == (0, 1, "ok")
     assert c.live["h2"].status == "unreachable"
+
+
+def test_a_run_that_failed_before_any_host_says_why_in_one_line(tmp_path):
+    from provision.runner import _stdout_tail
+
+    run = tmp_path / "artifacts" / "run"
+    run.mkdir(parents=True)
+    (run / "stdout").write_text(
+        "\x1b[0;31m[WARNING]: something earlier\x1b[0m\nERROR! couldn't resolve module/action 'nope'.\n\n"
+        "The error appears to be in '/site/roles/x/tasks/main.yml': line 3, column 3, but may\n"
+        "be elsewhere in the file depending on the exact syntax problem.\n"
+    )
+    assert _stdout_tail(tmp_path) == (
+        "ERROR! couldn't resolve module/action 'nope'. The error appears to be in '/site/roles/x/tasks/main.yml': "
+        "line 3, column 3, but may be elsewhere in the file depending on the exact syntax problem."
+    )
