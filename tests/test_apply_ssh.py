@@ -802,3 +802,25 @@ def test_apply_limited_to_a_container_holds_its_nodes_host_lock_and_an_interrupt
     assert summary["status"] == "interrupted" and summary["host_locks_left"] == []
     for target in ssh_lab["targets"].values():
         assert _lock_on(target) == "", f"the interrupted run left its host lock on {target.name}"
+
+
+def test_apply_limited_to_a_container_whose_node_is_unreachable_says_why_in_the_containers_line(ssh_lab, tmp_path):
+    """`--limit ct1` with node1 down: the delegated read of node1 is unreachable (ignore_unreachable, so the
+    container runs on to its stop), and the one failure line, ct1's, carries ssh's reason."""
+    import socket as socket_mod
+
+    closed = socket_mod.socket()
+    closed.bind(("127.0.0.1", 0))  # a port that refuses: bound, never listening
+    node = {**ssh_lab["targets"]["node1"].inventory_vars(), "ansible_port": closed.getsockname()[1]}
+    inv = lab_inventory(ssh_lab, tmp_path / "inv" / "down", extra_hosts={"proxmox_hosts": {"node1": node}})
+    try:
+        proc = run_provision("apply", "--inventory", str(inv), "--limit", "ct1", "--tags", "verify", "--yes",
+                             "--json", "--runs-dir", str(tmp_path / "runs"))  # fmt: skip
+    finally:
+        closed.close()
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    failures = json.loads(proc.stdout)["result"]["failures"]
+    assert [f["host"] for f in failures] == ["ct1"], failures
+    message = failures[0]["message"]
+    assert message.startswith("its node node1 is unreachable (") and "cannot be decided" in message, message
+    assert "refused" in message.lower() and "\n" not in message, message
