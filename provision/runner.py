@@ -136,18 +136,11 @@ class EventCollector:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         host = data.get("host", "")
-        if kind == "playbook_on_play_start":
-            self.current_play = data.get("name", "")
-            self.play_hosts = set()
-        elif kind == "playbook_on_no_hosts_remaining":
-            self.aborted = True
-        elif kind == "playbook_on_task_start":
-            self.current_task = data.get("task", "")
+        if kind.startswith("playbook_on_"):
+            self._playbook_event(kind, data)
         elif kind == "runner_on_start" and host:
             self.last_tasks[host] = {"task": data.get("task", ""), "role": data.get("role") or "", "finished": False}
             self._ran_on_after(host)
-        elif kind == "playbook_on_stats":
-            self._drop_rescued(data.get("rescued") or {})
         elif kind.startswith("runner_on_") and host and kind != "runner_on_async_poll":
             self._host_result(kind, host, data)
         elif kind in ("warning", "deprecated") and event.get("stdout"):
@@ -155,6 +148,18 @@ class EventCollector:
         if self._on_update is not None:
             self._on_update(kind, data)
         return True
+
+    def _playbook_event(self, kind: str, data: dict[str, Any]) -> None:
+        """A play or task starting, Ansible giving up, or the run's closing stats."""
+        if kind == "playbook_on_play_start":
+            self.current_play = data.get("name", "")
+            self.play_hosts = set()
+        elif kind == "playbook_on_no_hosts_remaining":
+            self.aborted = True
+        elif kind == "playbook_on_task_start":
+            self.current_task = data.get("task", "")
+        elif kind == "playbook_on_stats":
+            self._drop_rescued(data.get("rescued") or {})
 
     def _host_result(self, kind: str, host: str, data: dict[str, Any]) -> None:
         """A task's outcome on one host: counted, and its changes, failure, warnings and report kept."""
