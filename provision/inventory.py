@@ -109,7 +109,7 @@ class Inventory:
                 self.manager.subset(limit)
                 return sorted(str(h.name) for h in self.manager.get_hosts(pattern=pattern))
         except Exception as exc:  # AnsibleError for a malformed pattern
-            raise UsageError(f"--limit {limit}: {' '.join(str(exc).split())}") from None
+            raise UsageError(f"--limit {limit}: {one_line(exc)}") from None
         finally:
             self.manager.subset(None)
 

@@ -128,7 +128,7 @@ class EventCollector:
         for item in [res, *items]:
             warnings = item.get("warnings") if isinstance(item, dict) else None
             for warning in warnings if isinstance(warnings, list) else ():
-                line = f"{host}: {' '.join(str(warning).split())}"
+                line = f"{host}: {one_line(warning)}"
                 if line not in self.warnings:
                     self.warnings.append(line)
 
