@@ -531,15 +531,20 @@ class Lab:
         _pipe_to_node(vm, command, self._standin_installer().read_text(), f"write {target}")
 
     def _node_vars(self) -> dict[str, Any]:
-        """The driver phase's variables, as an offline site sets them: the pinned version, the installer from the
-        node's mirror and its sha256. The lab's nodes reach no package mirror: their headers and dkms are not
-        installed by the phase (the lab's dkms status stand-in is in the image; docs/lab.md)."""
+        """The nodes' variables. The driver phase's, as an offline site sets them: the pinned version, the installer
+        from the node's mirror and its sha256; and the reboot wait's connection timeout. The lab's nodes reach no
+        package mirror: their headers and dkms are not installed by the phase (the lab's dkms status stand-in is in
+        the image; docs/lab.md)."""
         return {
             "nvidia_driver_version": DRIVER_VERSION,
             "nvidia_driver_installer": f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{{{{ nvidia_driver_version }}}}.run",
             "nvidia_driver_installer_sha256": hashlib.sha256(self._standin_installer().read_bytes()).hexdigest(),
             "nvidia_driver_headers_packages": [],
             "nvidia_driver_packages": [],
+            # qemu's user networking accepts a connection to a VM that is down and holds it until the client gives
+            # up: each attempt of ansible's reboot wait then runs this long (measured: a reboot waited 79 s with
+            # the default 20 against 67 s with 5, the VM itself back after about 45 s). Loopback needs no more.
+            "kernel_cmdline_reboot_connect_timeout": 5,
         }
 
     # ---------------------------------------------------------------- down
