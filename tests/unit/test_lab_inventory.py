@@ -29,8 +29,8 @@ def written(tmp_path, monkeypatch):
     (lab.dir / "wheelhouse" / "bench").mkdir(parents=True)
     (lab.dir / "wheelhouse" / f"NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run").write_text("#!/bin/sh\n")
     Path(f"{lab.client_key}.pub").write_text(KEY + "\n")
-    lab.hf_token_file.touch(mode=0o600)
-    lab.hf_token_file.write_text(TOKEN + "\n")
+    (lab.dir / "hf-token").touch(mode=0o600)
+    (lab.dir / "hf-token").write_text(TOKEN + "\n")
 
     def write(bare: bool) -> Path:
         vms = [{"name": "pve-grub", "bootloader": "grub", "port": 2201},
