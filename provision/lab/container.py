@@ -27,6 +27,8 @@ from provision.lab.tokenizer import write_tokenizer
 
 # where the lab's "model" lives in the container (sglang_model_path); it holds only a tokenizer
 MODEL_DIR = "/srv/models/lab-standin"
+# An offline site's package share in every lab CT: the real sglang wheel and the lab's SGLang stand-in.
+WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
 STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario's)
 # In an unprivileged LXC without `features: nesting=1`, AppArmor refuses the mounts that systemd's sandboxing
 # (PrivateTmp=, ProtectSystem=, ...) makes in a unit's new mount namespace: the unit fails with 226/NAMESPACE
@@ -36,10 +38,11 @@ STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario'
 # sandboxed unit fails at step NAMESPACE and every other unit runs. Refusing unshare() instead would not do:
 # systemd then runs the unit unsandboxed and says nothing (src/core/execute.c, insist_on_sandboxing).
 NO_NESTING_TARGET = "/run/systemd/unit-root"
-# A container shares its node's kernel, so /proc/driver/nvidia/version inside is the node's module. The lab's
-# node is another machine: its /proc/driver is copied in at start, staged under /run (nspawn binds nothing
-# into /proc) and mounted over /proc/driver by a unit of the container's own at each of its boots (a reboot
-# from inside restarts nspawn without the lab).
+# A container shares its node's kernel, so /proc/driver/nvidia/version inside is the node's module, from the moment
+# the node loads it. The lab's node is another machine: its /proc/driver is copied in at start, staged under /run
+# (nspawn binds nothing into /proc) and mounted over /proc/driver by a unit of the container's own at each of its
+# boots (a reboot from inside restarts nspawn without the lab). The staged directory is always bound and only its
+# contents change, so a copy the lab's PVE refreshes while the container runs (`show_node_driver`) shows inside.
 PROC_DRIVER_STAGE = "/run/lab-proc-driver"
 PROC_DRIVER_UNIT = f"""[Unit]
 Description=Lab: the node's /proc/driver (one kernel, as in an LXC)
@@ -270,10 +273,17 @@ class LabContainer(LabMachine):
         self.dir.mkdir(parents=True, exist_ok=True)
         self.devices_file.write_text(json.dumps(devices))
         (self.dir / "nesting").touch() if nesting else (self.dir / "nesting").unlink(missing_ok=True)
-        shutil.rmtree(self.dir / "proc-driver", ignore_errors=True)
+        self.show_node_driver(driver_version)
+
+    def show_node_driver(self, driver_version: str | None) -> None:
+        """The node's /proc/driver as the container sees it (its `nvidia/version`, or none when the node has no module
+        loaded), changed in place: the directory itself is what the container has mounted."""
+        stage = self.dir / "proc-driver"
+        stage.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(stage / "nvidia", ignore_errors=True)
         if driver_version is not None:
-            (self.dir / "proc-driver" / "nvidia").mkdir(parents=True)
-            (self.dir / "proc-driver" / "nvidia" / "version").write_text(driver_version)
+            (stage / "nvidia").mkdir()
+            (stage / "nvidia" / "version").write_text(driver_version)
 
     def leader(self) -> int | None:
         """PID (on this host) of the container's init."""

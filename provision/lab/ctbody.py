@@ -13,7 +13,9 @@ devN part of a config change. What it copies, with the source in pve-container 6
 - **a devN PUT**: the path must exist on the node: HTTP 500 "Device <path> does not exist"
   (LXC/Tools.pm get_device_mode_and_rdev).
 - **hot-plug**: PVE 9 makes a new devN's node inside a running CT at once; edits and deletes, and on PVE 8
-  every devN change, wait for the next start (LXC/Config.pm vmconfig_hotplug_pending; changelog 6.0.4).
+  every devN change, wait for the next start (LXC/Config.pm vmconfig_hotplug_pending; changelog 6.0.4). The node's
+  /proc/driver, copied into the body at start (the CT shares its node's kernel), is copied again at a hot-plug: a
+  driver the node loaded after the CT started shows inside from then on (on PVE, at once).
 - **create** (`POST /nodes/{node}/lxc`, vzcreate): a new body from the lab's image, the one OS template the lab's
   storage holds (`TEMPLATE_VOLID`); inside it what LXC/Setup.pm post_create_hook writes: root's authorized_keys from
   `ssh-public-keys` and fresh ssh host keys (`LabContainer.post_create`). Its `net0` gets the next free lab link
@@ -198,13 +200,16 @@ class Bodies:
             self.running_generation[ct.vmid] = generation(ct)
 
     async def hotplug(self, ct, keys: list[str]) -> None:
-        """PVE 9: the nodes of devN entries just added to a running CT's config appear inside it."""
+        """PVE 9: the nodes of devN entries just added to a running CT's config appear inside it. The same read of the
+        node refreshes the CT's copy of the node's /proc/driver: one kernel, so a module the node loaded after the CT
+        started (a driver installed by the apply that created the CT) is the CT's as well."""
         body = self.bodies.get(ct.vmid)
         if body is None or ct.status != "running" or not keys:
             return
         entries = [parse_dev(ct.config[k]) for k in keys]
-        found, _ = await self.node_read(ct.node, [e["path"] for e in entries])
+        found, version = await self.node_read(ct.node, [e["path"] for e in entries])
         async with self.locks.setdefault(ct.vmid, asyncio.Lock()):
+            await asyncio.to_thread(body.show_node_driver, version)
             for entry in entries:
                 rdev = found.get(entry["path"])
                 if rdev is not None:

@@ -39,6 +39,8 @@ import argparse
 import hashlib
 import json
 import re
+import socket
+import socketserver
 import struct
 import sys
 import threading
@@ -48,6 +50,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 REPO_ID = "provision-lab/tiny-model"
+# Linux's IP_FREEBIND (include/uapi/linux/in.h; ip(7)): bind an address no interface has yet. Python 3.11's socket
+# module does not name it.
+IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
 LFS_POINTER_SIZE = 134  # a git-lfs pointer file for a sha256 and a size of 6 digits, as the hub reports it
 
 
@@ -149,13 +154,15 @@ class Hub:
             return f.data
         return bytes(b ^ 0xFF for b in f.data)  # same size, other bytes
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> Hub:
+    def start(self, host: str = "127.0.0.1", port: int = 0, freebind: bool = False) -> Hub:
+        """Serve on host:port (0: a free one). `freebind`: bind even where no interface has `host` yet (IP_FREEBIND),
+        as for a lab link whose veth appears only when a container that an apply creates starts."""
         hub = self
 
         class Handler(HubHandler):
             server_hub = hub
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd = HubServer((host, port), Handler, freebind=freebind)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 
@@ -168,6 +175,22 @@ class Hub:
         if self.httpd:
             self.httpd.shutdown()
             self.httpd.server_close()
+
+
+class HubServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer, optionally bound with IP_FREEBIND."""
+
+    def __init__(self, address: tuple[str, int], handler, freebind: bool = False):
+        self.freebind = freebind
+        super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        if self.freebind:
+            self.socket.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
+        socketserver.TCPServer.server_bind(self)
+        # HTTPServer.server_bind would also look up the address's name (socket.getfqdn): a reverse DNS query for a
+        # lab address, which nothing here reads and which waits out the resolver's timeout where no DNS answers
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 class Refusal(Exception):
@@ -311,18 +334,19 @@ class HubHandler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m provision.lab.hfhub --host H --port P --token-file F [--ready-file R] [--corrupt PATH]`."""
+    """`python -m provision.lab.hfhub --host H [--freebind] --port P --token-file F [--ready-file R] [--corrupt P]`."""
     parser = argparse.ArgumentParser(prog="provision.lab.hfhub")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-file", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--corrupt", action="append", default=[], help="a file of the lab repo to serve corrupted")
+    parser.add_argument("--freebind", action="store_true", help="bind --host before any interface has it")
     args = parser.parse_args(argv)
     hub = Hub([tiny_repo()], {args.token_file.read_text().strip()})
     for path in args.corrupt:
         hub.corrupt(REPO_ID, path)
-    hub.start(args.host, args.port)
+    hub.start(args.host, args.port, freebind=args.freebind)
     if args.ready_file:
         args.ready_file.write_text(json.dumps({"url": hub.url, "repo": REPO_ID, "commit": tiny_repo().commit}))
     print(f"hfhub: serving {REPO_ID} at {hub.url}", flush=True)

@@ -29,9 +29,10 @@ import yaml
 
 from provision.errors import ProvisionError
 from provision.lab import pve, wheelhouse
-from provision.lab.container import MODEL_DIR, ContainerSpec, LabContainer
+from provision.lab.container import MODEL_DIR, WHEELHOUSE_IN_CONTAINER, ContainerSpec, LabContainer
 from provision.lab.ctbody import CREATED_FILE
 from provision.lab.image import Image, cache_root, check_tools, ensure_image
+from provision.lab.specs import BENCH_WHEELS_IN_CONTAINER, ct_spec, hub_model_vars
 from provision.lab.vm import LabVm, VmSpec, choose_accel
 
 BOOT_TIMEOUT_S = 600
@@ -47,8 +48,6 @@ CONTAINER_CONFIG = {
     "cores": 8, "memory": 65536, "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth", "unprivileged": 1,
     "features": "nesting=1", "onboot": 1, "ostype": "debian", "hostname": "",
 }  # fmt: skip
-# An offline site's package share: the real sglang wheel and the lab's SGLang stand-in.
-WHEELHOUSE_IN_CONTAINER = "/srv/provision-wheelhouse"
 # the nodes' copy of the stand-in NVIDIA installer, where an offline site's mirror holds NVIDIA's
 NODE_DRIVER_MIRROR = "/srv/provision-mirror/nvidia"
 # `provision lab up --gpu-link`: what the lab's nvidia-smi reports between GPUs (overlay/.../nvidia-smi)
@@ -228,6 +227,9 @@ class Lab:
             for ct in cts:
                 ct.wait_for_ssh(120)
             timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
+            if bare:  # the weights of the CT the apply creates come from the lab's hub (write_inventory)
+                hub = self.start_hf_hub()
+                state["hub"] = {key: hub[key] for key in ("url", "repo", "commit")}
             state["vms_resumed"] = sum(resumed)
             state["up"] = True
             state["timings"] = timings
@@ -412,20 +414,27 @@ class Lab:
             time.sleep(0.1)
 
     # ---------------------------------------------------------------- Hugging Face hub (provision/lab/hfhub.py)
-    def start_hf_hub(self, corrupt: tuple[str, ...] = (), container: str = CONTAINER_NAME) -> dict[str, str]:
-        """The lab's hub on the container's link (its host side, which the container reaches), serving the tiny
-        gated repo; `corrupt` names files served with wrong bytes. Returns url, repo, commit and token (the token
-        is in a 0600 file of the lab, never on a command line). Started again when it runs already."""
+    @property
+    def hf_token_file(self) -> Path:
+        return self.dir / "hf-token"
+
+    def start_hf_hub(self, corrupt: tuple[str, ...] = (), index: int | None = None) -> dict[str, str]:
+        """The lab's hub on the host side of the container link `index` (default the lab's first, sglang-01's),
+        which the container reaches, serving the tiny gated repo; `corrupt` names files served with wrong bytes.
+        It binds with IP_FREEBIND: under `lab up --bare` the link's veth appears only when the apply creates and
+        starts the CT. Returns url, repo, commit and token (the token is in a 0600 file of the lab, never on a
+        command line). Started again when it runs already."""
         self.stop_hf_hub()
-        token_file = self.dir / "hf-token"
+        token_file = self.hf_token_file
         if not token_file.exists():
+            token_file.touch(mode=0o600)  # 0600 before the token is in it
             token_file.write_text("hf_lab" + secrets.token_hex(16) + "\n")
-            token_file.chmod(0o600)
         ready = self.dir / "hfhub.json"
         ready.unlink(missing_ok=True)
-        host = self.container(container).spec.host_addr
-        argv = [sys.executable, "-m", "provision.lab.hfhub", "--host", host, "--token-file", str(token_file),
-                "--ready-file", str(ready), *[arg for path in corrupt for arg in ("--corrupt", path)]]  # fmt: skip
+        host = ContainerSpec(name="", index=self.net_index if index is None else index).host_addr
+        argv = [sys.executable, "-m", "provision.lab.hfhub", "--host", host, "--freebind", "--token-file",
+                str(token_file), "--ready-file", str(ready),
+                *[arg for path in corrupt for arg in ("--corrupt", path)]]  # fmt: skip
         with (self.dir / "hfhub.log").open("a") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
@@ -460,6 +469,8 @@ class Lab:
             }
             for i, c in enumerate(state["containers"])
         }
+        if state.get("bare"):
+            cts = {CONTAINER_NAME: self._bare_container(state)}
         hosts = {"all": {"children": {"proxmox_hosts": {"hosts": nodes}, "gpu_containers": {"hosts": cts}}}}
         header = "# Written by `provision lab up` for the running lab; removed by `provision lab down`.\n"
         (inv / "hosts.yml").write_text(header + yaml.safe_dump(hosts, sort_keys=False))
@@ -501,7 +512,7 @@ class Lab:
                 wheelhouse.pinned_name(w) for w in (self.dir / "wheelhouse" / "bench").glob("*.whl")
             ),
             "sglang_bench_client_no_deps": True,
-            "sglang_bench_pip_find_links": f"{WHEELHOUSE_IN_CONTAINER}/bench",
+            "sglang_bench_pip_find_links": BENCH_WHEELS_IN_CONTAINER,
             "sglang_bench_report_note": (
                 "Lab run against SGLang's stand-in (no model, no GPU): the figures measure nothing; "
                 "they show that every step of the pipeline ran."
@@ -519,6 +530,21 @@ class Lab:
         node_vars = yaml.safe_dump(self._node_vars(), sort_keys=False)
         (inv / "group_vars" / "proxmox_hosts.yml").write_text(header + node_vars)
         return inv
+
+    def _bare_container(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`lab up --bare`'s sglang-01: CT 101 on the first node, which does not exist yet, as a site writes a CT for
+        `provision apply` to create (its spec, on the lab's first link, reached as root with the lab's client key,
+        which the spec gives root) and its weights from the lab's hub, the token read from the lab's 0600 file on
+        the controller as the PVE password is."""
+        link = ContainerSpec(name=CONTAINER_NAME, index=self.net_index)
+        public_key = Path(f"{self.client_key}.pub").read_text().strip()
+        spec = ct_spec(public_key, link.index, CONTAINER_NAME, cores=CONTAINER_CONFIG["cores"],
+                       memory=CONTAINER_CONFIG["memory"])  # fmt: skip
+        token = f"{{{{ lookup('ansible.builtin.file', '{self.hf_token_file}') }}}}"
+        return {
+            "ansible_host": link.address, "ansible_user": "root", "proxmox_host": state["vms"][0]["name"],
+            "proxmox_vmid": CONTAINER_VMID, "proxmox_ct_spec": spec, **hub_model_vars(state["hub"], token),
+        }  # fmt: skip
 
     # ---------------------------------------------------------------- the node's NVIDIA driver
     def _standin_installer(self) -> Path:
@@ -550,6 +576,7 @@ class Lab:
     # ---------------------------------------------------------------- down
     def down(self, progress=print) -> None:
         state = self.state()
+        self.stop_hf_hub()
         for vm in self.vms(state):
             vm.stop()
         for ct in [*self.containers(state), *self.created_containers().values()]:

@@ -66,6 +66,14 @@ split_cmdline = _kernel_cmdline.split
 canonical = _kernel_cmdline.canonical
 
 
+def as_root(lab, body):
+    """A CT created through the lab's API, reached as root (its spec gives root the lab's client key), its host key
+    checked against the lab's known_hosts, where the apply put the key it read on the CT's node."""
+    from provision.lab.container import LabContainer
+
+    return LabContainer(body.spec, body.dir, body.rootfs, lab.client_key, lab.known_hosts, body.read_only_binds)
+
+
 def boots(machine) -> int:
     """How many boots the host's wtmp records."""
     out = machine.ssh("last -x reboot 2>/dev/null | grep -c '^reboot' || true").stdout.strip()

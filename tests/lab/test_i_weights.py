@@ -10,11 +10,12 @@ import json
 import pytest
 
 from provision.lab import hfhub
+from provision.lab.specs import HUB_MODEL_PATH as MODEL_PATH
+from provision.lab.specs import hub_model_vars
 from tests.lab.helpers import apply, ensure_converged, set_host_vars
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
 
-MODEL_PATH = "/opt/models/lab-tiny"
 TOKEN_ENV = "LAB_HUB_ACCESS"  # a name that does not look secret: provision knows it through sglang_hf_token's no_log
 
 
@@ -32,14 +33,7 @@ def ct(lab, lab_inventory, runs):
 
 
 def converge(lab, inv, runs, hub):
-    set_host_vars(inv, "sglang-01", {
-        "sglang_model_path": MODEL_PATH,
-        "sglang_model_source": {"type": "huggingface", "repo": hub["repo"], "revision": hub["commit"]},
-        "sglang_hf_token": "{{ lookup('ansible.builtin.env', '" + TOKEN_ENV + "') }}",
-        "sglang_hf_endpoint": hub["url"],
-        # the service venv holds the stand-in, not SGLang: the client and its dependencies come from the bench wheels
-        "sglang_hf_pip_find_links": "/srv/provision-wheelhouse/bench",
-    })  # fmt: skip
+    set_host_vars(inv, "sglang-01", hub_model_vars(hub, "{{ lookup('ansible.builtin.env', '" + TOKEN_ENV + "') }}"))
     return apply(inv, runs, "--tags", "sglang", env={TOKEN_ENV: hub["token"]})
 
 

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from provision import locks
-from provision.lab.container import LabContainer
-from provision.lab.ctbody import TEMPLATE_VOLID, _link_in_use, net_index
+from provision.lab.ctbody import _link_in_use, net_index
+from provision.lab.specs import ct_spec
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, pve_api, wait_task
+from tests.lab.helpers import apply, as_root, pve_api, wait_task
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
 
@@ -34,12 +34,8 @@ SPEC_MEMORY = 3072
 
 
 def spec(lab, address_index: int) -> dict:
-    return {
-        "template": TEMPLATE_VOLID, "storage": "local-lvm", "rootfs_size": 8, "cores": 2, "memory": SPEC_MEMORY,
-        "swap": 512, "hostname": NAME,
-        "net0": {"bridge": "vmbr0", "ip": f"10.213.{address_index}.2/30", "gw": f"10.213.{address_index}.1"},
-        "ssh_public_keys": [Path(f"{lab.client_key}.pub").read_text().strip()], "startup_order": 2,
-    }  # fmt: skip
+    public_key = Path(f"{lab.client_key}.pub").read_text().strip()
+    return ct_spec(public_key, address_index, NAME, memory=SPEC_MEMORY, startup_order=2)
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +73,6 @@ def known_keys(lab, address: str) -> list[str]:
 def body_key(body) -> str:
     """The ed25519 host key the create wrote into the body's root, read on this side."""
     return " ".join((body.dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()[:2])
-
-
-def as_root(lab, body) -> LabContainer:
-    return LabContainer(body.spec, body.dir, body.rootfs, lab.client_key, lab.known_hosts, body.read_only_binds)
 
 
 def created_under_node_lock(record: Path) -> bool:

@@ -1,8 +1,16 @@
-"""The driver phase on nodes that have no NVIDIA driver (`provision lab up --bare`, issue #14): plan says what it would
-do, each step a pending change, and changes nothing; a wrong sha256 stops the phase before anything is installed,
-naming the file; the phase installs the pinned driver with DKMS and loads it, and a second apply changes nothing; a
-node without a pin is not managed; a new pin with reboots off stops before anything changes; a new pin upgrades, and
-the node reboots (through the kernel phase's safe reboot) into the new module, which the old one's holder kept out.
+"""#14 from a bare host, and the driver phase on nodes that have no NVIDIA driver (`provision lab up --bare`: no driver
+on the nodes, no CT 101, no weights; the inventory names sglang-01 as CT 101 to create from its proxmox_ct_spec, its
+weights from the lab's hub).
+
+One apply with no --limit and no --tags takes the bare lab to a verified endpoint (the driver on both nodes, CT 101
+created and running, the weights checked against the hub, SGLang answering), verify passes, and a second apply changes
+nothing; it runs first, on the lab as `lab up --bare` left it, and prints the timings of each step (docs/lab.md). The
+driver tests then run on the nodes only (`--limit`: the create in playbooks/facts.yml runs whatever the tags): plan says
+what the phase would do, each step a pending change, and changes nothing (before the apply); the phase run again in full
+changes nothing; a node without a pin is not managed; a new pin with reboots off stops before anything changes; a new
+pin upgrades, and the node reboots (through the kernel phase's safe reboot) into the new module, which the old one's
+holder kept out. Last, on a fresh bare lab (its nodes have no driver again), a wrong sha256 stops the phase before
+anything is installed, naming the file.
 
 The module brings up a bare lab of its own (the session's lab goes down first) and leaves a normal one behind. The
 lab's nodes reach no package mirror (the phase's headers and dkms lists are empty in the lab's inventory) and cannot
@@ -12,17 +20,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import pytest
 
-from provision.lab import wheelhouse
-from provision.lab.lab import DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
+from provision.lab import hfhub, wheelhouse
+from provision.lab.lab import CONTAINER_NAME, CONTAINER_VMID, DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
+from provision.lab.specs import HUB_MODEL_PATH
 from tests.conftest import run_provision
-from tests.lab.helpers import NODES, apply, boots, set_host_vars
+from tests.lab.helpers import NODES, apply, as_root, boots, set_host_vars
 
 # tests/lab/conftest.py: it changes only its own bare lab, and leaves a fresh normal one behind
 LAB_CHANGES: set[str] = set()
 UPGRADE = "580.105.08"
+ONLY_NODES = ("--limit", ",".join(NODES))  # facts.yml creates a missing CT on every run, whatever the tags
 BLACKLIST = "/etc/modprobe.d/provision-blacklist-nouveau.conf"
 
 
@@ -33,6 +44,13 @@ def bare(lab):
     yield lab
     lab.down(progress=lambda msg: None)
     lab.up(hosts=2, progress=lambda msg: print(msg, flush=True))
+
+
+@pytest.fixture(scope="module")
+def fresh_bare(bare):
+    """The bare lab again, its nodes with no driver (the same shape from the cached image and booted snapshots)."""
+    bare.recreate(progress=lambda msg: print(msg, flush=True))
+    return bare
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +79,8 @@ def test_bare_nodes_have_no_driver_and_no_container(bare):
 
 
 def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, tmp_path):
-    proc = run_provision("plan", "--inventory", str(inventory), "--tags", "driver", "--json", "--runs-dir",
-                         str(tmp_path), timeout=900)  # fmt: skip
+    proc = run_provision("plan", "--inventory", str(inventory), "--tags", "driver", *ONLY_NODES, "--json",
+                         "--runs-dir", str(tmp_path), timeout=900)  # fmt: skip
     assert proc.returncode == 4, proc.stderr[-2000:]
     envelope = json.loads(proc.stdout)
     assert envelope["hosts"] == dict.fromkeys(NODES, "changes pending")
@@ -74,32 +92,55 @@ def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, t
         assert "Report the NVIDIA installer to be run (check mode)" in pending, pending
 
 
-def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare, inventory, tmp_path):
-    wrong = "0" * 64
-    set_host_vars(inventory, "pve-grub", {"nvidia_driver_installer_sha256": wrong})
-    try:
-        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
-    finally:
-        set_host_vars(inventory, "pve-grub", None)
-    source = f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
-    assert code == 1, err[-2000:]
-    said = " ".join(f["message"] for f in result["failures"])
-    assert f"{source} has sha256" in said and f"not nvidia_driver_installer_sha256 ({wrong})" in said, said
-    state = node_state(bare.vm("pve-grub"))
-    assert (state["version"], state["dkms"], state["blacklist"], state["download"]) == ("", "", "", ""), state
-
-
-def test_bare_nodes_get_the_driver_and_a_second_apply_changes_nothing(bare, inventory, tmp_path):
-    code, _, err = apply(inventory, tmp_path / "first", "--tags", "driver")
+def test_one_apply_takes_the_bare_host_to_a_verified_endpoint(bare, inventory, tmp_path, capsys):
+    """#14's acceptance, on the lab as `lab up --bare` left it (the plan before changed nothing): `provision apply
+    --inventory lab --yes` with no --limit and no --tags, then `provision verify`, then a second apply that changes
+    nothing on any host. Prints each step's time (docs/lab.md)."""
+    token = bare.hf_token_file.read_text().strip()
+    took: dict[str, float] = {}
+    start = time.monotonic()
+    code, _, err = apply(inventory, tmp_path / "first")
+    took["apply"] = time.monotonic() - start
     assert code == 0, err[-3000:]
-    for name in NODES:
+    for name in NODES:  # the driver installed with DKMS and loaded
         state = node_state(bare.vm(name))
         assert f"x86_64  {DRIVER_VERSION}" in state["version"], (name, state)
         assert state["dkms"].startswith(f"nvidia/{DRIVER_VERSION}, ") and state["dkms"].endswith(": installed;")
         assert state["blacklist"] == "yes" and state["persistenced"] == "active", (name, state)
-    code, second, err = apply(inventory, tmp_path / "second", "--tags", "driver", "--full")
+    ct = bare.pve_control("GET", f"/ct/{CONTAINER_VMID}")  # created through the API, and running
+    assert ct["status"] == "running" and ct["config"]["hostname"] == CONTAINER_NAME, ct
+    body = as_root(bare, bare.created_containers()[CONTAINER_VMID])
+    # the gpu phase ran in it: its userspace matches the driver the node loaded after the CT started
+    assert body.ssh("nvidia-smi --version").stdout.count(f"DRIVER version      : {DRIVER_VERSION}") == 1
+    for f in hfhub.tiny_repo().files:  # the weights, as the hub serves them
+        assert body.ssh(f"sha256sum {HUB_MODEL_PATH}/{f.path}").stdout.split()[:1] == [f.sha256], f.path
+    assert body.ssh("curl -sf localhost:30000/health").returncode == 0
+    assert not [p for p in (tmp_path / "first").rglob("*") if p.is_file() and token in p.read_text(errors="replace")]
+
+    start = time.monotonic()
+    proc = run_provision("verify", "--inventory", str(inventory), "--json", "--runs-dir", str(tmp_path / "verify"),
+                         timeout=1200)  # fmt: skip
+    took["verify"] = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+    start = time.monotonic()
+    code, second, err = apply(inventory, tmp_path / "second")
+    took["second apply"] = time.monotonic() - start
     assert code == 0, err[-3000:]
-    assert {h: s["changed"] for h, s in second["hosts"].items()} == dict.fromkeys(NODES, 0)
+    assert {h: s["changed"] for h, s in second["hosts"].items()} == dict.fromkeys([*NODES, CONTAINER_NAME], 0)
+    with capsys.disabled():  # shown without -s: the figures go into docs/lab.md
+        steps = ", ".join(f"{step} {seconds:.0f} s" for step, seconds in took.items())
+        print(f"\n#14 from bare: {steps}; lab up --bare: {bare.state().get('timings')}", flush=True)
+
+
+def test_the_driver_phase_run_again_in_full_changes_nothing(bare, inventory, tmp_path):
+    """After the apply above: every task of the phase runs (--full) and changes nothing; the driver stays loaded."""
+    code, again, err = apply(inventory, tmp_path, "--tags", "driver", *ONLY_NODES, "--full")
+    assert code == 0, err[-3000:]
+    assert {h: s["changed"] for h, s in again["hosts"].items()} == dict.fromkeys(NODES, 0)
+    for name in NODES:
+        state = node_state(bare.vm(name))
+        assert f"x86_64  {DRIVER_VERSION}" in state["version"] and state["persistenced"] == "active", (name, state)
 
 
 def test_a_node_without_a_pin_is_not_managed_and_the_phase_says_so(bare, inventory, tmp_path):
@@ -159,3 +200,19 @@ def test_a_new_pin_upgrades_and_reboots_into_the_new_module(bare, inventory, tmp
         assert vm.ssh("nvidia-smi --version").stdout.count(f"DRIVER version      : {UPGRADE}") == 1
     finally:
         set_host_vars(inventory, "pve-grub", None)
+
+
+def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(fresh_bare, inventory, tmp_path):
+    """On nodes with no driver (a fresh bare lab: the tests before installed it): nothing of the phase is left."""
+    wrong = "0" * 64
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_installer_sha256": wrong})
+    try:
+        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
+    finally:
+        set_host_vars(inventory, "pve-grub", None)
+    source = f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
+    assert code == 1, err[-2000:]
+    said = " ".join(f["message"] for f in result["failures"])
+    assert f"{source} has sha256" in said and f"not nvidia_driver_installer_sha256 ({wrong})" in said, said
+    state = node_state(fresh_bare.vm("pve-grub"))
+    assert (state["version"], state["dkms"], state["blacklist"], state["download"]) == ("", "", "", ""), state

@@ -2,8 +2,13 @@
 link, and what a create writes into its rootfs."""
 
 import json
+import os
+import shutil
 import stat
 import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +101,42 @@ def test_post_create_writes_roots_keys_in_pves_block_and_fresh_host_keys(tmp_pat
     other.post_create(None)
     assert not (other.dir / "upper" / "root").exists(), "no ssh-public-keys: no authorized_keys"
     assert other.known_hosts_line() != body.known_hosts_line()
+
+
+NVRM = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a bind mount needs root and unshare")
+def test_a_driver_the_node_loads_after_the_ct_started_shows_through_the_ct_s_bound_proc_driver(tmp_path):
+    """The CT shares its node's kernel: a module the node loads while the CT runs is in the CT's /proc/driver. The
+    body's copy is bound into the CT at start (nspawn --bind-ro); a refresh must show through that bind."""
+    from provision.lab.container import PROC_DRIVER_STAGE, ContainerSpec, LabContainer
+
+    body = LabContainer(ContainerSpec(name="ct", index=250), tmp_path / "ct", tmp_path / "rootfs", tmp_path / "key",
+                        tmp_path / "kh")  # fmt: skip
+    body.configure([], nesting=True, driver_version=None)  # started before the node had a driver
+    stage = body.dir / "proc-driver"
+    assert f"--bind-ro={stage}:{PROC_DRIVER_STAGE}" in body.nspawn_command()
+    inside = tmp_path / "inside"  # where the CT sees it
+    inside.mkdir()
+    refresh = tmp_path / "refresh.py"  # run where the stage is bound at `inside`, as nspawn binds it
+    refresh.write_text(
+        textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from provision.lab.container import ContainerSpec, LabContainer
+        body_dir, inside, version = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+        body = LabContainer(ContainerSpec(name="ct", index=250), body_dir, Path("r"), Path("k"), Path("h"))
+        body.configure([], nesting=True, driver_version=version)  # the node loaded its module
+        print((inside / "nvidia" / "version").read_text(), end="")
+        body.show_node_driver(None)  # and unloaded it
+        print(sorted(inside.iterdir()))
+    """)
+    )
+    script = 'mount --bind -o ro "$1" "$2" && exec "$3" "$4" "$5" "$2" "$6"'
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(stage),
+                           str(inside), sys.executable, str(refresh), str(body.dir), NVRM], capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == NVRM + "[]\n", "loaded, then unloaded: both seen through the bind"

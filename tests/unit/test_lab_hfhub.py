@@ -4,8 +4,15 @@ and each refusal is the one the client turns into its own error."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import ipaddress
+import os
+import socket
+import stat
+import subprocess
+import time
 from pathlib import Path
 
 import huggingface_hub as hf  # the test extras pin the version the lab serves (pyproject.toml)
@@ -114,3 +121,56 @@ def test_a_corrupted_file_has_its_size_and_the_true_sha256_in_the_headers_but_ot
     data = Path(got).read_bytes()
     expected = repo.file("model.safetensors")
     assert len(data) == len(expected.data) and hashlib.sha256(data).hexdigest() != expected.sha256
+
+
+UNASSIGNED = "10.213.250.1"  # no interface here has it: a lab link (10.213.<n>.1) before its veth exists
+
+
+def test_the_hub_binds_an_address_no_interface_has_yet_only_with_freebind():
+    """IP_FREEBIND (ip(7)): the hub of a bare lab listens on a link the apply's CT brings up later."""
+    assert UNASSIGNED not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    with pytest.raises(OSError) as refused:
+        hfhub.Hub([hfhub.tiny_repo()], {TOKEN}).start(UNASSIGNED, 0)
+    assert refused.value.errno == errno.EADDRNOTAVAIL
+    hub = hfhub.Hub([hfhub.tiny_repo()], {TOKEN}).start(UNASSIGNED, 0, freebind=True)
+    try:
+        assert hub.url.startswith(f"http://{UNASSIGNED}:") and _listening(os.getpid(), UNASSIGNED, hub.url)
+    finally:
+        hub.stop()
+
+
+def _listening(pid: int, address: str, url: str) -> bool:
+    """Whether process `pid` has a TCP socket listening on address and url's port (/proc/<pid>/net/tcp, state 0A)."""
+    port = int(url.rsplit(":", 1)[1])
+    local = f"{socket.htonl(int(ipaddress.IPv4Address(address))):08X}:{port:04X}"
+    rows = [line.split() for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]]
+    return any(row[1] == local and row[3] == "0A" for row in rows)
+
+
+def test_the_lab_starts_its_hub_on_its_first_link_before_the_link_exists_and_stops_it(tmp_path):
+    """What `provision lab up --bare` starts (and `lab down` stops): the hub on the host side of the link its
+    sglang-01 will get, the token in a 0600 file of the lab and never on the hub's command line."""
+    from provision.lab.lab import Lab
+
+    lab = Lab(dir=tmp_path, net_index=250)
+    try:
+        hub = lab.start_hf_hub()
+        pid = int((tmp_path / "hfhub.pid").read_text())
+        assert hub["url"].startswith(f"http://{UNASSIGNED}:") and _listening(pid, UNASSIGNED, hub["url"])
+        assert (hub["repo"], hub["commit"]) == (hfhub.REPO_ID, hfhub.tiny_repo().commit)
+        assert stat.S_IMODE(lab.hf_token_file.stat().st_mode) == 0o600
+        assert lab.hf_token_file.read_text().strip() == hub["token"]
+        assert hub["token"] not in Path(f"/proc/{pid}/cmdline").read_text()
+    finally:
+        lab.stop_hf_hub()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid) and not (tmp_path / "hfhub.pid").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has exited
+    except OSError:
+        return False
