@@ -33,8 +33,8 @@ from tests.leaks import leaks
 from tests.processes import interrupt, start_apply, tree
 from tests.sshtarget import start_target
 
-# its tests build on each other (first apply, then the second): one xdist worker runs them all, in order
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("sshd")]
+# its tests build on each other (first apply, then the second): CI's `--dist loadfile` runs them on one worker, in order
+pytestmark = pytest.mark.integration
 
 SECRET = "s3cr3t-Pr0xm0x-" + "7f1c9a"
 SSH_PASSWORD = "ssh-Pa55w0rd-" + "c41e07"

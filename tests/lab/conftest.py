@@ -90,9 +90,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/lab/" in str(item.fspath):
             item.add_marker(pytest.mark.lab)
-            # the README runs the lab without pytest-xdist; under `-n N --dist loadgroup` every lab test still goes to
-            # one worker, in file order (one lab)
-            item.add_marker(pytest.mark.xdist_group("lab"))
 
 
 def have(tool: str) -> bool:
