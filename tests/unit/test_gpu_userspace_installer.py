@@ -91,15 +91,13 @@ def test_the_checked_installer_runs_from_a_root_only_directory_and_a_planted_one
     assert not setup["marker"].exists()
 
 
-def test_by_default_the_container_installs_the_nodes_own_file_from_the_nodes_source(tmp_path, setup):
-    """The node pins VERSION with its installer on a mirror (nvidia_driver_installer) and its sha256: the container's
-    userspace, with neither of its own variables set, comes from the same source, checked against the same sha256
-    (one rule, roles/gpu_passthrough vars `_gpu_passthrough_node_pinned`), not from NVIDIA's site."""
+def run_with_node(tmp_path: Path, setup: dict, node_installer: str) -> str | None:
+    """The role for a container whose node pins VERSION with `node_installer` and the installer's sha256, and none of
+    the container's own installer variables set."""
     import json
 
-    source = str(setup["source"]).replace(VERSION, "{{ nvidia_driver_version }}")
     node = {"nvidia_driver_version": VERSION, "nvidia_driver_installer_sha256": setup["sha256"],
-            "nvidia_driver_installer": source}  # fmt: skip
+            "nvidia_driver_installer": node_installer}  # fmt: skip
     inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local", "proxmox_host": "node1"},
                                    "node1": node}}}  # fmt: skip
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
@@ -110,7 +108,15 @@ def test_by_default_the_container_installs_the_nodes_own_file_from_the_nodes_sou
         command = command.replace(" -i localhost,", f" -i {tmp_path / 'inventory.json'}")
         return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, check=check)
 
-    assert run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"] is None
+    return run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+
+
+def test_by_default_the_container_installs_the_nodes_own_file_from_the_nodes_source(tmp_path, setup):
+    """The node pins VERSION with its installer on a mirror (nvidia_driver_installer) and its sha256: the container's
+    userspace, with neither of its own variables set, comes from the same source, checked against the same sha256
+    (one rule, roles/gpu_passthrough vars `_gpu_passthrough_node_pinned`), not from NVIDIA's site."""
+    source = str(setup["source"]).replace(VERSION, "{{ nvidia_driver_version }}")
+    assert run_with_node(tmp_path, setup, source) is None
     assert setup["marker"].read_text().split() == [str(setup["target"]), "--silent", "--no-kernel-module"]
 
 
@@ -118,23 +124,8 @@ def test_a_local_source_missing_in_the_container_is_named_with_the_variable_and_
     """An offline site's node reads its installer from a path on the node (nvidia_driver_installer): by default the
     container's source is that path, which the container does not see. One line names the variable, the path and the
     node it came from, and nothing is copied or run (#14: the container's default installer on an offline site)."""
-    import json
-
     missing = str(tmp_path / "mirror-on-the-node" / f"NVIDIA-Linux-x86_64-{VERSION}.run")
-    node = {"nvidia_driver_version": VERSION, "nvidia_driver_installer_sha256": setup["sha256"],
-            "nvidia_driver_installer": missing}  # fmt: skip
-    inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local", "proxmox_host": "node1"},
-                                   "node1": node}}}  # fmt: skip
-    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
-    extra = {"provision_state_dir": str(tmp_path / "state"), "gpu_passthrough_node_driver": VERSION}
-    env = {**os.environ, "PATH": f"{setup['bindir']}:{os.environ['PATH']}"}
-
-    def sh(command: str, check: bool) -> subprocess.CompletedProcess:
-        command = command.replace(" -i localhost,", f" -i {tmp_path / 'inventory.json'}")
-        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, check=check)
-
-    failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
-    assert failed == (
+    assert run_with_node(tmp_path, setup, missing) == (
         f"localhost: gpu_passthrough_userspace_installer is {missing}, which is not a file on localhost; it is "
         "node1's nvidia_driver_installer, a path on that node: set gpu_passthrough_userspace_installer to a URL, or "
         "to a path inside the container (an mpN bind mount of the mirror)"
