@@ -128,10 +128,22 @@ def _phase_converged(lab, phase: str) -> bool:
         return all(set(PROFILE_ARGS) <= set(lab.vm(n).ssh("cat /proc/cmdline").stdout.split()) for n in NODES)
     ct = lab.container()
     if phase == "gpu":
-        return ct.ssh("nvidia-smi -L").returncode == 0
+        return _gpu_converged(lab, ct)
     if phase == "sglang":
         return ct.ssh("curl -sf localhost:30000/health").returncode == 0
     raise ValueError(phase)
+
+
+def _gpu_converged(lab, ct) -> bool:
+    """The container's NVIDIA nodes work (nvidia-smi -L) and the API's config has a devN entry for each: a CT whose
+    entries were deleted underneath keeps its nodes only until its next start (the prestart hook makes the nodes from
+    the entries), so nodes alone do not show the phase converged."""
+    from provision.lab.lab import CONTAINER_VMID
+
+    config = lab.pve_control("GET", f"/ct/{CONTAINER_VMID}")["config"]
+    entries = {v.split(",")[0].removeprefix("path=") for k, v in config.items() if k.startswith("dev")}
+    inside = set(ct.ssh("ls -d /dev/nvidia* /dev/nvidia-caps/* 2>/dev/null").stdout.split())
+    return bool(inside) and inside <= entries and ct.ssh("nvidia-smi -L").returncode == 0
 
 
 def ensure_converged(lab, inventory: Path, runs: Path, *phases: str) -> None:

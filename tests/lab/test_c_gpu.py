@@ -59,7 +59,8 @@ def drop_our_entries(lab, restart: bool = False) -> None:
         return
     api, ct = pve_api(lab), lab.container()
     lxc = api.nodes("pve-grub").lxc(VMID)
-    lxc.config.put(delete=",".join(ours))
+    if ours:  # PVE refuses a PUT with nothing in it ("no options specified")
+        lxc.config.put(delete=",".join(ours))
     old = ct.boot_id()
     assert wait_task(api, "pve-grub", lxc.status.reboot.post())["exitstatus"] == "OK"
     ct.wait_for_ssh(120, not_boot_id=old)
