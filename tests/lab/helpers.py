@@ -142,7 +142,7 @@ def _gpu_converged(lab, ct) -> bool:
 
     config = lab.pve_control("GET", f"/ct/{CONTAINER_VMID}")["config"]
     entries = {v.split(",")[0].removeprefix("path=") for k, v in config.items() if k.startswith("dev")}
-    inside = set(ct.ssh("ls -d /dev/nvidia* /dev/nvidia-caps/* 2>/dev/null").stdout.split())
+    inside = set(ct.ssh("find /dev -maxdepth 2 -path '/dev/nvidia*' ! -type d").stdout.split())
     return bool(inside) and inside <= entries and ct.ssh("nvidia-smi -L").returncode == 0
 
 
