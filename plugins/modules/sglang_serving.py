@@ -60,7 +60,7 @@ import urllib.request
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json
 
-POLL_S = 5
+POLL_S = 1  # one local HTTP request a second: the reboot rollout waits on this before the next node goes
 
 
 def answers(url: str) -> bool:

@@ -52,6 +52,21 @@ def choose_accel() -> str:
     return "tcg"
 
 
+# $1 qemu's pid file, $2 the stop flag, then qemu's command line (with -daemonize): wait while that qemu runs; once
+# it has exited (a reset under -no-reboot), start it again unless the lab stopped the VM. `read` and `kill -0` are
+# builtins: the wait costs a `sleep` every 0.2 s.
+_WATCHER = r"""
+pidfile=$1 stopped=$2; shift 2
+while :; do
+  pid=; read -r pid < "$pidfile" 2>/dev/null
+  while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+  [ -e "$stopped" ] && exit 0
+  echo "$(date -u +%FT%TZ) qemu $pid exited: starting it again"
+  "$@" || exit 1
+done
+"""
+
+
 @dataclass
 class VmSpec:
     name: str
@@ -72,6 +87,8 @@ class LabVm(LabMachine):
         self.pidfile = workdir / "qemu.pid"
         self.monitor = workdir / "monitor.sock"
         self.serial = workdir / "serial.log"
+        self.watcher_pidfile = workdir / "watcher.pid"
+        self.stopped = workdir / "stopped"  # lab stop: the watcher starts no qemu again
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self, snapshot: Path | None = None) -> None:
@@ -118,6 +135,9 @@ class LabVm(LabMachine):
             "-display", "none", "-serial", f"file:{self.serial}",
             "-monitor", f"unix:{self.monitor},server,nowait",
             "-pidfile", str(self.pidfile), "-daemonize",
+            # a reset (the guest's reboot, or the monitor's system_reset) ends this qemu and the watcher starts a new
+            # one: under TCG a reset qemu took 12-21 s longer to the guest's kernel than a new one (docs/lab.md)
+            "-no-reboot",
         ]  # fmt: skip
         return cmd
 
@@ -128,13 +148,32 @@ class LabVm(LabMachine):
         self.prepare(snapshot)
         if self.is_running():
             return False
+        self.stopped.unlink(missing_ok=True)
         incoming = ["-incoming", f"exec:cat {snapshot / 'state.bin'}"] if snapshot else []
         proc = subprocess.run(self.command(accel) + incoming, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ProvisionError(f"lab VM {self.spec.name}: qemu failed to start: {proc.stderr.strip()}")
+        self._watch(accel)
         if snapshot is not None:
             self._continue_after_incoming()
         return snapshot is not None
+
+    def _watch(self, accel: str) -> None:
+        """A process that starts qemu again (a cold boot from the VM's disk, as a power cycle) each time it exits,
+        until `stop`: with -no-reboot, a reset ends qemu, and the node must come back as a rebooted host does."""
+        with open(self.dir / "watcher.log", "ab") as log:
+            watcher = subprocess.Popen(
+                ["bash", "-c", _WATCHER, "lab-vm-watcher", str(self.pidfile), str(self.stopped), *self.command(accel)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
+        self.watcher_pidfile.write_text(f"{watcher.pid}\n")
+
+    def _watcher_alive(self) -> bool:
+        try:
+            pid = int(self.watcher_pidfile.read_text())
+            return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"bash\0-c")
+        except (OSError, ValueError):
+            return False
 
     def _continue_after_incoming(self, timeout: float = 120) -> None:
         """The snapshot was saved paused, so qemu keeps the loaded guest paused: let it run."""
@@ -199,6 +238,10 @@ class LabVm(LabMachine):
         self.ssh(f"date -u -s @{time.time():.3f} >/dev/null", timeout=30)
 
     def is_running(self) -> bool:
+        """qemu runs, or its watcher is about to start it again after a reset."""
+        return self._qemu_alive() or (self._watcher_alive() and not self.stopped.exists())
+
+    def _qemu_alive(self) -> bool:
         # a recycled pid must not pass for the VM: check that it is still qemu
         if not super().is_running():
             return False
@@ -208,15 +251,21 @@ class LabVm(LabMachine):
             return False
 
     def stop(self) -> None:
-        """Power off at once (the overlay is thrown away or kept as is): quit, then kill."""
+        """Power off at once (the overlay is thrown away or kept as is): the watcher first, then quit, then kill."""
+        if self.dir.is_dir():
+            self.stopped.touch()
+        if self._watcher_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(self.watcher_pidfile.read_text()), signal.SIGKILL)
+        self.watcher_pidfile.unlink(missing_ok=True)
         pid = self.pid()
-        if pid is not None and self.is_running():
+        if pid is not None and self._qemu_alive():
             self._monitor("quit")
             for _ in range(50):
-                if not self.is_running():
+                if not self._qemu_alive():
                     break
                 time.sleep(0.1)
-            if self.is_running():
+            if self._qemu_alive():
                 os.kill(pid, signal.SIGKILL)
         self.pidfile.unlink(missing_ok=True)
 
@@ -259,4 +308,4 @@ class LabVm(LabMachine):
         return f"[127.0.0.1]:{self.spec.port}"
 
     def exit_detail(self) -> str:
-        return f"serial log: {self.serial}"
+        return f"serial log: {self.serial}; watcher log: {self.dir / 'watcher.log'}"

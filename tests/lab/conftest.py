@@ -7,7 +7,9 @@ No module depends on which modules ran before it: the suite passes in reverse fi
 names at its top what it leaves changed on the shared lab (`LAB_CHANGES`: "kernel", "gpu", "sglang", "ct") and
 what no earlier module may have changed (`LAB_NEEDS_UNCHANGED`). When an earlier module did, the module gets a
 fresh lab, made again from the cached image and booted snapshots (`Lab.recreate`, about 20 s); in file order
-none needs one. A module that starts from converged phases brings them there itself
+none needs one. A module that leaves the lab down (test_k, which brings up a bare lab of its own) names "down": the next
+lab module brings a normal lab up first, and when none follows, nothing is brought up for nothing. A module that starts
+from converged phases brings them there itself
 (`helpers.ensure_converged`), which costs one read per host when they already are.
 """
 
@@ -54,6 +56,8 @@ def lab(lab_env):
         assert instance.state().get("up"), f"PROVISION_TEST_LAB_DIR={reuse}: no lab is up there"
         instance.write_inventory(instance.state())
         yield instance
+        if not instance.state().get("up"):  # a module left it down (LAB_CHANGES "down"): leave it up, as found
+            instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
         return
     instance = Lab()
     instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
@@ -69,6 +73,10 @@ _changed: set[str] = set()  # what the modules run since the lab was (re)made le
 
 @pytest.fixture(scope="module", autouse=True)
 def _lab_as_the_module_needs_it(request):
+    if "down" in _changed and hasattr(request.module, "LAB_CHANGES"):  # a lab module, after one that left it down
+        print(f"lab: {request.module.__name__} needs the lab that the module before left down; a fresh one")
+        request.getfixturevalue("lab").up(hosts=2, progress=lambda msg: print(msg, flush=True))
+        _changed.clear()
     broken = set(getattr(request.module, "LAB_NEEDS_UNCHANGED", ())) & _changed
     if broken:
         lab = request.getfixturevalue("lab")

@@ -4,17 +4,18 @@ weights from the lab's hub).
 
 One apply with no --limit and no --tags takes the bare lab to a verified endpoint (the driver on both nodes, CT 101
 created and running, the weights checked against the hub, SGLang answering), verify passes, and a second apply changes
-nothing; it runs first, on the lab as `lab up --bare` left it, and prints the timings of each step (docs/lab.md). The
-driver tests then run on the nodes only (`--limit`: the create in playbooks/facts.yml runs whatever the tags): plan says
-what the phase would do, each step a pending change, and changes nothing (before the apply); the phase run again in full
-changes nothing; a node without a pin is not managed; a new pin with reboots off stops before anything changes; a new
-pin upgrades, and the node reboots (through the kernel phase's safe reboot) into the new module, which the old one's
-holder kept out. Last, on a fresh bare lab (its nodes have no driver again), a wrong sha256 stops the phase before
-anything is installed, naming the file.
+nothing; it runs on the lab as `lab up --bare` left it (the plan and the refused sha256 before it change nothing), and
+prints the timings of each step (docs/lab.md). The driver tests then run on the nodes only (`--limit`: the create in
+playbooks/facts.yml runs whatever the tags): plan says what the phase would do, each step a pending change, and changes
+nothing (before the apply); the phase run again in full changes nothing; a node without a pin is not managed; a new pin
+with reboots off stops before anything changes; a new pin upgrades, and the node reboots (through the kernel phase's
+safe reboot) into the new module, which the old one's holder kept out. Before the apply, on a node with no driver yet, a
+wrong sha256 stops the phase before anything is installed, naming the file, and leaves nothing the apply would find.
 
-The module brings up a bare lab of its own (the session's lab goes down first) and leaves a normal one behind. The
-lab's nodes reach no package mirror (the phase's headers and dkms lists are empty in the lab's inventory) and cannot
-build a module: the stand-in installer and the dkms status stand-in are what they run (docs/lab.md)."""
+The module brings up a bare lab of its own (the session's lab goes down first) and leaves the lab down: the next lab
+module, if any, brings a normal one up (tests/lab/conftest.py, LAB_CHANGES "down"). The lab's nodes reach no package
+mirror (the phase's headers and dkms lists are empty in the lab's inventory) and cannot build a module: the stand-in
+installer and the dkms status stand-in are what they run (docs/lab.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from provision.lab.specs import HUB_MODEL_PATH
 from tests.conftest import run_provision
 from tests.lab.helpers import NODES, apply, as_root, boots, set_host_vars
 
-# tests/lab/conftest.py: it changes only its own bare lab, and leaves a fresh normal one behind
-LAB_CHANGES: set[str] = set()
+# tests/lab/conftest.py: it changes only its own bare lab, and leaves the lab down
+LAB_CHANGES = {"down"}
 UPGRADE = "580.105.08"
 ONLY_NODES = ("--limit", ",".join(NODES))  # facts.yml creates a missing CT on every run, whatever the tags
 BLACKLIST = "/etc/modprobe.d/provision-blacklist-nouveau.conf"
@@ -43,14 +44,6 @@ def bare(lab):
     lab.up(hosts=2, bare=True, progress=lambda msg: print(msg, flush=True))
     yield lab
     lab.down(progress=lambda msg: None)
-    lab.up(hosts=2, progress=lambda msg: print(msg, flush=True))
-
-
-@pytest.fixture(scope="module")
-def fresh_bare(bare):
-    """The bare lab again, its nodes with no driver (the same shape from the cached image and booted snapshots)."""
-    bare.recreate(progress=lambda msg: print(msg, flush=True))
-    return bare
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +85,27 @@ def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, t
         assert "Report the NVIDIA installer to be run (check mode)" in pending, pending
 
 
+def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare, inventory, tmp_path):
+    """On a node with no driver (before the apply below installs one): nothing of the phase is left, so the apply
+    after it starts from a node as bare as `lab up --bare` left it."""
+    wrong = "0" * 64
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_installer_sha256": wrong})
+    try:
+        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
+    finally:
+        set_host_vars(inventory, "pve-grub", None)
+    source = f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
+    assert code == 1, err[-2000:]
+    said = " ".join(f["message"] for f in result["failures"])
+    assert f"{source} has sha256" in said and f"not nvidia_driver_installer_sha256 ({wrong})" in said, said
+    state = node_state(bare.vm("pve-grub"))
+    assert (state["version"], state["dkms"], state["blacklist"], state["download"]) == ("", "", "", ""), state
+
+
 def test_one_apply_takes_the_bare_host_to_a_verified_endpoint(bare, inventory, tmp_path, capsys):
-    """#14's acceptance, on the lab as `lab up --bare` left it (the plan before changed nothing): `provision apply
-    --inventory lab --yes` with no --limit and no --tags, then `provision verify`, then a second apply that changes
-    nothing on any host. Prints each step's time (docs/lab.md)."""
+    """#14's acceptance, on the lab as `lab up --bare` left it (the plan and the refused sha256 before changed nothing):
+    `provision apply --inventory lab --yes` with no --limit and no --tags, then `provision verify`, then a second apply
+    that changes nothing on any host. Prints each step's time (docs/lab.md)."""
     token = bare.hf_token_file.read_text().strip()
     took: dict[str, float] = {}
     start = time.monotonic()
@@ -200,19 +210,3 @@ def test_a_new_pin_upgrades_and_reboots_into_the_new_module(bare, inventory, tmp
         assert vm.ssh("nvidia-smi --version").stdout.count(f"DRIVER version      : {UPGRADE}") == 1
     finally:
         set_host_vars(inventory, "pve-grub", None)
-
-
-def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(fresh_bare, inventory, tmp_path):
-    """On nodes with no driver (a fresh bare lab: the tests before installed it): nothing of the phase is left."""
-    wrong = "0" * 64
-    set_host_vars(inventory, "pve-grub", {"nvidia_driver_installer_sha256": wrong})
-    try:
-        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub")
-    finally:
-        set_host_vars(inventory, "pve-grub", None)
-    source = f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run"
-    assert code == 1, err[-2000:]
-    said = " ".join(f["message"] for f in result["failures"])
-    assert f"{source} has sha256" in said and f"not nvidia_driver_installer_sha256 ({wrong})" in said, said
-    state = node_state(fresh_bare.vm("pve-grub"))
-    assert (state["version"], state["dkms"], state["blacklist"], state["download"]) == ("", "", "", ""), state
