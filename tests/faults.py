@@ -146,6 +146,14 @@ CITED = [
         "yes: `apply --tags sglang` runs the unit with the new stop timeout (`TimeoutStopUSec=2min 3s`), active, "
         "`/health_generate` 200",
         LAB_SGLANG + "test_sigint_while_the_service_restarts_then_a_rerun_serves_again", True, True),
+    Row("the container stopped through the API (as `pct stop`) while the sglang phase installs SGLang into its "
+        "venv", "sglang",
+        "exit 1, the container failed or unreachable with one line: `unreachable: the connection was lost while "
+        "the task ran (the host stopped, rebooted or lost its network: …); run apply again once it answers ssh`, "
+        "or ssh's own `Connection refused` for the next task, or pip's failure when the stop killed it first",
+        "the container stopped, its venv without the server package", "yes, once the container is started again: "
+        "`apply --tags sglang` installs again and the service answers `/health_generate` 200",
+        LAB_SGLANG + "test_the_container_stopped_mid_install_is_named_and_a_rerun_converges", True, True),
     Row("a container that served before its node's reboot does not serve again after it (module, in process)",
         "kernel", "`sglang-01: sglang did not serve again within 3s (… does not answer 200); the rollout stops here, "
         "before the next node reboots`", "not checked: the module's own test; the stop of the rollout is "
@@ -156,8 +164,7 @@ CITED = [
 
 # Faults the issue names that no test injects yet (docs/reliability.md lists them apart from the table).
 NOT_YET = [
-    "the container stopped mid-install (gpu userspace, SGLang's venv): a lab test was written and withdrawn, since "
-    "after its API stop and start the container's nvidia-smi showed 0 GPUs to the tests after it",
+    "the container stopped mid-install of the gpu phase's NVIDIA userspace (the sglang phase's venv has a lab test)",
 ]
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from provision.lab import wheelhouse
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, ensure_converged, interrupt_at, set_host_vars
+from tests.lab.helpers import apply, ensure_converged, interrupt_at, pve_api, set_host_vars, wait_task
+from tests.processes import start_apply, wait_for_task
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
 
@@ -105,6 +106,7 @@ def test_changing_one_flag_restarts_exactly_once(ct, lab_inventory, runs):
 
 
 RESTART = "Restart sglang"  # the handler that the role's flush_handlers task runs
+INSTALL = "Install SGLang into its venv"
 
 
 def test_sigint_while_the_service_restarts_then_a_rerun_serves_again(ct, lab_inventory, runs, tmp_path):
@@ -123,6 +125,39 @@ def test_sigint_while_the_service_restarts_then_a_rerun_serves_again(ct, lab_inv
     rc, _, err = converge(lab_inventory, runs, changed)
     assert rc == 0, err[-2000:]
     assert show(ct, "TimeoutStopUSec") == "2min 3s" and show(ct, "ActiveState") == "active"
+    assert get(ct, "/health_generate", key=None)[0] == 200
+
+
+def test_the_container_stopped_mid_install_is_named_and_a_rerun_converges(lab, ct, lab_inventory, runs, tmp_path):
+    """#16's fault matrix: the container stopped (through the API, as `pct stop`) while the phase installs SGLang.
+    The run fails on that host with one line; once the container is started again (as the user would), a re-run
+    converges: it installs again and serves."""
+    set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS, "sglang_p2p": "off", "sglang_tp_size": 2})
+    api = pve_api(lab)
+    lxc = api.nodes("pve-grub").lxc(101)
+    out = tmp_path / "stopped.json"
+    # the install has work to do (the server's package gone from the venv): the stop lands during or right after it
+    ct.ssh(f"{VENV_PY} -m pip uninstall -y -q {wheelhouse.STANDIN_NAME}")
+    proc = start_apply(lab_inventory, runs, out, "--tags", "sglang", "--full", env=ENV)
+    try:
+        wait_for_task(proc, "sglang-01", INSTALL)
+        assert wait_task(api, "pve-grub", lxc.status.stop.post())["exitstatus"] == "OK"
+        assert proc.wait(timeout=600) == 1
+    finally:
+        proc.kill()
+        if lxc.status.current.get()["status"] != "running":
+            wait_task(api, "pve-grub", lxc.status.start.post())
+    result = json.loads(out.read_text())["result"]
+    # where the stop lands varies: pip killed by the container's shutdown (the task fails with pip's words), the
+    # connection lost in the middle of the call (unreachable, runner.unreachable_message's line), or the next task
+    # refused by the stopped container's address (unreachable, ssh's own line)
+    assert result["hosts"]["sglang-01"]["status"] in ("failed", "unreachable"), result["hosts"]
+    (failure,) = result["failures"]
+    assert failure["host"] == "sglang-01" and failure["message"], failure
+    assert "file a bug" not in failure["message"] and "\n" not in failure["message"], failure
+    ct.wait_for_ssh(120)
+    rc, _, err = converge(lab_inventory, runs, {"sglang_p2p": "off", "sglang_tp_size": 2})
+    assert rc == 0, err[-2000:]
     assert get(ct, "/health_generate", key=None)[0] == 200
 
 
