@@ -11,7 +11,7 @@ description:
     readiness URL on this host. A container without that record runs no SGLang of provision's, and is not serving.
   - Serving means the unit is active (C(systemctl is-active)) and its readiness URL answers 200. SGLang leaves its
     readiness paths open whatever its API key (sglang/srt/utils/auth.py), so no key is read or sent.
-  - With I(wait) above 0, polls the readiness URL every 5 s until it answers 200 and fails when I(wait) seconds
+  - With I(wait) above 0, polls the readiness URL every second until it answers 200 and fails when I(wait) seconds
     pass first. The kernel phase waits this way, after a node's reboot, for each container that served before it,
     so that a rolling reboot never takes the next node while the last one's models are still loading.
   - It only reads, so check mode runs it as it is.
