@@ -527,7 +527,7 @@ class Lab:
             ).hexdigest(),
         }
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
-        node_vars = yaml.safe_dump(self._node_vars(), sort_keys=False)
+        node_vars = yaml.safe_dump(self._node_vars(bool(state.get("bare"))), sort_keys=False)
         (inv / "group_vars" / "proxmox_hosts.yml").write_text(header + node_vars)
         return inv
 
@@ -556,17 +556,22 @@ class Lab:
         command = f"mkdir -p {NODE_DRIVER_MIRROR} && cat > {target} && chmod 0644 {target}"
         _pipe_to_node(vm, command, self._standin_installer().read_text(), f"write {target}")
 
-    def _node_vars(self) -> dict[str, Any]:
-        """The nodes' variables. The driver phase's, as an offline site sets them: the pinned version, the installer
-        from the node's mirror and its sha256; and the reboot wait's connection timeout. The lab's nodes reach no
-        package mirror: their headers and dkms are not installed by the phase (the lab's dkms status stand-in is in
-        the image; docs/lab.md)."""
-        return {
+    def _node_vars(self, bare: bool) -> dict[str, Any]:
+        """The nodes' variables: the reboot wait's connection timeout, and on a bare lab the driver phase's, as an
+        offline site sets them: the pinned version, the installer from the node's mirror and its sha256. A normal lab's
+        nodes boot with a driver an admin installed, which the inventory leaves unmanaged (no pin: the driver phase
+        skips them saying so), as the hand-made deployment did; the bare lab is where the phase installs, checks and
+        upgrades a pinned driver (tests/lab/test_k_driver.py). The lab's nodes reach no package mirror: their headers
+        and dkms are not installed by the phase (the lab's dkms status stand-in is in the image; docs/lab.md)."""
+        driver = {
             "nvidia_driver_version": DRIVER_VERSION,
             "nvidia_driver_installer": f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{{{{ nvidia_driver_version }}}}.run",
             "nvidia_driver_installer_sha256": hashlib.sha256(self._standin_installer().read_bytes()).hexdigest(),
             "nvidia_driver_headers_packages": [],
             "nvidia_driver_packages": [],
+        }
+        return {
+            **(driver if bare else {}),
             # qemu's user networking accepts a connection to a VM that is down and holds it until the client gives
             # up: each attempt of ansible's reboot wait then runs this long (measured: a reboot waited 79 s with
             # the default 20 against 67 s with 5, the VM itself back after about 45 s). Loopback needs no more.
