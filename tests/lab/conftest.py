@@ -24,6 +24,11 @@ from provision.errors import ProvisionError
 from provision.lab.image import check_tools
 
 
+def _bring_up(instance) -> None:
+    """A normal lab (two nodes, CT 101), its progress on the console."""
+    instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
+
+
 @pytest.fixture(scope="session")
 def lab_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("labroot")
@@ -57,10 +62,10 @@ def lab(lab_env):
         instance.write_inventory(instance.state())
         yield instance
         if not instance.state().get("up"):  # a module left it down (LAB_CHANGES "down"): leave it up, as found
-            instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
+            _bring_up(instance)
         return
     instance = Lab()
-    instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
+    _bring_up(instance)
     try:
         yield instance
     finally:
@@ -75,7 +80,7 @@ _changed: set[str] = set()  # what the modules run since the lab was (re)made le
 def _lab_as_the_module_needs_it(request):
     if "down" in _changed and hasattr(request.module, "LAB_CHANGES"):  # a lab module, after one that left it down
         print(f"lab: {request.module.__name__} needs the lab that the module before left down; a fresh one")
-        request.getfixturevalue("lab").up(hosts=2, progress=lambda msg: print(msg, flush=True))
+        _bring_up(request.getfixturevalue("lab"))
         _changed.clear()
     broken = set(getattr(request.module, "LAB_NEEDS_UNCHANGED", ())) & _changed
     if broken:
