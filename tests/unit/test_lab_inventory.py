@@ -69,3 +69,12 @@ def test_a_normal_lab_has_sglang01_as_ct_101_that_exists_with_no_spec_and_no_sou
     assert ct.value("proxmox_vmid") == 101 and ct.value("proxmox_ct_spec") is None
     assert ct.value("sglang_model_source") in (None, {}, "") and ct.value("sglang_hf_endpoint") in (None, "")
     assert ct.value("ansible_user") == "ops"
+
+
+def test_only_a_bare_lab_pins_the_nodes_driver(written):
+    """A normal lab's nodes keep the driver an admin installed, unmanaged; a bare lab's driver phase installs it."""
+    from provision.lab.lab import DRIVER_VERSION
+
+    for bare, wanted in ((False, None), (True, DRIVER_VERSION)):
+        inv = inventory.load(written(bare=bare))
+        assert {inv.hosts[n].value("nvidia_driver_version") for n in ("pve-grub", "pve-sdboot")} == {wanted}, bare
