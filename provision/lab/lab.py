@@ -219,7 +219,8 @@ class Lab:
             timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
             for vm in vms:  # what the node's pve-guests.service needs to call startall/stopall (lab stand-in)
                 self._node_api_file(vm, state)
-                self._driver_mirror(vm)
+                if bare:  # only a bare lab's inventory pins the driver and names this installer (_node_vars)
+                    self._driver_mirror(vm)
             self.set_gpu_link(gpu_link, vms)
             # the API starts the containers as PVE does (prestart checks against their node), so nodes come first
             start = time.monotonic()
