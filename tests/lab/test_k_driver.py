@@ -1,8 +1,13 @@
-"""#14 from a bare host, and the driver phase on nodes that have no NVIDIA driver (`provision lab up --bare`: no driver
-on the nodes, no CT 101, no weights; the inventory names sglang-01 as CT 101 to create from its proxmox_ct_spec, its
-weights from the lab's hub).
+"""#14 from a bare host, and the driver phase on a node that has no NVIDIA driver (`provision lab up --bare --hosts 1`:
+no driver on the node, no CT 101, no weights; the inventory names sglang-01 as CT 101 to create from its
+proxmox_ct_spec, its weights from the lab's hub).
 
-One apply with no --limit and no --tags takes the bare lab to a verified endpoint (the driver on both nodes, CT 101
+One bare node, the GRUB one: #14 is one bare host to an endpoint, and a second node (systemd-boot) cost this module
+about 3 minutes of CI, in its trial boot and its serial driver install, for nothing the driver phase does differently
+there (the role has no bootloader step; update-initramfs's own hooks sync an ESP). The kernel phase's systemd-boot
+path is the normal lab's (test_b); `provision lab up --bare` keeps two nodes (docs/lab.md).
+
+One apply with no --limit and no --tags takes the bare lab to a verified endpoint (the driver on the node, CT 101
 created and running, the weights checked against the hub, SGLang answering), verify passes, and a second apply changes
 nothing; it runs on the lab as `lab up --bare` left it (the plan and the refused sha256 before it change nothing), and
 prints the timings of each step (docs/lab.md). The driver tests then run on the nodes only (`--limit`: the create in
@@ -29,11 +34,12 @@ from provision.lab import hfhub, wheelhouse
 from provision.lab.lab import CONTAINER_NAME, CONTAINER_VMID, DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
 from provision.lab.specs import HUB_MODEL_PATH
 from tests.conftest import run_provision
-from tests.lab.helpers import NODES, apply, as_root, boots, set_host_vars
+from tests.lab.helpers import apply, as_root, boots, set_host_vars
 
 # tests/lab/conftest.py: it changes only its own bare lab, and leaves the lab down
 LAB_CHANGES = {"down"}
 UPGRADE = "580.105.08"
+NODES = ("pve-grub",)  # the bare lab's one node (the module's docstring says why one)
 ONLY_NODES = ("--limit", ",".join(NODES))  # facts.yml creates a missing CT on every run, whatever the tags
 BLACKLIST = "/etc/modprobe.d/provision-blacklist-nouveau.conf"
 
@@ -41,7 +47,7 @@ BLACKLIST = "/etc/modprobe.d/provision-blacklist-nouveau.conf"
 @pytest.fixture(scope="module")
 def bare(lab):
     lab.down(progress=lambda msg: None)
-    lab.up(hosts=2, bare=True, progress=lambda msg: print(msg, flush=True))
+    lab.up(hosts=len(NODES), bare=True, progress=lambda msg: print(msg, flush=True))
     yield lab
     lab.down(progress=lambda msg: None)
 
@@ -154,20 +160,20 @@ def test_the_driver_phase_run_again_in_full_changes_nothing(bare, inventory, tmp
 
 
 def test_a_node_without_a_pin_is_not_managed_and_the_phase_says_so(bare, inventory, tmp_path):
-    """No nvidia_driver_version for pve-sdboot (#14 review): the phase reads it, reports one line and changes nothing;
-    inventory check accepts it."""
-    set_host_vars(inventory, "pve-sdboot", {"nvidia_driver_version": ""})
+    """No nvidia_driver_version for the node, after the apply installed one (#14 review): the phase reads it, reports
+    one line and changes nothing; inventory check accepts it."""
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_version": ""})
     try:
-        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-sdboot", "--full")
+        code, result, err = apply(inventory, tmp_path, "--tags", "driver", "--limit", "pve-grub", "--full")
     finally:
-        set_host_vars(inventory, "pve-sdboot", None)
+        set_host_vars(inventory, "pve-grub", None)
     assert code == 0, err[-3000:]
-    assert result["hosts"]["pve-sdboot"]["changed"] == 0
-    said = result["reports"]["pve-sdboot"]
+    assert result["hosts"]["pve-grub"]["changed"] == 0
+    said = result["reports"]["pve-grub"]
     assert f"driver not managed (nvidia_driver_version is not set), skipped: NVIDIA module {DRIVER_VERSION} loaded" in (
         said
     ), said
-    assert node_state(bare.vm("pve-sdboot"))["persistenced"] == "active"
+    assert node_state(bare.vm("pve-grub"))["persistenced"] == "active"
 
 
 def test_an_upgrade_that_may_not_reboot_stops_before_anything_changes(bare, inventory, tmp_path):
