@@ -79,6 +79,7 @@ class VmSpec:
 
 class LabVm(LabMachine):
     kind = "VM"
+    multiplex = True
 
     def __init__(self, spec: VmSpec, workdir: Path, disk: Path, client_key: Path, known_hosts: Path):
         super().__init__(spec.name, workdir, client_key, known_hosts)
@@ -210,6 +211,7 @@ class LabVm(LabMachine):
         tmp.mkdir(parents=True)
         # a paused guest's migration into a file. Migrating it live (multi-threaded TCG) saved, at times, RAM that
         # did not match the vCPUs' state: the resumed kernel died in its timer queue (hrtimer rb_erase oops).
+        self.close_ssh()  # no session of the lab's in the saved guest
         self.hmp("stop")
         self.hmp(f"migrate exec:cat>{tmp / 'state.bin'}")
         deadline = time.monotonic() + 300
@@ -252,6 +254,7 @@ class LabVm(LabMachine):
 
     def stop(self) -> None:
         """Power off at once (the overlay is thrown away or kept as is): the watcher first, then quit, then kill."""
+        self.close_ssh()
         if self.dir.is_dir():
             self.stopped.touch()
         if self._watcher_alive():
