@@ -209,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-link", choices=("pcie", "nvlink"), default="pcie",
         help="the link nvidia-smi topo -m reports between the fake GPUs: PHB (PCIe) or NV18 (default pcie)",
     )  # fmt: skip
+    c.add_argument(
+        "--nodes", choices=("vm", "nspawn"), default="vm",
+        help="the PVE nodes: qemu VMs (bootloaders, real reboots; default), or nspawn containers that boot in seconds "
+        "with the profile's kernel arguments already on their line, for work that needs no bootloader (docs/lab.md)",
+    )  # fmt: skip
     c = lab_sub.add_parser("down", help="stop everything the lab started and remove its state")
     c = lab_sub.add_parser("status", help="what is running")
     c.add_argument("--json", action="store_true")
@@ -446,7 +451,8 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
     if args.lab_command == "up":
         status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers,
-                        pve_version=args.pve_version, gpu_link=args.gpu_link, bare=args.bare)  # fmt: skip
+                        pve_version=args.pve_version, gpu_link=args.gpu_link, bare=args.bare,
+                        nodes=args.nodes)  # fmt: skip
     elif args.lab_command == "down":
         lab.down(progress=progress)
         return Outcome(EXIT_OK, {"up": False})

@@ -183,6 +183,12 @@ class LabContainer(LabMachine):
     def _lab_identity(self, upper: Path) -> None:
         """What the lab gives the CTs it seeds: a host key known before first boot, root's key the lab's client key,
         the `ops` user, and the site's model directory (the stand-in needs no weights, the benchmark a tokenizer)."""
+        self.install_keys(upper)
+        write_tokenizer(upper / MODEL_DIR.lstrip("/"), context_length=STANDIN_CONTEXT)
+        self._install_ops_user(upper)
+
+    def install_keys(self, upper: Path) -> None:
+        """The machine's host key, known before its first boot, and root's key the lab's client key."""
         self.make_host_key()
         (upper / "etc" / "ssh").mkdir(parents=True, exist_ok=True)
         for suffix, mode in (("", 0o600), (".pub", 0o644)):
@@ -193,8 +199,6 @@ class LabContainer(LabMachine):
         ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (ssh_dir / "authorized_keys").write_bytes(Path(f"{self.client_key}.pub").read_bytes())
         (ssh_dir / "authorized_keys").chmod(0o600)
-        write_tokenizer(upper / MODEL_DIR.lstrip("/"), context_length=STANDIN_CONTEXT)
-        self._install_ops_user(upper)
 
     def post_create(self, ssh_public_keys: str | None) -> None:
         """What a create writes into the new CT's rootfs (pve-container LXC/Setup.pm post_create_hook): root's

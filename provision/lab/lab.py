@@ -32,6 +32,7 @@ from provision.lab import pve, wheelhouse
 from provision.lab.container import MODEL_DIR, WHEELHOUSE_IN_CONTAINER, ContainerSpec, LabContainer
 from provision.lab.ctbody import CREATED_FILE
 from provision.lab.image import Image, cache_root, check_tools, ensure_image
+from provision.lab.nspawn_node import NSPAWN_KMSG, LabNspawnNode
 from provision.lab.specs import BENCH_WHEELS_IN_CONTAINER, ct_spec, hub_model_vars
 from provision.lab.vm import LabVm, VmSpec, choose_accel
 
@@ -53,6 +54,8 @@ NODE_DRIVER_MIRROR = "/srv/provision-mirror/nvidia"
 # `provision lab up --gpu-link`: what the lab's nvidia-smi reports between GPUs (overlay/.../nvidia-smi)
 GPU_LINKS = ("pcie", "nvlink")
 GPU_LINK_FILE = "/etc/lab/gpu_link"
+# `provision lab up --nodes`: qemu VMs (a bootloader, real reboots), or nspawn containers (provision/lab/nspawn_node.py)
+NODE_KINDS = ("vm", "nspawn")
 
 
 def lab_dir() -> Path:
@@ -116,9 +119,14 @@ class Lab:
     def known_hosts(self) -> Path:
         return self.dir / "known_hosts"
 
-    def vms(self, state: dict[str, Any] | None = None) -> list[LabVm]:
+    def vms(self, state: dict[str, Any] | None = None) -> list[LabVm | LabNspawnNode]:
+        """The nodes: qemu VMs, or with `--nodes nspawn` containers booted from the same rootfs and overlay."""
         state = state or self.state()
         image = state.get("image", {})
+        if state.get("nodes") == "nspawn":
+            rootfs = Path(image.get("rootfs", ""))
+            return [LabNspawnNode(VmSpec(**spec), self.dir / "vms" / spec["name"], rootfs, self.client_key,
+                                  self.known_hosts) for spec in state.get("vms", [])]  # fmt: skip
         disks = {"grub": Path(image.get("grub_disk", "")), "sdboot": Path(image.get("sdboot_disk", ""))}
         return [
             LabVm(
@@ -181,6 +189,7 @@ class Lab:
         pve_version: int = 9,
         gpu_link: str = "pcie",
         bare: bool = False,
+        nodes: str = "vm",
     ) -> dict[str, Any]:
         if hosts < 1:
             raise ProvisionError("--hosts: at least 1")
@@ -190,6 +199,8 @@ class Lab:
             raise ProvisionError(f"--pve-version: one of {sorted(PVE_VERSIONS)}")
         if gpu_link not in GPU_LINKS:
             raise ProvisionError(f"--gpu-link: one of {', '.join(GPU_LINKS)}")
+        if nodes not in NODE_KINDS:
+            raise ProvisionError(f"--nodes: one of {', '.join(NODE_KINDS)}")
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -200,19 +211,20 @@ class Lab:
             image = ensure_image(progress)
             timings["image_s"] = round(time.monotonic() - start, 1)
             timings.update(image.timings_s)
-            state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare)
+            state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare, nodes)
             state["pve_version"] = PVE_VERSIONS[pve_version]
             (self.dir / "gpu_link").write_text(gpu_link + "\n")
             start = time.monotonic()
             self._build_wheelhouse()
             timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
             cts, vms = self.containers(state), self.vms(state)
-            accel = choose_accel()
+            accel = choose_accel() if nodes == "vm" else "nspawn"
             state["accel"] = accel
             progress(
+                f"lab: starting {len(vms)} nspawn node(s)" if nodes == "nspawn" else
                 f"lab: starting {len(vms)} VM(s) under {accel.upper()} (a first boot takes about {70 * len(vms)} s "
                 "on 2 cores, then each resumes from its booted snapshot in seconds)"
-            )
+            )  # fmt: skip
             start = time.monotonic()
             with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
                 resumed = list(pool.map(lambda v: self._start_vm(v, accel, cold_boot, progress), vms))
@@ -244,9 +256,9 @@ class Lab:
             self.down(progress=lambda *_: None)
             raise
 
-    def recreate(self, progress=print) -> dict[str, Any]:
-        """Down, then up again in the same shape (nodes, containers, PVE version, GPU link): a fresh lab from the
-        cached image and booted snapshots, in about 20 s once they exist."""
+    def recreate(self, progress=print, nodes: str | None = None) -> dict[str, Any]:
+        """Down, then up again in the same shape (nodes, containers, PVE version, GPU link), or with nodes of another
+        kind: a fresh lab from the cached image and booted snapshots, in about 20 s once they exist."""
         state = self.state()
         version = next((k for k, v in PVE_VERSIONS.items() if v == state.get("pve_version")), 9)
         link_file = self.dir / "gpu_link"
@@ -255,12 +267,17 @@ class Lab:
         self.down(progress=progress)
         return self.up(
             hosts=hosts, containers=containers, pve_version=version, gpu_link=link, progress=progress,
-            bare=bool(state.get("bare")),
+            bare=bool(state.get("bare")), nodes=nodes or state.get("nodes", "vm"),
         )  # fmt: skip
 
     @staticmethod
-    def _start_vm(vm: LabVm, accel: str, cold_boot: bool, progress) -> bool:
-        """Resume the VM from its booted snapshot; without one, boot it, save one, and resume from that."""
+    def _start_vm(vm: LabVm | LabNspawnNode, accel: str, cold_boot: bool, progress) -> bool:
+        """Resume the VM from its booted snapshot; without one, boot it, save one, and resume from that. An nspawn
+        node boots in seconds."""
+        if isinstance(vm, LabNspawnNode):
+            vm.start()
+            vm.wait_for_ssh(BOOT_TIMEOUT_S)
+            return False
         if vm.start(accel, resume=not cold_boot):
             vm.wait_for_ssh(BOOT_TIMEOUT_S)
             vm.after_resume()
@@ -274,9 +291,11 @@ class Lab:
 
     def _node_api_file(self, vm: LabVm, state: dict[str, Any]) -> None:
         """/etc/lab/pve-api on a node: the lab's API as the guest reaches it (slirp's 10.0.2.2 is this host's
-        loopback), the node's name and the token that its pve-guests.service stand-in calls startall with."""
+        loopback; an nspawn node shares this host's network), the node's name and the token that its
+        pve-guests.service stand-in calls startall with."""
         token = f"root@pam!{TOKEN_NAME}={self.secrets()['pve_token_secret']}"
-        text = f"url=https://10.0.2.2:{state['pve_port']}/api2/json\nnode={vm.spec.name}\ntoken={token}\n"
+        host = "127.0.0.1" if isinstance(vm, LabNspawnNode) else "10.0.2.2"
+        text = f"url=https://{host}:{state['pve_port']}/api2/json\nnode={vm.spec.name}\ntoken={token}\n"
         _pipe_to_node(vm, "umask 077 && mkdir -p /etc/lab && cat > /etc/lab/pve-api", text, "write /etc/lab/pve-api")
 
     def set_gpu_link(self, link: str, vms: list[LabVm] | None = None) -> None:
@@ -293,7 +312,12 @@ class Lab:
         """Log `message` in a node's kernel ring buffer (through /dev/kmsg, so journald records it as a kernel
         message), as the IOMMU or the NVIDIA driver would log a fault. What it cannot copy: the kernel itself
         logs with facility kern, a line written to /dev/kmsg from userspace gets facility user."""
-        _pipe_to_node(self.vm(vm_name), "cat > /dev/kmsg", f"<3>{message}\n", "write to /dev/kmsg")
+        node = self.vm(vm_name)
+        if isinstance(node, LabNspawnNode):  # a container may not write the kernel's ring: the node's own (dmesg shim)
+            line = f'printf "%s %s\\n" "$(date +%s.%N)" "$(cat)" >> {NSPAWN_KMSG}'
+            _pipe_to_node(node, line, message, f"append to {NSPAWN_KMSG}")
+            return
+        _pipe_to_node(node, "cat > /dev/kmsg", f"<3>{message}\n", "write to /dev/kmsg")
 
     def _client_key(self) -> None:
         """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""
@@ -310,7 +334,7 @@ class Lab:
         self.client_key.chmod(0o600)
 
     def _init_state(
-        self, hosts: int, image: Image, cold_boot: bool, containers: int, bare: bool = False
+        self, hosts: int, image: Image, cold_boot: bool, containers: int, bare: bool = False, nodes: str = "vm"
     ) -> dict[str, Any]:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._client_key()
@@ -338,11 +362,12 @@ class Lab:
             "containers": [{"name": s.name, "index": s.index, "gpus": s.gpus} for s in ct_specs],
             "pve_port": _free_port(),
             "bare": bare,
+            "nodes": nodes,
         }
         self._save(state)
         machines = [*self.vms(state), *self.containers(state)]
         accel = choose_accel()
-        for vm in self.vms(state):  # a booted snapshot brings the host key its guest already has
+        for vm in self.vms(state) if nodes == "vm" else []:  # a booted snapshot brings the host key its guest has
             vm.prepare(None if cold_boot else vm.cached_snapshot(accel))
         for machine in machines:
             machine.make_host_key()
@@ -627,6 +652,7 @@ class Lab:
             "lab_dir": str(self.dir),
             "inventory": str(inventory_dir()),
             "accel": state.get("accel"),
+            "nodes": state.get("nodes", "vm"),
             "vms": [
                 {
                     "name": v.spec.name,

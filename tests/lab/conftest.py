@@ -11,6 +11,10 @@ none needs one. A module that leaves the lab down (test_k, which brings up a bar
 lab module brings a normal lab up first, and when none follows, nothing is brought up for nothing. A module that starts
 from converged phases brings them there itself
 (`helpers.ensure_converged`), which costs one read per host when they already are.
+
+A module names the nodes it needs (`LAB_NODES`): "vm" (the default: qemu VMs, a bootloader, real reboots) or "nspawn"
+(nodes as nspawn containers, for modules that never change a node's kernel line: docs/lab.md); None for a module that
+brings up a lab of its own. A module whose nodes differ from the running lab's gets a fresh lab of its kind.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from provision.errors import ProvisionError
 from provision.lab.image import check_tools
 
 
-def _bring_up(instance) -> None:
+def _bring_up(instance, nodes: str = "vm") -> None:
     """A normal lab (two nodes, CT 101), its progress on the console."""
-    instance.up(hosts=2, progress=lambda msg: print(msg, flush=True))
+    instance.up(hosts=2, nodes=nodes, progress=lambda msg: print(msg, flush=True))
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +69,7 @@ def lab(lab_env):
             _bring_up(instance)
         return
     instance = Lab()
-    _bring_up(instance)
+    _bring_up(instance, _first_nodes[0])  # the kind the first lab module needs
     try:
         yield instance
     finally:
@@ -74,19 +78,26 @@ def lab(lab_env):
 
 
 _changed: set[str] = set()  # what the modules run since the lab was (re)made left changed
+_first_nodes = ["vm"]  # the nodes of the session's first lab: the first lab module's
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _lab_as_the_module_needs_it(request):
-    if "down" in _changed and hasattr(request.module, "LAB_CHANGES"):  # a lab module, after one that left it down
-        print(f"lab: {request.module.__name__} needs the lab that the module before left down; a fresh one")
-        _bring_up(request.getfixturevalue("lab"))
+    module = request.module
+    nodes = getattr(module, "LAB_NODES", "vm")
+    _first_nodes[0] = nodes or "vm"
+    if "down" in _changed and hasattr(module, "LAB_CHANGES"):  # a lab module, after one that left it down
+        print(f"lab: {module.__name__} needs the lab that the module before left down; a fresh one")
+        _bring_up(request.getfixturevalue("lab"), nodes or "vm")
         _changed.clear()
-    broken = set(getattr(request.module, "LAB_NEEDS_UNCHANGED", ())) & _changed
+    broken = set(getattr(module, "LAB_NEEDS_UNCHANGED", ())) & _changed
     if broken:
-        lab = request.getfixturevalue("lab")
-        print(f"lab: {request.module.__name__} needs a lab with no {', '.join(sorted(broken))} changes; a fresh one")
-        lab.recreate(progress=lambda msg: print(msg, flush=True))
+        print(f"lab: {module.__name__} needs a lab with no {', '.join(sorted(broken))} changes; a fresh one")
+    running = request.getfixturevalue("lab").state().get("nodes", "vm") if nodes else None
+    if running != nodes:
+        print(f"lab: {module.__name__} needs {nodes} nodes, the lab has {running} nodes; a fresh one")
+    if broken or running != nodes:
+        request.getfixturevalue("lab").recreate(progress=lambda msg: print(msg, flush=True), nodes=nodes)
         _changed.clear()
     yield
     _changed.update(getattr(request.module, "LAB_CHANGES", ()))

@@ -22,6 +22,7 @@ from tests.lab.helpers import apply, inside, interrupt_at, pve_api, set_host_var
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"gpu"}
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 VMID = 101
 CONFIG_PATH = f"/nodes/pve-grub/lxc/{VMID}/config"
@@ -106,11 +107,11 @@ def test_unrelated_dev_and_mp_entries_are_kept(lab, inv, runs):
     drop_our_entries(lab)
     # a node path that exists on the node: the lab's PVE, like PVE, refuses to start a CT otherwise
     lab.pve_control("POST", "/ct-config", {"vmid": VMID, "set": {
-        "dev0": "/dev/ttyS1", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}})  # fmt: skip
+        "dev0": "/dev/net/tun", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}})  # fmt: skip
     rc, _, err = apply(inv, runs, "--tags", "gpu")
     assert rc == 0, err[-2000:]
     config = ct_config(lab)["config"]
-    assert config["dev0"] == "/dev/ttyS1" and config["mp0"].startswith("local-lvm:vm-101-disk-1")
+    assert config["dev0"] == "/dev/net/tun" and config["mp0"].startswith("local-lvm:vm-101-disk-1")
     assert {v.split(",")[0] for k, v in dev_entries(config).items() if k != "dev0"} == OUR_PATHS
 
 

@@ -15,6 +15,7 @@ from tests.lab.helpers import apply, ensure_converged, interrupt_at, pve_api, se
 from tests.processes import start_apply, wait_for_task
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 API_KEY = "lab-key-" + "5b1e0c77"
 # An environment variable whose name does not look secret: provision knows the key only by rendering

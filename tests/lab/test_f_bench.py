@@ -17,6 +17,7 @@ from tests.conftest import run_provision
 from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 API_KEY = "bench-key-" + "5be1c0de"
 # the service listens on IPv6 loopback here (#18): readiness, the bench client and the fault window reach it on [::1]

@@ -14,6 +14,7 @@ from pathlib import Path
 from tests.lab.helpers import apply
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

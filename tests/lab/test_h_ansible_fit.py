@@ -17,6 +17,7 @@ from tests.conftest import run_provision
 from tests.lab.helpers import apply, ensure_converged
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 PROXY = """\
 import os, socket, sys, threading

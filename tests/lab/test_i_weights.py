@@ -15,6 +15,7 @@ from provision.lab.specs import hub_model_vars
 from tests.lab.helpers import apply, ensure_converged, set_host_vars
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 TOKEN_ENV = "LAB_HUB_ACCESS"  # a name that does not look secret: provision knows it through sglang_hf_token's no_log
 

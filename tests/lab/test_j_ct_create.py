@@ -27,6 +27,7 @@ from tests.conftest import run_provision
 from tests.lab.helpers import apply, as_root, pve_api, wait_task
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 NODE, VMID, NAME = "pve-grub", 150, "sglang-02"
 CREATE_TASK = "Create the container from proxmox_ct_spec when its VMID does not exist"  # roles/proxmox_ct

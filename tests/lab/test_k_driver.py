@@ -38,6 +38,7 @@ from tests.lab.helpers import apply, as_root, boots, set_host_vars
 
 # tests/lab/conftest.py: it changes only its own bare lab, and leaves the lab down
 LAB_CHANGES = {"down"}
+LAB_NODES = None  # its own bare lab (VMs)
 UPGRADE = "580.105.08"
 NODES = ("pve-grub",)  # the bare lab's one node (the module's docstring says why one)
 ONLY_NODES = ("--limit", ",".join(NODES))  # facts.yml creates a missing CT on every run, whatever the tags
