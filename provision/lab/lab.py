@@ -191,16 +191,7 @@ class Lab:
         bare: bool = False,
         nodes: str = "vm",
     ) -> dict[str, Any]:
-        if hosts < 1:
-            raise ProvisionError("--hosts: at least 1")
-        if not 1 <= containers <= 64:
-            raise ProvisionError("--containers: 1 to 64")
-        if pve_version not in PVE_VERSIONS:
-            raise ProvisionError(f"--pve-version: one of {sorted(PVE_VERSIONS)}")
-        if gpu_link not in GPU_LINKS:
-            raise ProvisionError(f"--gpu-link: one of {', '.join(GPU_LINKS)}")
-        if nodes not in NODE_KINDS:
-            raise ProvisionError(f"--nodes: one of {', '.join(NODE_KINDS)}")
+        _check_up_args(hosts, containers, pve_version, gpu_link, nodes)
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -667,6 +658,20 @@ class Lab:
             "pve": {"url": f"https://127.0.0.1:{state.get('pve_port')}", "running": pve_up},
             "timings": state.get("timings", {}),
         }
+
+
+def _check_up_args(hosts: int, containers: int, pve_version: int, gpu_link: str, nodes: str) -> None:
+    """`lab up`'s arguments, each refused with the option's name."""
+    if hosts < 1:
+        raise ProvisionError("--hosts: at least 1")
+    if not 1 <= containers <= 64:
+        raise ProvisionError("--containers: 1 to 64")
+    if pve_version not in PVE_VERSIONS:
+        raise ProvisionError(f"--pve-version: one of {sorted(PVE_VERSIONS)}")
+    if gpu_link not in GPU_LINKS:
+        raise ProvisionError(f"--gpu-link: one of {', '.join(GPU_LINKS)}")
+    if nodes not in NODE_KINDS:
+        raise ProvisionError(f"--nodes: one of {', '.join(NODE_KINDS)}")
 
 
 def _pipe_to_node(vm: LabVm, command: str, text: str, what: str) -> None:
