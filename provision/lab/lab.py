@@ -285,8 +285,7 @@ class Lab:
         loopback; an nspawn node shares this host's network), the node's name and the token that its
         pve-guests.service stand-in calls startall with."""
         token = f"root@pam!{TOKEN_NAME}={self.secrets()['pve_token_secret']}"
-        host = "127.0.0.1" if isinstance(vm, LabNspawnNode) else "10.0.2.2"
-        text = f"url=https://{host}:{state['pve_port']}/api2/json\nnode={vm.spec.name}\ntoken={token}\n"
+        text = f"url=https://{vm.api_address}:{state['pve_port']}/api2/json\nnode={vm.spec.name}\ntoken={token}\n"
         _pipe_to_node(vm, "umask 077 && mkdir -p /etc/lab && cat > /etc/lab/pve-api", text, "write /etc/lab/pve-api")
 
     def set_gpu_link(self, link: str, vms: list[LabVm] | None = None) -> None:

@@ -7,13 +7,14 @@ this machine's network namespace, as qemu's user networking puts a VM's ssh on a
 `systemctl reboot` inside restarts it (the supervisor restarts nspawn on exit 133).
 
 What stands in for the kernel and firmware, each a unit of the node's own at every boot:
-- /proc/cmdline is the line the node's boot configuration names (`/usr/local/lib/lab/node-cmdline`): GRUB's from
-  /etc/default/grub and its snippets, systemd-boot's from the first line of /etc/kernel/cmdline. The node starts with
-  the profile's arguments there, as a node the kernel phase has converged. There is no bootloader to change it: the
-  kernel phase may only find nothing to do (a `grub-probe` on the node fails on its overlay root).
+- /proc/cmdline is the line the node's boot configuration names (`/usr/local/lib/lab/node-kernel`): GRUB's from
+  /etc/default/grub and its snippets, systemd-boot's from its entry on the ESP, which proxmox-boot-tool writes from
+  /etc/kernel/cmdline. The node starts with the profile's arguments there, as a node the kernel phase has converged.
+  There is no bootloader to change it: the kernel phase may only find nothing to do (a `grub-probe` on the node fails
+  on its overlay root).
 - the fake NVIDIA module (`lab-fake-nvidia.service`, as on the VMs) and the kernel log lines the VMs' kernels print
-  that the product reads (`/usr/local/lib/lab/node-kmsg`: `iommu: Default domain type`), shown by a `dmesg` that reads
-  the node's own ring (a container may not read the kernel's).
+  that the product reads (the same script: `iommu: Default domain type`), shown by a `dmesg` and a `journalctl -k` that
+  read the node's own ring (a container may not read the kernel's).
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ ENABLED = {"multi-user.target.wants": ("lab-ops-user.service", "lab-fake-nvidia.
 
 class LabNspawnNode(LabContainer):
     kind = "node"
+    boot_id_command = "cat /proc/sys/kernel/random/boot_id"  # its own: nspawn mounts a fresh one at every start
+    api_address = "127.0.0.1"  # it shares this machine's network namespace
 
     def __init__(self, spec: VmSpec, workdir: Path, rootfs: Path, client_key: Path, known_hosts: Path):
         super().__init__(ContainerSpec(name=spec.name, index=0, gpus=spec.gpus), workdir, rootfs, client_key,
                          known_hosts)  # fmt: skip
         self.node = spec
         self.host_key = workdir / "ssh_host_ed25519_key"
-        # a container's boot_id is its own: nspawn mounts a fresh one at every start
-        self.boot_id_command = "cat /proc/sys/kernel/random/boot_id"
 
     # ---------------------------------------------------------------- set-up
     def prepare(self) -> None:
@@ -141,22 +142,14 @@ class LabNspawnNode(LabContainer):
             "--register=no", "--keep-unit", "--console=passive",
         ]  # fmt: skip
 
-    def start(self, *_args, **_kwargs) -> bool:
-        """Start the node (there is no snapshot to resume from: a boot takes seconds). False: it booted."""
-        super().start()
-        return False
-
-    def stop(self, timeout: float = 30) -> None:
-        self.close_ssh()
-        super().stop(timeout=2)
+    def stop(self, timeout: float = 2) -> None:
+        """Stop the node and unmount its root (a node has no link or namespace of its own to remove)."""
+        super().stop(timeout=timeout)
         if _mounted(self.root):
             _sh("umount", str(self.root), check=False)
 
     def teardown(self) -> None:
         self.stop()
-
-    def after_resume(self) -> None:
-        """Nothing to do: a container's clock is this machine's."""
 
     def ssh_destination(self) -> list[str]:
         return ["-p", str(self.node.port), "root@127.0.0.1"]

@@ -79,6 +79,7 @@ class VmSpec:
 
 class LabVm(LabMachine):
     kind = "VM"
+    api_address = "10.0.2.2"  # this machine's loopback, as qemu's user networking shows it to the guest
     multiplex = True
 
     def __init__(self, spec: VmSpec, workdir: Path, disk: Path, client_key: Path, known_hosts: Path):
