@@ -85,7 +85,6 @@ _first_nodes = ["vm"]  # the nodes of the session's first lab: the first lab mod
 def _lab_as_the_module_needs_it(request):
     module = request.module
     nodes = getattr(module, "LAB_NODES", "vm")
-    _first_nodes[0] = nodes or "vm"
     if "down" in _changed and hasattr(module, "LAB_CHANGES"):  # a lab module, after one that left it down
         print(f"lab: {module.__name__} needs the lab that the module before left down; a fresh one")
         _bring_up(request.getfixturevalue("lab"), nodes or "vm")
@@ -111,9 +110,11 @@ def lab_inventory(lab, lab_env):
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if "tests/lab/" in str(item.fspath):
-            item.add_marker(pytest.mark.lab)
+    lab_items = [item for item in items if "tests/lab/" in str(item.fspath)]
+    for item in lab_items:
+        item.add_marker(pytest.mark.lab)
+    if lab_items:  # the session's lab comes up before any module's fixture runs: in the first lab module's kind
+        _first_nodes[0] = getattr(lab_items[0].module, "LAB_NODES", None) or "vm"
 
 
 def have(tool: str) -> bool:

@@ -25,11 +25,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def node(tool: str, *args: str) -> subprocess.CompletedProcess:
-    """`tool args` on a node whose ring is RING, booted at BOOT."""
+def node(tool: str, *args: str, as_user: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`tool args` on a node whose ring is RING, booted at BOOT, run through `as_user` (e.g. setpriv) if given."""
     setup = (f"mount -t tmpfs tmpfs /run/lab && printf '%s' '{RING}' > /run/lab/kmsg && "
              f"echo {BOOT} > /run/lab/kmsg-boot")  # fmt: skip
-    body = f'mkdir -p /run/lab && {setup} && exec "$0" "$@"'
+    body = f'mkdir -p /run/lab && {setup} && exec {" ".join(as_user)} "$0" "$@"'
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", body, str(BIN / tool), *args],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
@@ -59,3 +59,11 @@ def test_another_boot_has_no_kernel_lines_and_anything_else_is_the_real_journalc
     assert node("journalctl", "-k", "-b", "-1", "-q", "-o", "cat").stdout == ""
     real = node("journalctl", "--version")
     assert real.returncode == 0 and real.stdout.startswith("systemd ")
+
+
+def test_an_unprivileged_user_may_not_read_the_kernel_log():
+    nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    refused = node("dmesg", as_user=nobody)
+    assert refused.returncode == 1 and refused.stderr == "dmesg: read kernel buffer failed: Operation not permitted\n"
+    journal = node("journalctl", "-k", "-b", "-o", "cat", "-g", "IO_PAGE_FAULT", as_user=nobody)
+    assert journal.returncode == 1 and "IO_PAGE_FAULT" not in journal.stdout
