@@ -156,9 +156,16 @@ CITED = [
         LAB_SGLANG + "test_the_container_stopped_mid_install_is_named_and_a_rerun_converges", True, True),
     Row("a container that served before its node's reboot does not serve again after it (module, in process)",
         "kernel", "`sglang-01: sglang did not serve again within 3s (… does not answer 200); the rollout stops here, "
-        "before the next node reboots`", "not checked: the module's own test; the stop of the rollout is "
-        "`any_errors_fatal` in playbooks/kernel.yml and reboot.yml, not shown by a test", NOT_SHOWN,
+        "before the next node reboots`", "not checked: the module's own test; the rollout's stop is the next row's "
+        "lab test", NOT_SHOWN,
         "tests/unit/test_sglang_serving.py::test_a_server_that_never_serves_again_fails_naming_the_container_within_the_wait",
+        True, False),
+    Row("a container that served before its node's reboot does not serve again after it (its unit disabled inside; "
+        "`verify --after-reboot`)", "verify",
+        "exit 1; the reboot failure on pve-grub: `sglang-01: sglang did not serve again within 10s (…); the rollout "
+        "stops here, before the next node reboots`", "pve-grub rebooted, pve-sdboot (the next node) not rebooted",
+        NOT_SHOWN,
+        "tests/lab/test_e_verify.py::test_a_container_that_does_not_serve_again_stops_the_rolling_reboot",
         True, False),
 ]  # fmt: skip
 

@@ -782,6 +782,50 @@ def test_apply_limited_to_a_container_stops_on_its_nodes_host_lock_until_break_l
         node.ssh("rm -f /var/lib/provision/lock.json")
 
 
+def _task_runs(record: Path, task: str) -> list[str]:
+    """The hosts on which a task ran (not skipped), from the run's ansible-runner job events."""
+    found = []
+    for path in (record / "artifacts" / "run" / "job_events").glob("*.json"):
+        event = json.loads(path.read_text())
+        data = event.get("event_data", {})
+        if data.get("task") == task and event.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+            found.append(data.get("host"))
+    return found
+
+
+def test_containers_of_one_node_outside_the_run_read_and_lock_it_once(ssh_lab, tmp_path):
+    """Two containers of node1 (ct1, and ct1b on the same target), `--limit gpu_containers`: node1 is read and its
+    lock taken by one delegated command, for both; held by another run, both stop, each naming it; --break-lock
+    breaks it once, and one release gives it back."""
+    from provision.locks import NODE_READ_TASK, NODE_RELEASE_TASK
+
+    node, ct = ssh_lab["targets"]["node1"], ssh_lab["targets"]["ct1"]
+    twin = {**ct.inventory_vars(), "proxmox_host": "node1", "proxmox_vmid": 101}
+    inv = lab_inventory(ssh_lab, tmp_path / "inv" / "twins", extra_hosts={"gpu_containers": {"ct1b": twin}})
+    other = {"run_id": "20250101T000000-apply", "controller": "other-controller", "pid": 4242,
+             "since": "2025-01-01T00:00:00+00:00", "pid_ns": "elsewhere", "taken_at": time.time(), "lease_s": 3600}
+    holder = "run 20250101T000000-apply (pid 4242 on other-controller, since 2025-01-01T00:00:00+00:00)"
+    node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
+    runs = tmp_path / "runs"
+    limited = ("--inventory", str(inv), "--limit", "gpu_containers", "--tags", "verify", "--runs-dir", str(runs))
+    try:
+        proc = run_provision("apply", *limited, "--yes")
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        errors = sorted(line for line in proc.stderr.splitlines() if line.startswith("error: "))
+        assert errors == [_held_line(h, holder, node="node1") for h in ("ct1", "ct1b")], proc.stderr[-2000:]
+        (record,) = runs.iterdir()
+        assert _task_runs(record, NODE_READ_TASK) == ["ct1"], "node1 was not read once for both containers"
+
+        proc = run_provision("apply", *limited, "--yes", "--break-lock")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert proc.stdout.count("--break-lock: broke the host lock of its node node1") == 1, proc.stdout[-2000:]
+        record = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
+        assert _task_runs(record, NODE_READ_TASK) == ["ct1"] and _task_runs(record, NODE_RELEASE_TASK) == ["ct1"]
+        assert _lock_on(node) == "" and _lock_on(ct) == "", "the run did not give the locks back"
+    finally:
+        node.ssh("rm -f /var/lib/provision/lock.json")
+
+
 def test_apply_limited_to_a_container_holds_its_nodes_host_lock_and_an_interrupt_gives_it_back(ssh_lab, tmp_path):
     """While `apply --limit ct1` runs, node1's lock is that run's: a run on node1 alone is refused, naming it.
     SIGINT leaves no Ansible behind (the unlock play never runs): provision gives back both locks afterwards."""
