@@ -788,7 +788,8 @@ def _task_runs(record: Path, task: str) -> list[str]:
     for path in (record / "artifacts" / "run" / "job_events").glob("*.json"):
         event = json.loads(path.read_text())
         data = event.get("event_data", {})
-        if data.get("task") == task and event.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+        ran = event.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable")
+        if ran and data.get("task") == task:
             found.append(data.get("host"))
     return found
 
@@ -802,8 +803,15 @@ def test_containers_of_one_node_outside_the_run_read_and_lock_it_once(ssh_lab, t
     node, ct = ssh_lab["targets"]["node1"], ssh_lab["targets"]["ct1"]
     twin = {**ct.inventory_vars(), "proxmox_host": "node1", "proxmox_vmid": 101}
     inv = lab_inventory(ssh_lab, tmp_path / "inv" / "twins", extra_hosts={"gpu_containers": {"ct1b": twin}})
-    other = {"run_id": "20250101T000000-apply", "controller": "other-controller", "pid": 4242,
-             "since": "2025-01-01T00:00:00+00:00", "pid_ns": "elsewhere", "taken_at": time.time(), "lease_s": 3600}
+    other = {
+        "run_id": "20250101T000000-apply",
+        "controller": "other-controller",
+        "pid": 4242,
+        "since": "2025-01-01T00:00:00+00:00",
+        "pid_ns": "elsewhere",
+        "taken_at": time.time(),
+        "lease_s": 3600,
+    }
     holder = "run 20250101T000000-apply (pid 4242 on other-controller, since 2025-01-01T00:00:00+00:00)"
     node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
     runs = tmp_path / "runs"
