@@ -232,3 +232,28 @@ def test_after_reboot_reboots_each_host_and_everything_passes(lab, converged, ru
     # CT 101 (onboot) came back with its node by itself: pve-guests' startall, with every devN path on the node
     starts = [p for m, p in lab.pve_control("GET", "/requests") if m == "POST" and p.endswith("/pve-grub/startall")]
     assert starts, "the node's pve-guests.service never asked for its onboot guests"
+
+
+def test_a_container_that_does_not_serve_again_stops_the_rolling_reboot(lab, converged, runs):
+    """#16: a container that served before its node's reboot and does not after it stops the rolling reboot there.
+    CT 101's unit disabled inside (the container starts with its node, SGLang does not), `verify --after-reboot` fails
+    on pve-grub naming sglang-01 once kernel_cmdline_serving_timeout has passed, and pve-sdboot, the next node, does
+    not reboot (playbooks/reboot.yml: serial 1, any_errors_fatal)."""
+    inv, ct = converged["inventory"], lab.container()
+    grub, sdboot = lab.vm("pve-grub"), lab.vm("pve-sdboot")
+    before = {"pve-grub": grub.boot_id(), "pve-sdboot": sdboot.boot_id()}
+    set_host_vars(inv, "pve-grub", {"kernel_cmdline_serving_timeout": 10})
+    assert ct.ssh("systemctl disable --quiet sglang").returncode == 0
+    try:
+        rc, report = verify(inv, runs, "--after-reboot", "--yes")
+    finally:
+        set_host_vars(inv, "pve-grub", None)
+        ct.wait_for_ssh(180)
+        ct.ssh("systemctl enable --quiet --now sglang")
+        wait_ready(ct)
+    assert rc == 1
+    said = [f["message"] for f in report["reboot_failures"] if "did not serve again" in f["message"]]
+    assert len(said) == 1 and "sglang-01: sglang did not serve again within 10s (" in said[0], report["reboot_failures"]
+    assert "the rollout stops here, before the next node reboots" in said[0], said
+    assert grub.boot_id() != before["pve-grub"], "pve-grub did not reboot"
+    assert sdboot.boot_id() == before["pve-sdboot"], "the rollout went on to the next node"
