@@ -3,6 +3,7 @@ phase's inputs changes with the phase's variables and the release, and only with
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -47,3 +48,22 @@ def test_values_are_templated_and_a_value_that_needs_the_role_counts_by_its_text
     first = digests(tmp_path, base)
     assert digests(tmp_path, {**base, "lab_key": "two"}) != first, "the templated value is the input"
     assert digests(tmp_path, base) == first
+
+
+def test_a_mapping_of_phases_gives_each_phase_the_digest_its_pattern_alone_gives(tmp_path):
+    """roles/provision_state/tasks/facts.yml digests every phase of a host in one lookup call."""
+    base = {"provision_release": "1+a", "sglang_port": 30000, "proxmox_vmid": 101, "kernel_cmdline_extra_args": ["x"]}
+    patterns = {"sglang": "^(sglang|proxmox)_", "gpu": "^proxmox_", "kernel": "^kernel_cmdline_"}
+    alone = digests(tmp_path, base, tuple(patterns.values()))
+    playbook = tmp_path / "m.yml"
+    lookup = "lookup('provision_inputs', " + json.dumps(patterns) + ", release=provision_release)"
+    msg = "MAPPING={{ " + lookup + " | to_json | b64encode }}"
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False,
+                                     "tasks": [{"ansible.builtin.debug": {"msg": msg}}]}]))  # fmt: skip
+    env = {**os.environ, "ANSIBLE_LOOKUP_PLUGINS": str(LOOKUPS), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"}  # fmt: skip
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook), "-e",
+                           f"@{tmp_path / 'extra.json'}"], capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (encoded,) = re.findall(r'"msg": "MAPPING=([A-Za-z0-9+/=]+)"', proc.stdout)
+    assert json.loads(base64.b64decode(encoded)) == dict(zip(patterns, alone, strict=True))
