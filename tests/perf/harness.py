@@ -179,9 +179,10 @@ FLEET_TAGS = "gpu,sglang,verify"
 
 
 def fleet_point(count: int, repeat: int, runs: Path) -> dict:
-    """A fresh lab with `count` SGLang containers: the gpu+sglang converge, then no-op apply and verify."""
+    """A fresh lab with `count` SGLang containers on one nspawn node (`lab up --nodes nspawn`: no bootloader is
+    involved here): the gpu+sglang converge, then no-op apply and verify."""
     subprocess.run([str(BIN / "provision"), "lab", "down"], capture_output=True, stdin=subprocess.DEVNULL, cwd=REPO)
-    seconds, proc = timed([str(BIN / "provision"), "lab", "up", "--containers", str(count)])
+    seconds, proc = timed([str(BIN / "provision"), "lab", "up", "--containers", str(count), "--nodes", "nspawn"])
     if proc.returncode != 0:
         raise SystemExit(f"lab up --containers {count} failed: {proc.stderr.strip()[-800:]}")
     inventory = REPO / "inventory" / "lab"
@@ -243,7 +244,7 @@ def fleet_chart(result: dict, path: Path) -> None:
         ax.plot(xs, [p[key] for p in result["points"]], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlabel("SGLang containers (plus the 2 VM nodes)")
+    ax.set_xlabel("SGLang containers (on nspawn nodes)")
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)
     ax.legend()
