@@ -92,6 +92,11 @@ def provision(*args: str, env: dict | None = None) -> tuple[float, dict]:
     return seconds, data
 
 
+def changed_tasks(data: dict) -> int:
+    """The tasks an apply changed, summed over its hosts (`--json`: `result.hosts`, docs/json.md)."""
+    return sum(h["changed"] for h in data["result"]["hosts"].values())
+
+
 SAMPLES = ("floor", "apply_noop", "full_noop", "full_linear_noop", "verify", "stock_noop", "stock_full_noop")
 STOCK_CFG = """[defaults]
 host_key_checking = True
@@ -154,7 +159,7 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
         runs_of = (("apply_noop", {}, []), ("full_noop", {}, ["--full"]), ("full_linear_noop", linear, ["--full"]))
         for key, env, more in runs_of:
             seconds, data = provision("apply", *common, "--yes", *more, env=env)
-            changed = sum(h["changed"] for h in data["hosts"].values())
+            changed = changed_tasks(data)
             if changed:
                 raise SystemExit(f"the no-op apply changed {changed} task(s): converge the inventory first")
             samples[key].append(seconds)
@@ -194,7 +199,7 @@ def fleet_point(count: int, repeat: int, runs: Path) -> dict:
     for _ in range(repeat):
         samples["floor"].append(floor_once(hosts))
         seconds, data = provision("apply", *common, "--yes", "--tags", FLEET_TAGS)
-        assert not sum(h["changed"] for h in data["hosts"].values()), "the fleet's no-op apply changed something"
+        assert not changed_tasks(data), "the fleet's no-op apply changed something"
         samples["apply_noop"].append(seconds)
         samples["verify"].append(provision("verify", *common)[0])
     point.update({f"{k}_s": round(statistics.median(v), 2) for k, v in samples.items()})
