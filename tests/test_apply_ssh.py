@@ -822,13 +822,14 @@ def test_containers_of_one_node_outside_the_run_read_and_lock_it_once(ssh_lab, t
         errors = sorted(line for line in proc.stderr.splitlines() if line.startswith("error: "))
         assert errors == [_held_line(h, holder, node="node1") for h in ("ct1", "ct1b")], proc.stderr[-2000:]
         (record,) = runs.iterdir()
-        assert _task_runs(record, NODE_READ_TASK) == ["ct1"], "node1 was not read once for both containers"
+        assert len(_task_runs(record, NODE_READ_TASK)) == 1, "node1 was not read once for both containers"
 
         proc = run_provision("apply", *limited, "--yes", "--break-lock")
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert proc.stdout.count("--break-lock: broke the host lock of its node node1") == 1, proc.stdout[-2000:]
         record = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
-        assert _task_runs(record, NODE_READ_TASK) == ["ct1"] and _task_runs(record, NODE_RELEASE_TASK) == ["ct1"]
+        read, released = _task_runs(record, NODE_READ_TASK), _task_runs(record, NODE_RELEASE_TASK)
+        assert len(read) == 1 and len(released) == 1, (read, released)  # by one of them, whichever was grouped first
         assert _lock_on(node) == "" and _lock_on(ct) == "", "the run did not give the locks back"
     finally:
         node.ssh("rm -f /var/lib/provision/lock.json")
