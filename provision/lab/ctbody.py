@@ -120,6 +120,9 @@ def generation(ct) -> tuple:
     return (ct.pid, getattr(ct, "started_at", None))
 
 
+NODE_READS_AT_ONCE = 4  # the lab's ssh reads of one node in flight (Bodies.node_slots)
+
+
 class StartRefused(Exception):
     """The prestart hook refused the start (PVE's task error text)."""
 
@@ -139,6 +142,9 @@ class Bodies:
         self.running_generation: dict[int, object] = {}
         self.copied_to: dict[int, str] = {}  # vmid -> the node holding its files for `pct` (PCT_COPY)
         self.locks: dict[int, asyncio.Lock] = {}
+        # PVE's prestart hook reads the node locally; the lab reads it over ssh, a few at a time per node, so that
+        # starting many CTs at once stays within the node's sshd MaxStartups (default 10:30:100), as a real node's
+        self.node_slots: dict[str, asyncio.Semaphore] = {}
 
     async def node_read(self, node: str, paths: list[str]) -> tuple[dict[str, tuple[int, int] | None], str | None]:
         """Each path's (major, minor) on the node, None when missing, and the node's /proc/driver/nvidia/version."""
@@ -148,10 +154,11 @@ class Bodies:
             "cat /proc/driver/nvidia/version 2>/dev/null; true"
         )
         argv = [*self.node_ssh[node], " ".join(shlex.quote(a) for a in ["sh", "-c", script, "sh", *paths])]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        async with self.node_slots.setdefault(node, asyncio.Semaphore(NODE_READS_AT_ONCE)):
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
         if proc.returncode != 0:
             raise StartRefused(f"node {node} did not answer: {err.decode(errors='replace').strip()[-200:]}")
         return parse_node_read(out.decode())

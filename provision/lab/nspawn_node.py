@@ -71,9 +71,6 @@ class LabNspawnNode(LabContainer):
         (ssh / "sshd_config.d" / "lab-node.conf").write_text(
             f"# lab: this node shares the machine's network; its ssh is on a loopback port of its own\n"
             f"Port {self.node.port}\nListenAddress 127.0.0.1\n"
-            # fakepve reads the node over ssh for each CT it starts (PVE's prestart hook runs on the node itself): at
-            # `lab up --containers 16` that is 16 handshakes at once, past sshd's default MaxStartups 10:30:100
-            "MaxStartups 64:30:128\n"
         )
         (upper / "etc" / "hostname").write_text(self.node.name + "\n")
         (upper / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.node.name}\n")
