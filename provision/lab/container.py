@@ -10,6 +10,7 @@ systemd-nspawn@.service does, so `systemctl reboot` inside works.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -38,6 +39,7 @@ STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario'
 # sandboxed unit fails at step NAMESPACE and every other unit runs. Refusing unshare() instead would not do:
 # systemd then runs the unit unsandboxed and says nothing (src/core/execute.c, insist_on_sandboxing).
 NO_NESTING_TARGET = "/run/systemd/unit-root"
+UNIFIED_MOUNTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 # A container shares its node's kernel, so /proc/driver/nvidia/version inside is the node's module, from the moment
 # the node loads it. The lab's node is another machine: its /proc/driver is copied in at start, staged under /run
 # (nspawn binds nothing into /proc) and mounted over /proc/driver by a unit of the container's own at each of its
@@ -328,12 +330,16 @@ class LabContainer(LabMachine):
         if self.is_running():
             return
         # restart on 133 (the container asked for a reboot), stop on anything else; each start reads the command
-        # again, which a hot-plug extends
+        # again, which a hot-plug extends. The supervisor first moves into a cgroup of this container's own
+        # (`own_cgroups`), so that nspawn makes its `supervisor` and `payload` cgroups under it.
         self._write_command()
-        loop = 'while :; do eval "$(cat "$1")"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; done'
+        loop = (
+            'for cg in "${@:2}"; do echo $$ > "$cg/cgroup.procs" || exit 1; done; '
+            'while :; do eval "$(cat "$1")"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; done'
+        )
         with self.log.open("a") as log:
             proc = subprocess.Popen(
-                ["bash", "-c", loop, "supervisor", str(self.command_file)],
+                ["bash", "-c", loop, "supervisor", str(self.command_file), *map(str, self.own_cgroups(create=True))],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "SYSTEMD_NSPAWN_LOCK": "0"},
             )  # fmt: skip
@@ -351,9 +357,44 @@ class LabContainer(LabMachine):
                 time.sleep(0.5)
         self.pidfile.unlink(missing_ok=True)
 
+    def own_cgroups(self, create: bool = False) -> list[Path]:
+        """This container's cgroup in each hierarchy where its systemd makes its own (cgroup v1's name=systemd, the
+        unified one), beside this process's. nspawn (--keep-unit) moves itself into `<its cgroup>/supervisor` and the
+        container into `<its cgroup>/payload`: started from one shared cgroup, every container's systemd would manage
+        the same `payload/system.slice/<unit>` directories, and one container's unit removed another's as it
+        started (seen: 219/CGROUP, "Failed to attach to cgroup ... No such file or directory", 1 CT in 16)."""
+        found = []
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hierarchy, controllers, path = line.split(":", 2)
+            if controllers == "name=systemd":
+                mount = Path("/sys/fs/cgroup/systemd")
+            elif hierarchy == "0" and not controllers:  # cgroup v2's, where it is mounted (hybrid: unified/)
+                mount = next((m for m in UNIFIED_MOUNTS if (m / "cgroup.controllers").exists()), None)
+            else:
+                continue
+            if mount is None or not (mount / "cgroup.procs").exists():
+                continue
+            digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
+            own = mount / path.lstrip("/") / "provision-lab" / f"{self.spec.name}-{digest}"
+            if create:
+                own.mkdir(parents=True, exist_ok=True)
+            found.append(own)
+        return found
+
+    def remove_cgroups(self) -> None:
+        """Its cgroups, deepest first, once nothing runs in them (a cgroup directory goes with rmdir alone)."""
+        for own in self.own_cgroups():
+            if own.is_dir():
+                for sub in sorted((d for d in own.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+                    with contextlib.suppress(OSError):
+                        sub.rmdir()
+                with contextlib.suppress(OSError):
+                    own.rmdir()
+
     def teardown(self) -> None:
         # the container is thrown away: no orderly shutdown to wait for (nspawn's took the whole 30 s)
         self.stop(timeout=2)
+        self.remove_cgroups()
         if _mounted(self.root):
             _sh("umount", str(self.root), check=False)
         _sh("ip", "link", "del", self.spec.host_if, check=False)
