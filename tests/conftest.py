@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,15 +36,28 @@ def vault_encrypt(path: Path, password_file: Path) -> None:
 
 
 def run_provision(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
-    return subprocess.run(
+    """Run provision; past `timeout`, interrupt it as a user would (SIGINT: it stops every process of its run,
+    provision/interrupts.py) before TimeoutExpired, so that no ansible-playbook of a timed-out test runs on."""
+    with subprocess.Popen(
         [sys.executable, "-m", "provision", *args],
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         env={**os.environ, **(env or {})},
         cwd=cwd,
-    )
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="session")
