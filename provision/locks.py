@@ -168,7 +168,7 @@ def host_lock_request(holder: Holder, break_lock: bool) -> dict[str, Any]:
 def _lock_answer(outcome: dict[str, Any]) -> dict[str, Any] | None:
     """The lock part of a lock task's output; None when the task never answered."""
     try:
-        return json.loads(outcome["res"]["stdout"]).get("lock") or {}
+        return module_util("json_record").last_json_line(outcome["res"]["stdout"]).get("lock") or {}
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 

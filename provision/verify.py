@@ -26,6 +26,7 @@ from provision import inventory as inventory_mod
 from provision.checks.support import DEFAULT_STATE_DIR, HOST_VARS, cannot_read, no_sglang, probe_request
 from provision.errors import one_line
 from provision.job_events import run_stats
+from provision.paths import module_util
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, RunRecord
 from provision.runner import RunResult, run_playbook
@@ -140,7 +141,7 @@ def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
         if isinstance(got, dict):
             reading["vars"] = got.get("vars") or {}
             try:
-                reading["probe"] = json.loads(str(got["stdout"]).strip().splitlines()[-1])
+                reading["probe"] = module_util("json_record").last_json_line(got["stdout"])
             except (KeyError, IndexError, ValueError):
                 reading["error"] = "the probe printed no JSON: " + one_line(got.get("stderr", ""), 300)
         elif name in failures:

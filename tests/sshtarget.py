@@ -8,6 +8,7 @@ file, so host key checking stays on exactly as in production.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import socket
 import subprocess
@@ -97,9 +98,13 @@ def _shadow_with_root_password(workdir: Path, password: str) -> Path:
     return shadow
 
 
-def start_target(name: str, root: Path, client_key: Path, known_hosts: Path, password: str | None = None) -> SshTarget:
+def start_target(
+    name: str, root: Path, client_key: Path, known_hosts: Path, password: str | None = None, banner: str | None = None
+) -> SshTarget:
     """An sshd that takes the client key; with `password`, also that password for root (through a copy of
-    /etc/shadow mounted over the real one in the target's namespace only)."""
+    /etc/shadow mounted over the real one in the target's namespace only); with `banner`, root's home in that
+    namespace is a directory whose .bashrc prints it: Debian's bash (SSH_SOURCE_BASHRC) reads ~/.bashrc for every
+    command sshd runs, so each command's output starts with it, as on a host whose rc file prints a greeting."""
     workdir = root / name
     workdir.mkdir(parents=True)
     host_key = workdir / "ssh_host_ed25519_key"
@@ -129,6 +134,11 @@ def start_target(name: str, root: Path, client_key: Path, known_hosts: Path, pas
     mounts = " && ".join(f"mkdir -p {p} && mount -t tmpfs -o mode=0755 tmpfs {p}" for p in PRIVATE_PATHS)
     if password:
         mounts += f" && mount --bind {_shadow_with_root_password(workdir, password)} /etc/shadow"
+    if banner:
+        home = workdir / "home"
+        home.mkdir()
+        (home / ".bashrc").write_text(f"echo {shlex.quote(banner)}\n")
+        mounts += f" && mount --bind {home} /root"
     proc = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", f"{mounts} && exec {SSHD} -D -e -f {config}"],
         stdout=subprocess.DEVNULL,

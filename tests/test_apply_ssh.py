@@ -28,10 +28,10 @@ import pytest
 
 from provision import verify as verify_mod
 from provision.inventory import VaultOptions
-from tests.conftest import lab_inventory, run_provision, vault_encrypt
+from tests.conftest import lab_inventory, run_provision, vault_encrypt, write_inventory
 from tests.leaks import leaks
 from tests.processes import interrupt, start_apply, tree
-from tests.sshtarget import start_target
+from tests.sshtarget import make_client_key, start_target
 
 # its tests build on each other (first apply, then the second): CI's `--dist loadfile` runs them on one worker, in order
 pytestmark = pytest.mark.integration
@@ -131,6 +131,38 @@ def test_second_apply_changes_nothing(ssh_lab, inv, runs):
     assert proc.returncode == 0, proc.stderr
     result = _summary(proc.stdout)
     assert {h: s["changed"] for h, s in result["hosts"].items()} == {"node1": 0, "ct1": 0}
+
+
+def test_a_login_shell_that_prints_a_greeting_breaks_no_read(ssh_lab, tmp_path):
+    """Two hosts whose root's ~/.bashrc prints a line, which every command sshd runs then prints first (Debian's bash
+    reads it; sshtarget.py, `banner`). The raw reads (the fingerprints and the host lock, the lock's release) take
+    their JSON from the last line, as Ansible's module runner skips what a module printed before its JSON: the first
+    apply converges, the second changes nothing and skips on its fingerprints, and verify passes."""
+    greeting = "Welcome to node9 (managed by the site's bastion)"
+    root = tmp_path / "noisy"
+    root.mkdir()
+    key, known_hosts = make_client_key(root), root / "known_hosts"
+    targets = {name: start_target(name, root, key, known_hosts, banner=greeting) for name in ("node9", "ct9")}
+    try:
+        assert targets["node9"].ssh("true").stdout == greeting + "\n", "the target's shell does not print"
+        ct = {**targets["ct9"].inventory_vars(), "proxmox_host": "node9", "proxmox_vmid": 100}
+        hosts = {"proxmox_hosts": {"node9": targets["node9"].inventory_vars()}, "gpu_containers": {"ct9": ct}}
+        inv = write_inventory(tmp_path / "inv" / "noisy", hosts)
+        runs = tmp_path / "runs"
+        apply = ("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs))
+        for _ in range(2):
+            proc = run_provision(*apply)
+            assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+        result = _summary(proc.stdout)
+        assert {h: s["changed"] for h, s in result["hosts"].items()} == {"node9": 0, "ct9": 0}
+        for host in ("node9", "ct9"):
+            assert any(m.startswith("up to date, skipped: verify") for m in result["reports"][host]), result["reports"]
+            assert "run_id" not in _lock_on(targets[host]), f"the run did not give {host}'s lock back"
+        proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", CHECKS, "--runs-dir", str(runs))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    finally:
+        for target in targets.values():
+            target.stop()
 
 
 def test_tags_select_phases(ssh_lab, inv, runs):
