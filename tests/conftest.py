@@ -49,13 +49,16 @@ def run_provision(*args: str, env: dict | None = None, cwd: Path | None = None, 
     ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as timed_out:
             proc.send_signal(signal.SIGINT)
-            try:
-                proc.communicate(timeout=60)
+            try:  # what it printed, its interrupted record's line included, goes with the exception
+                timed_out.stdout, timed_out.stderr = proc.communicate(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.communicate()
+                timed_out.stdout, timed_out.stderr = proc.communicate()
+            raise
+        except BaseException:
+            proc.kill()
             raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

@@ -155,6 +155,9 @@ def test_a_login_shell_that_prints_a_greeting_breaks_no_read(ssh_lab, tmp_path):
             assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
         result = _summary(proc.stdout)
         assert {h: s["changed"] for h, s in result["hosts"].items()} == {"node9": 0, "ct9": 0}
+        # provision/locks.py read each release's answer: none left for it to give back afterwards
+        summary = json.loads((Path(result["record_dir"]) / "summary.json").read_text())
+        assert summary["host_locks_left"] == [], summary["host_locks_left"]
         for host in ("node9", "ct9"):
             assert any(m.startswith("up to date, skipped: verify") for m in result["reports"][host]), result["reports"]
             assert "run_id" not in _lock_on(targets[host]), f"the run did not give {host}'s lock back"

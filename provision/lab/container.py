@@ -107,6 +107,28 @@ def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def _cgroup_procs(cgroup: Path) -> str:
+    """The pids in a cgroup (nothing once it is gone)."""
+    try:
+        return (cgroup / "cgroup.procs").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _remove_cgroup_tree(top: Path, deadline: float) -> None:
+    """Kill what runs in a cgroup and the cgroups below it, then remove them deepest first, each once it is empty (a
+    cgroup directory goes with rmdir alone): OSError when one is still busy at `deadline`."""
+    tree = [*sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)), top]
+    for pid in {int(p) for d in tree for p in _cgroup_procs(d).split()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for d in tree:
+        while _cgroup_procs(d) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(FileNotFoundError):
+            d.rmdir()
+
+
 def _mounted(path: Path) -> bool:
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
@@ -331,7 +353,7 @@ class LabContainer(LabMachine):
             return
         # restart on 133 (the container asked for a reboot), stop on anything else; each start reads the command
         # again, which a hot-plug extends. The supervisor first moves into a cgroup of this container's own
-        # (`own_cgroups`), so that nspawn makes its `supervisor` and `payload` cgroups under it.
+        # (`make_cgroups`), so that nspawn makes its `supervisor` and `payload` cgroups under it.
         self._write_command()
         loop = (
             'for cg in "${@:2}"; do echo $$ > "$cg/cgroup.procs" || exit 1; done; '
@@ -339,7 +361,7 @@ class LabContainer(LabMachine):
         )
         with self.log.open("a") as log:
             proc = subprocess.Popen(
-                ["bash", "-c", loop, "supervisor", str(self.command_file), *map(str, self.own_cgroups(create=True))],
+                ["bash", "-c", loop, "supervisor", str(self.command_file), *map(str, self.make_cgroups())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "SYSTEMD_NSPAWN_LOCK": "0"},
             )  # fmt: skip
@@ -356,14 +378,21 @@ class LabContainer(LabMachine):
                 os.killpg(pid, signal.SIGKILL)
                 time.sleep(0.5)
         self.pidfile.unlink(missing_ok=True)
+        self.remove_cgroups()
 
-    def own_cgroups(self, create: bool = False) -> list[Path]:
+    @property
+    def cgroups_file(self) -> Path:
+        return self.dir / "cgroups"  # the cgroups `make_cgroups` made, which `remove_cgroups` removes
+
+    def make_cgroups(self) -> list[Path]:
         """This container's cgroup in each hierarchy where its systemd makes its own (cgroup v1's name=systemd, the
-        unified one), beside this process's. nspawn (--keep-unit) moves itself into `<its cgroup>/supervisor` and the
-        container into `<its cgroup>/payload`: started from one shared cgroup, every container's systemd would manage
-        the same `payload/system.slice/<unit>` directories, and one container's unit removed another's as it
-        started (seen: 219/CGROUP, "Failed to attach to cgroup ... No such file or directory", 1 CT in 16)."""
-        found = []
+        unified one), under the cgroup of the process that starts it, as LXC gives each CT its own. nspawn
+        (--keep-unit) moves itself into `<its cgroup>/supervisor` and the container into `<its cgroup>/payload`:
+        started from one shared cgroup, every container's systemd would manage the same `payload/system.slice/<unit>`
+        directories, and one container's unit removed another's as it started (seen: 219/CGROUP, "Failed to attach
+        to cgroup ... No such file or directory", 1 CT in 16). The paths are kept in `cgroups_file`."""
+        made = []
+        digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             hierarchy, controllers, path = line.split(":", 2)
             if controllers == "name=systemd":
@@ -374,27 +403,37 @@ class LabContainer(LabMachine):
                 continue
             if mount is None or not (mount / "cgroup.procs").exists():
                 continue
-            digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
             own = mount / path.lstrip("/") / "provision-lab" / f"{self.spec.name}-{digest}"
-            if create:
+            try:
                 own.mkdir(parents=True, exist_ok=True)
-            found.append(own)
-        return found
+            except OSError as e:
+                raise ProvisionError(f"lab: cannot make a cgroup for {self.spec.name} ({own}): {e}") from e
+            made.append(own)
+        self.cgroups_file.write_text("".join(f"{d}\n" for d in made))
+        return made
 
-    def remove_cgroups(self) -> None:
-        """Its cgroups, deepest first, once nothing runs in them (a cgroup directory goes with rmdir alone)."""
-        for own in self.own_cgroups():
-            if own.is_dir():
-                for sub in sorted((d for d in own.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
-                    with contextlib.suppress(OSError):
-                        sub.rmdir()
-                with contextlib.suppress(OSError):
-                    own.rmdir()
+    def remove_cgroups(self, timeout: float = 10) -> None:
+        """The cgroups `make_cgroups` made: what still runs in them once nspawn is gone (a container's processes die
+        after it, in a session of their own) is killed, and each is removed once empty. One still busy after
+        `timeout` stays listed in `cgroups_file` for the next stop, and the container's log names it."""
+        made = self.cgroups_file.read_text().split() if self.cgroups_file.exists() else []
+        deadline = time.monotonic() + timeout
+        busy = []
+        for own in (Path(d) for d in made if Path(d).is_dir()):
+            try:
+                _remove_cgroup_tree(own, deadline)
+            except OSError as e:
+                busy.append(own)
+                with self.log.open("a") as log:
+                    log.write(f"lab: cgroup {own} not removed: {e}\n")
+        if busy:
+            self.cgroups_file.write_text("".join(f"{d}\n" for d in busy))
+        else:
+            self.cgroups_file.unlink(missing_ok=True)
 
     def teardown(self) -> None:
         # the container is thrown away: no orderly shutdown to wait for (nspawn's took the whole 30 s)
         self.stop(timeout=2)
-        self.remove_cgroups()
         if _mounted(self.root):
             _sh("umount", str(self.root), check=False)
         _sh("ip", "link", "del", self.spec.host_if, check=False)

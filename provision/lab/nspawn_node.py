@@ -150,7 +150,6 @@ class LabNspawnNode(LabContainer):
 
     def teardown(self) -> None:
         self.stop()
-        self.remove_cgroups()
 
     def ssh_destination(self) -> list[str]:
         return ["-p", str(self.node.port), "root@127.0.0.1"]
