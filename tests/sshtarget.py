@@ -104,7 +104,9 @@ def start_target(
     """An sshd that takes the client key; with `password`, also that password for root (through a copy of
     /etc/shadow mounted over the real one in the target's namespace only); with `banner`, root's home in that
     namespace is a directory whose .bashrc prints it: Debian's bash (SSH_SOURCE_BASHRC) reads ~/.bashrc for every
-    command sshd runs, so each command's output starts with it, as on a host whose rc file prints a greeting."""
+    command sshd runs, so each command's output starts with it, as on a host whose rc file prints a greeting; its sftp
+    is then Debian's sftp-server, started through that shell, which the greeting breaks (`sftp`: "Received message too
+    long"), where internal-sftp would not run the shell."""
     workdir = root / name
     workdir.mkdir(parents=True)
     host_key = workdir / "ssh_host_ed25519_key"
@@ -124,7 +126,8 @@ def start_target(
                 "KbdInteractiveAuthentication no",
                 "UsePAM no",
                 "StrictModes no",
-                "Subsystem sftp internal-sftp",
+                # with a banner, sftp through the login shell, as a Debian host runs it (see the docstring)
+                "Subsystem sftp " + ("/usr/lib/openssh/sftp-server" if banner else "internal-sftp"),
                 "LogLevel ERROR",
                 "",
             ]
