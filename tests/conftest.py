@@ -15,6 +15,24 @@ import yaml
 from tests.sshtarget import free_port, make_client_key, start_target
 
 REPO = Path(__file__).resolve().parent.parent
+# the files outside the lab that take minutes on one worker (docs/lab.md, Test durations)
+LONG_FILES = ("test_nvidia_driver_role.py", "test_kernel_cmdline_trial.py", "test_gpu_userspace_installer.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`--dist loadfile --no-loadscope-reorder`) the workers take whole files in collection order:
+    the longest first, so that the many short files fill the end. Two lab modules start (each minutes long, each on a
+    lab of its worker's own), then the sshd integration file, then the other lab modules, then the longest files
+    outside them (LONG_FILES), then everything else."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    files = list(dict.fromkeys(item.path for item in items))
+    lab = [f for f in files if f.parent.name == "lab"]
+    sshd = [f for f in files if f.name == "test_apply_ssh.py"]
+    long = [f for f in files if f.name in LONG_FILES]
+    order = [*lab[:2], *sshd, *lab[2:], *long, *(f for f in files if f not in {*lab, *sshd, *long})]
+    rank = {f: i for i, f in enumerate(order)}
+    items.sort(key=lambda item: rank[item.path])
 
 
 def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -49,6 +51,21 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "provision", "lab"
     )
     return Path(base)
+
+
+@contextlib.contextmanager
+def cache_lock(progress=print):
+    """Held while a lab builds or reads what the cache holds (image, client key, wheels, booted snapshots): labs that
+    come up at once (one per pytest-xdist worker) take turns, and none reads another's half-built file."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"lab: waiting for another lab's bring-up to release {root / '.lock'}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _digest(paths: list[Path]) -> str:

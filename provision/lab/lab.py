@@ -31,7 +31,7 @@ from provision.errors import ProvisionError
 from provision.lab import pve, wheelhouse
 from provision.lab.container import MODEL_DIR, WHEELHOUSE_IN_CONTAINER, ContainerSpec, LabContainer
 from provision.lab.ctbody import CREATED_FILE
-from provision.lab.image import Image, cache_root, check_tools, ensure_image
+from provision.lab.image import Image, cache_lock, cache_root, check_tools, ensure_image
 from provision.lab.nspawn_node import NSPAWN_KMSG, LabNspawnNode
 from provision.lab.specs import BENCH_WHEELS_IN_CONTAINER, ct_spec, hub_model_vars
 from provision.lab.vm import LabVm, VmSpec, choose_accel
@@ -198,28 +198,29 @@ class Lab:
             return self.status()
         timings: dict[str, float] = {}
         try:
-            start = time.monotonic()
-            image = ensure_image(progress)
-            timings["image_s"] = round(time.monotonic() - start, 1)
-            timings.update(image.timings_s)
-            state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare, nodes)
-            state["pve_version"] = PVE_VERSIONS[pve_version]
-            (self.dir / "gpu_link").write_text(gpu_link + "\n")
-            start = time.monotonic()
-            self._build_wheelhouse()
-            timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
-            cts, vms = self.containers(state), self.vms(state)
-            accel = choose_accel() if nodes == "vm" else "nspawn"
-            state["accel"] = accel
-            progress(
-                f"lab: starting {len(vms)} nspawn node(s)" if nodes == "nspawn" else
-                f"lab: starting {len(vms)} VM(s) under {accel.upper()} (a first boot takes about {70 * len(vms)} s "
-                "on 2 cores, then each resumes from its booted snapshot in seconds)"
-            )  # fmt: skip
-            start = time.monotonic()
-            with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
-                resumed = list(pool.map(lambda v: self._start_vm(v, accel, cold_boot, progress), vms))
-            timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
+            with cache_lock(progress):  # another lab may be coming up beside this one
+                start = time.monotonic()
+                image = ensure_image(progress)
+                timings["image_s"] = round(time.monotonic() - start, 1)
+                timings.update(image.timings_s)
+                state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare, nodes)
+                state["pve_version"] = PVE_VERSIONS[pve_version]
+                (self.dir / "gpu_link").write_text(gpu_link + "\n")
+                start = time.monotonic()
+                self._build_wheelhouse()
+                timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
+                cts, vms = self.containers(state), self.vms(state)
+                accel = choose_accel() if nodes == "vm" else "nspawn"
+                state["accel"] = accel
+                progress(
+                    f"lab: starting {len(vms)} nspawn node(s)" if nodes == "nspawn" else
+                    f"lab: starting {len(vms)} VM(s) under {accel.upper()} (a first boot takes about {70 * len(vms)} s "
+                    "on 2 cores, then each resumes from its booted snapshot in seconds)"
+                )  # fmt: skip
+                start = time.monotonic()
+                with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
+                    resumed = list(pool.map(lambda v: self._start_vm(v, accel, cold_boot, progress), vms))
+                timings["vms_to_ssh_s"] = round(time.monotonic() - start, 1)
             for vm in vms:  # what the node's pve-guests.service needs to call startall/stopall (lab stand-in)
                 self._node_api_file(vm, state)
                 if bare:  # only a bare lab's inventory pins the driver and names this installer (_node_vars)

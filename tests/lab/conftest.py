@@ -15,6 +15,11 @@ from converged phases brings them there itself
 A module names the nodes it needs (`LAB_NODES`): "vm" (the default: qemu VMs, a bootloader, real reboots) or "nspawn"
 (nodes as nspawn containers, for modules that never change a node's kernel line: docs/lab.md); None for a module that
 brings up a lab of its own. A module whose nodes differ from the running lab's gets a fresh lab of its kind.
+
+Every module that is not on nspawn nodes is also marked `lab_vm`: TCG guests slow down more than the work beside them
+gains (docs/lab.md), so they run alone (`-m lab_vm`). The nspawn modules may run on pytest-xdist workers beside the
+tests outside the lab (`-m "not lab_vm" -n 3 --dist loadfile`): each worker that runs one brings up a lab of its own,
+on links of its own (`PROVISION_LAB_NET_INDEX`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import pytest
 from provision.errors import ProvisionError
 from provision.lab.image import check_tools
 
+LINKS_PER_WORKER = 60  # gw0 from 10.213.1, gw1 from 10.213.61, ... (250 is the hub unit test's unassigned address)
+
 
 def _bring_up(instance, nodes: str = "vm") -> None:
     """A normal lab (two nodes, CT 101), its progress on the console."""
@@ -36,9 +43,12 @@ def _bring_up(instance, nodes: str = "vm") -> None:
 @pytest.fixture(scope="session")
 def lab_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("labroot")
-    saved = {k: os.environ.get(k) for k in ("PROVISION_LAB_DIR", "PROVISION_LAB_INVENTORY")}
+    saved = {k: os.environ.get(k) for k in ("PROVISION_LAB_DIR", "PROVISION_LAB_INVENTORY", "PROVISION_LAB_NET_INDEX")}
     os.environ["PROVISION_LAB_DIR"] = str(root / ".lab")
     os.environ["PROVISION_LAB_INVENTORY"] = str(root / "inventory" / "lab")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):  # each pytest-xdist worker's lab on links of its own (10.213.<index>.0/30)
+        os.environ["PROVISION_LAB_NET_INDEX"] = str(1 + LINKS_PER_WORKER * int(worker[2:]))
     yield root
     for key, value in saved.items():
         if value is None:
@@ -110,10 +120,18 @@ def lab_inventory(lab, lab_env):
 
 
 def pytest_collection_modifyitems(items):
-    lab_items = [item for item in items if "tests/lab/" in str(item.fspath)]
-    for item in lab_items:
-        item.add_marker(pytest.mark.lab)
-    if lab_items:  # the session's lab comes up before any module's fixture runs: in the first lab module's kind
+    for item in items:
+        if "tests/lab/" in str(item.fspath):
+            item.add_marker(pytest.mark.lab)
+            if getattr(item.module, "LAB_NODES", "vm") != "nspawn":  # qemu VMs: never beside other work
+                item.add_marker(pytest.mark.lab_vm)
+
+
+def pytest_collection_finish(session):
+    """The session's lab comes up before any module's fixture runs: in the kind of the first lab module that runs
+    (after `-m` deselected what does not)."""
+    lab_items = [item for item in session.items if "tests/lab/" in str(item.fspath)]
+    if lab_items:
         _first_nodes[0] = getattr(lab_items[0].module, "LAB_NODES", None) or "vm"
 
 

@@ -124,14 +124,23 @@ def wait_ready(ct, timeout: float = 90) -> None:
 
 def _phase_converged(lab, phase: str) -> bool:
     """Whether the lab shows the effect of `phase` converged: read on the hosts, not taken from any record."""
-    if phase == "kernel":
-        return all(set(PROFILE_ARGS) <= set(lab.vm(n).ssh("cat /proc/cmdline").stdout.split()) for n in NODES)
+    if phase == "kernel":  # the arguments running, and the phase's findings recorded (verify reads them): an nspawn
+        # node starts on the profile's line, but only the phase writes its findings
+        return all(_kernel_converged(lab.vm(n)) for n in NODES)
     ct = lab.container()
     if phase == "gpu":
         return _gpu_converged(lab, ct)
     if phase == "sglang":
         return ct.ssh("curl -sf localhost:30000/health").returncode == 0
     raise ValueError(phase)
+
+
+def _kernel_converged(node) -> bool:
+    cmdline = node.ssh("cat /proc/cmdline").stdout.split()
+    return (
+        set(PROFILE_ARGS) <= set(cmdline)
+        and node.ssh("test -s /var/lib/provision/kernel-findings.json").returncode == 0
+    )
 
 
 def _gpu_converged(lab, ct) -> bool:
