@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 LONG_FILES = ("test_nvidia_driver_role.py", "test_kernel_cmdline_trial.py", "test_gpu_userspace_installer.py")
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order is of the files that run
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (`--dist loadfile --no-loadscope-reorder`) the workers take whole files in collection order:
     the longest first, so that the many short files fill the end. Two lab modules start (each minutes long, each on a

@@ -32,7 +32,8 @@ import pytest
 from provision.errors import ProvisionError
 from provision.lab.image import check_tools
 
-LINKS_PER_WORKER = 60  # gw0 from 10.213.1, gw1 from 10.213.61, ... (250 is the hub unit test's unassigned address)
+# gw0 from 10.213.1, gw1 from 10.213.61, gw2 from 10.213.121: below the indexes the unit tests use (200, 250)
+LINKS_PER_WORKER, MAX_LAB_WORKERS = 60, 3
 
 
 def _bring_up(instance, nodes: str = "vm") -> None:
@@ -48,7 +49,9 @@ def lab_env(tmp_path_factory):
     os.environ["PROVISION_LAB_INVENTORY"] = str(root / "inventory" / "lab")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):  # each pytest-xdist worker's lab on links of its own (10.213.<index>.0/30)
-        os.environ["PROVISION_LAB_NET_INDEX"] = str(1 + LINKS_PER_WORKER * int(worker[2:]))
+        number = int(worker[2:])
+        assert number < MAX_LAB_WORKERS, f"{worker}: the lab's links are planned for {MAX_LAB_WORKERS} xdist workers"
+        os.environ["PROVISION_LAB_NET_INDEX"] = str(1 + LINKS_PER_WORKER * number)
     yield root
     for key, value in saved.items():
         if value is None:
