@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     files = list(dict.fromkeys(item.path for item in items))
-    lab = [f for f in files if f.parent.name == "lab"]
+    lab = list(dict.fromkeys(item.path for item in items if item.get_closest_marker("lab")))  # tests/lab/conftest.py
     sshd = [f for f in files if f.name == "test_apply_ssh.py"]
     long = [f for f in files if f.name in LONG_FILES]
     order = [*lab[:2], *sshd, *lab[2:], *long, *(f for f in files if f not in {*lab, *sshd, *long})]

@@ -18,8 +18,8 @@ brings up a lab of its own. A module whose nodes differ from the running lab's g
 
 Every module that is not on nspawn nodes is also marked `lab_vm`: TCG guests slow down more than the work beside them
 gains (docs/lab.md), so they run alone (`-m lab_vm`). The nspawn modules may run on pytest-xdist workers beside the
-tests outside the lab (`-m "not lab_vm" -n 3 --dist loadfile`): each worker that runs one brings up a lab of its own,
-on links of its own (`PROVISION_LAB_NET_INDEX`).
+tests outside the lab (`-m "not lab_vm" -n 3 --dist loadfile --no-loadscope-reorder`): each worker that runs one
+brings up a lab of its own, on links of its own (`PROVISION_LAB_NET_INDEX`).
 """
 
 from __future__ import annotations
