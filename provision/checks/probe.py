@@ -203,6 +203,7 @@ def main(request):
         "boot_id": (read("/proc/sys/kernel/random/boot_id") or "").strip(),
         "proc_cmdline": read("/proc/cmdline"),
         "state_dir": state_dir,
+        "question": request.get("question"),
         "files": {name: read(os.path.join(state_dir, name)) for name in request["files"]},
         "nvidia_nodes": nvidia_nodes(),
         "nvidia_module": read("/proc/driver/nvidia/version"),

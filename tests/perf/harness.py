@@ -195,9 +195,10 @@ def fleet_point(count: int, repeat: int, runs: Path) -> dict:
     common = ["--inventory", str(inventory), "--runs-dir", str(runs), "--limit", "gpu_containers"]
     point: dict = {"containers": count, "lab_up_s": round(seconds, 1)}
     point["converge_s"] = round(provision("apply", *common, "--yes", "--tags", FLEET_TAGS)[0], 1)
-    samples: dict[str, list[float]] = {"floor": [], "apply_noop": [], "verify": []}
+    samples: dict[str, list[float]] = {"floor": [], "ansible_floor": [], "apply_noop": [], "verify": []}
     for _ in range(repeat):
         samples["floor"].append(floor_once(hosts))
+        samples["ansible_floor"].append(ansible_floor(inventory, "gpu_containers", runs))
         seconds, data = provision("apply", *common, "--yes", "--tags", FLEET_TAGS)
         assert not changed_tasks(data), "the fleet's no-op apply changed something"
         samples["apply_noop"].append(seconds)
@@ -206,12 +207,21 @@ def fleet_point(count: int, repeat: int, runs: Path) -> dict:
     return point
 
 
+def ansible_floor(inventory: Path, limit: str, runs: Path) -> float:
+    """tests/perf/one_read.py: one raw read per host through provision's runner, in a process of its own."""
+    seconds, proc = timed([sys.executable, "-m", "tests.perf.one_read", str(inventory), limit, str(runs)])
+    if proc.returncode != 0:
+        raise SystemExit(f"the Ansible floor failed: {proc.stderr.strip()[-800:]}")
+    return seconds
+
+
 def fleet(counts: list[int], repeat: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="provision-perf-") as runs:
         points = [fleet_point(n, repeat, Path(runs)) for n in counts]
     subprocess.run([str(BIN / "provision"), "lab", "down"], capture_output=True, stdin=subprocess.DEVNULL, cwd=REPO)
     first, last = points[0], points[-1]
-    growth = {k: round(last[k] / first[k], 2) for k in ("apply_noop_s", "verify_s", "converge_s", "floor_s")}
+    keys = ("apply_noop_s", "verify_s", "converge_s", "floor_s", "ansible_floor_s")
+    growth = {k: round(last[k] / first[k], 2) for k in keys}
     per_host = {
         k: round((last[k] - first[k]) / (last["containers"] - first["containers"]), 2)
         for k in ("apply_noop_s", "verify_s", "converge_s")
@@ -221,17 +231,19 @@ def fleet(counts: list[int], repeat: int) -> dict:
 
 def fleet_table(result: dict) -> str:
     lines = [
-        "| containers | floor s | no-op apply s | verify s | gpu+sglang converge s |",
-        "|---|---|---|---|---|",
+        "| containers | floor s | Ansible floor s | no-op apply s | verify s | gpu+sglang converge s |",
+        "|---|---|---|---|---|---|",
     ]
     for p in result["points"]:
         lines.append(
-            f"| {p['containers']} | {p['floor_s']} | {p['apply_noop_s']} | {p['verify_s']} | {p['converge_s']} |"
+            f"| {p['containers']} | {p['floor_s']} | {p['ansible_floor_s']} | {p['apply_noop_s']} | {p['verify_s']} "
+            f"| {p['converge_s']} |"
         )
     g, h = result["growth"], result["seconds_per_added_host"]
     lines.append(
         f"\ngrowth first -> last: no-op apply {g['apply_noop_s']}×, verify {g['verify_s']}×, "
-        f"converge {g['converge_s']}×; per added container: {h}"
+        f"converge {g['converge_s']}×, Ansible floor {g['ansible_floor_s']}×, floor {g['floor_s']}×; "
+        f"per added container: {h}"
     )
     return "\n".join(lines)
 
@@ -245,7 +257,8 @@ def fleet_chart(result: dict, path: Path) -> None:
     xs = [p["containers"] for p in result["points"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("apply_noop_s", "no-op apply"), ("verify_s", "verify"), ("converge_s", "gpu+sglang converge"),
-                       ("floor_s", "floor (one ssh read per host)")):  # fmt: skip
+                       ("floor_s", "floor (one ssh read per host)"),
+                       ("ansible_floor_s", "Ansible floor (one raw read per host)")):  # fmt: skip
         ax.plot(xs, [p[key] for p in result["points"]], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])

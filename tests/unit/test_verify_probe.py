@@ -44,10 +44,8 @@ def test_as_verify_runs_it_one_command_prints_one_object(tmp_path):
     state.write_text("{}")
     request = {"files": [str(state), str(tmp_path / "absent")], "commands": [["true"]]}
     payload = base64.b64encode(json.dumps(request).encode()).decode()
-    # as playbooks/verify_probe.yml runs it: the source on stdin, the request as the one argument
-    out = subprocess.run(
-        [sys.executable, "-", payload], input=PROBE.read_text(), capture_output=True, text=True, check=True
-    )
+    # as playbooks/verify_probe.yml runs it (ansible.builtin.raw): the source as -c, the request as the one argument
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), payload], capture_output=True, text=True, check=True)
     data = json.loads(out.stdout)
     assert data["files"] == {str(state): "{}", str(tmp_path / "absent"): None}
     assert data["commands"]["true"]["rc"] == 0 and data["boot_id"]
