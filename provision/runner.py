@@ -261,14 +261,29 @@ def _diffs(res: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+# what ssh adds to a raw command's stderr when its shared connection's session ends
+_SSH_CLOSED = re.compile(r"(Shared )?[Cc]onnection to \S+ closed\.")
+
+
+def command_said(res: dict[str, Any], tail: int = 500) -> str:
+    """What a failed command printed about its failure: its stderr; for ansible.builtin.raw over ssh, where the
+    pseudo-terminal merges the command's stderr into its stdout and stderr holds only ssh's "Shared connection to
+    ... closed.", the end of its stdout."""
+    stderr = str(res.get("stderr") or "")
+    if _SSH_CLOSED.sub("", stderr).strip():
+        return stderr
+    return str(res.get("stdout") or "")[-tail:] or stderr
+
+
 def _failure_message(res: dict[str, Any]) -> str:
     items = res.get("results") if isinstance(res.get("results"), list) else []
     failed = [_failure_message(i) for i in items if isinstance(i, dict) and i.get("failed")]
     if failed:  # a loop's own msg only says that one or more items failed: each failed item's says which and why
         return "; ".join(failed)
-    msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
-    if res.get("stderr") and res.get("msg") and res["stderr"] not in str(msg):
-        msg = f"{msg}: {res['stderr']}"
+    said = command_said(res) if res.get("rc") not in (None, 0) else str(res.get("stderr") or "")
+    msg = res.get("msg") or said or res.get("reason") or "failed"
+    if said and res.get("msg") and said not in str(msg):
+        msg = f"{msg}: {said}"
     return one_line(msg)  # whatever the module or the connection printed
 
 

@@ -29,7 +29,7 @@ from provision.job_events import run_stats
 from provision.paths import module_util
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, RunRecord
-from provision.runner import RunResult, run_playbook
+from provision.runner import RunResult, command_said, run_playbook
 
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 # group -> suites run on its hosts
@@ -143,7 +143,7 @@ def readings(record: Path, names: list[str], run: RunResult) -> dict[str, dict]:
             try:
                 reading["probe"] = module_util("json_record").last_json_line(got["stdout"])
             except (KeyError, IndexError, ValueError):
-                reading["error"] = "the probe printed no JSON: " + one_line(got.get("stderr", ""), 300)
+                reading["error"] = "the probe printed no JSON: " + one_line(command_said(got, 300), 300)
         elif name in failures:
             reading["error"] = one_line(failures[name], 300)
         else:

@@ -58,7 +58,7 @@ class ActionModule(ActionBase):
         host, on_node = (task_vars or {}).get("inventory_hostname"), args.get("node_recorded") or {}
         node_parts = {phase: on_node.get(f"{phase}@{host}") for phase in args.get("node_phases") or []}
         current = phases_current(
-            inputs, args.get("recorded") or {}, node_parts, boolean(args.get("skip", True)), release
+            inputs, args.get("recorded") or {}, node_parts, boolean(args.get("skip", True), strict=False), release
         )
         result.update(changed=False, inputs=inputs, current=current, **grouping(current))
         return result

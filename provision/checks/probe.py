@@ -1,8 +1,9 @@
 """What `provision verify` reads on one host, in one command.
 
 This file runs on the target, standard library only: playbooks/verify_probe.yml runs
-`python3 - <request>` with this source on stdin, through the inventory's own connection. It prints
-one JSON object. The checks in `test_host.py` and `test_container.py` then decide on the
+`python3 -c <this source> <request>` through the inventory's own connection (ansible.builtin.raw). It
+prints one JSON object, with the smoke question it was given (`question`), which the smoke check then
+names. The checks in `test_host.py` and `test_container.py` then decide on the
 controller from that object, so a host costs one command however many checks it has.
 
 The request names the state directory (the host's provision_state_dir), the records to read in it

@@ -143,3 +143,18 @@ def test_a_run_that_failed_before_any_host_says_why_in_one_line(tmp_path):
         "ERROR! couldn't resolve module/action 'nope'. The error appears to be in '/site/roles/x/tasks/main.yml': "
         "line 3, column 3, but may be elsewhere in the file depending on the exact syntax problem."
     )
+
+
+def test_a_failed_raw_command_says_what_it_printed_though_its_stderr_came_back_in_stdout():
+    """ansible.builtin.raw over ssh runs on a pseudo-terminal: the command's stderr comes back in stdout, and stderr
+    holds only ssh's word that the shared connection closed (verify's probe, the fingerprint read)."""
+    from provision.runner import _failure_message
+
+    printed = "Traceback (most recent call last):\r\n  File \"<string>\", line 3\r\nNameError: name 'x'\r\n"
+    raw = {"rc": 1, "msg": "non-zero return code", "stderr": "Shared connection to 10.0.0.5 closed.\r\n",
+           "stdout": printed}  # fmt: skip
+    assert _failure_message(raw).endswith("NameError: name 'x'"), _failure_message(raw)
+    assert "Shared connection" not in _failure_message(raw)
+    module = {"rc": 2, "msg": "non-zero return code", "stderr": "python3: not found", "stdout": "ignored"}
+    assert _failure_message(module) == "non-zero return code: python3: not found"
+    assert _failure_message({"rc": 0, "msg": "something else", "stdout": "all fine"}) == "something else"

@@ -54,6 +54,12 @@ def test_readings_say_for_each_host_what_it_returned_or_why_it_did_not(tmp_path)
     returned = {
         "n1": {"vars": {"a": "1"}, "stdout": "a warning\n" + json.dumps(probe), "stderr": ""},
         "n5": {"vars": {}, "stdout": "Traceback ...", "stderr": "boom"},
+        # raw over ssh: the probe's stderr came back in stdout, and stderr is ssh's own line
+        "n6": {
+            "vars": {},
+            "stdout": "Traceback ...\r\nValueError: bad request\r\n",
+            "stderr": "Shared connection to n6 closed.\r\n",
+        },
     }
     _events(tmp_path, (9, "runner_on_ok", "n1", "Any name", {"stdout": json.dumps({"boot_id": "not this"})}))
     _stats(tmp_path, 20, {verify.PROBE_STATS: returned, "other": {"n4": {}}})
@@ -62,12 +68,13 @@ def test_readings_say_for_each_host_what_it_returned_or_why_it_did_not(tmp_path)
         {"host": "n3", "task": PROBE_TASK, "message": "non-zero return code: python3: not found"},
         {"host": "", "task": "", "message": "ERROR! the play was cut short"},
     ]
-    found = verify.readings(tmp_path, ["n1", "n2", "n3", "n4", "n5"], _run(failures))
+    found = verify.readings(tmp_path, ["n1", "n2", "n3", "n4", "n5", "n6"], _run(failures))
     assert found["n1"] == {"vars": {"a": "1"}, "probe": probe, "error": ""}
     assert found["n2"] == {"vars": {}, "probe": None, "error": "unreachable: Failed to connect: ssh: connect refused"}
     assert found["n3"]["error"] == "non-zero return code: python3: not found"
     assert found["n4"]["error"] == "the probe never ran here: ERROR! the play was cut short"
     assert found["n5"]["error"] == "the probe printed no JSON: boom"
+    assert found["n6"]["error"] == "the probe printed no JSON: Traceback ... ValueError: bad request"
 
 
 def test_run_stats_are_the_last_stats_event_of_the_run(tmp_path):
@@ -355,3 +362,16 @@ def test_a_node_must_run_the_driver_the_inventory_pins(tmp_path):
         "phase), and reboot the node if it says so",
     )
     assert not result["none"][0] and result["none"][1].startswith("the loaded NVIDIA module is none")
+
+
+def test_the_smoke_check_names_the_question_the_probe_asked(tmp_path):
+    """The question is rendered once, for the probe that asks it; a wrong answer names that question, not a second
+    rendering of verify_smoke_question (a template with now() or a lookup would render otherwise)."""
+    chat = {"status": 200, "body": json.dumps({"choices": [{"message": {"content": "I do not know"}}]})}
+    probe = {"boot_id": "b", "files": {}, "question": "What is 6 * 7, asked at 10:00?", "sglang": {"chat": chat}}
+    reading = {"vars": {"verify_smoke_question": "What is 6 * 7, asked at 10:01?", "verify_smoke_expect": 42},
+               "probe": probe, "error": ""}  # fmt: skip
+    spec = tmp_path / "hosts.json"
+    spec.write_text(json.dumps({"hosts": {"ct1": ["test_container.py"]}, "nodes": {}, "readings": {"ct1": reading}}))
+    (check,) = verify._run_checks(["ct1"], spec, tmp_path, select="smoke_answer")
+    assert not check.passed and "asked 'What is 6 * 7, asked at 10:00?'" in check.reason, check.reason
