@@ -111,15 +111,23 @@ ssh_args =
 def stock_apply(inventory: Path, workdir: Path, full: bool = False) -> float:
     """site.yml through plain ansible-playbook: no Mitogen, no pipelining, no ControlPersist, default forks.
     With the same extra vars as provision passes; `full` also turns the fingerprint skip off."""
+    from provision.paths import collections_path
     from provision.runner import base_extravars
 
+    # the collection these playbooks name (provision.pve_sglang) is this checkout, as in provision's own runs
+    collections = workdir / "collections"
+    found = str(collections) if collections.exists() else collections_path(collections)
     cfg = workdir / "stock.cfg"
     cfg.write_text(STOCK_CFG.format(roles=REPO / "roles"))
     extra = workdir / "extravars.json"
     extra.write_text(json.dumps({**base_extravars(), **({"provision_state_skip": False} if full else {})}))
     seconds, proc = timed(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "site.yml"), "-e", f"@{extra}"],
-        env={"ANSIBLE_CONFIG": str(cfg), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+        env={
+            "ANSIBLE_CONFIG": str(cfg),
+            "ANSIBLE_COLLECTIONS_PATH": found,
+            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        },
     )
     if proc.returncode != 0 or "changed=0" not in proc.stdout:
         raise SystemExit(f"stock ansible-playbook was not a no-op (rc {proc.returncode}): {proc.stdout[-1500:]}")
@@ -151,7 +159,7 @@ def measure(inventory: Path, repeat: int, cold: bool, runs: Path) -> dict:
     seconds, data = provision("apply", *common, "--yes")
     if cold:
         results["cold_converge_s"] = round(seconds, 1)
-        results["cold_breakdown_task_s"] = cold_breakdown(Path(data["record_dir"]))
+        results["cold_breakdown_task_s"] = cold_breakdown(Path(data["result"]["record_dir"]))
     samples: dict[str, list[float]] = {key: [] for key in SAMPLES}
     linear = {"PROVISION_ANSIBLE_STRATEGY": "linear"}
     for _ in range(repeat):
