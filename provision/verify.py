@@ -190,7 +190,9 @@ def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | 
         f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
         "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
     ]  # fmt: skip
-    env = {**os.environ, "PROVISION_VERIFY_HOSTS": str(spec_file)}
+    # the checks need no plugin: one that the environment installs (a user's venv, the test tools) would cost its
+    # import in every verify, and could change what the checks decide
+    env = {**os.environ, "PROVISION_VERIFY_HOSTS": str(spec_file), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     try:
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir

@@ -20,9 +20,7 @@ import socket
 import stat
 import subprocess
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 
 LISTEN = "0A"
 
@@ -125,6 +123,11 @@ def api_call(state, method, path, body=None):
     key = api_key(state)
     if key:
         headers["Authorization"] = "Bearer " + key
+    # imported here: urllib.request (http.client, email) is most of a node's probe start on a slow host, and only a
+    # container with a service record calls the server
+    import urllib.error
+    import urllib.request
+
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(state["url"] + path, data, headers, method=method)
     try:
