@@ -50,7 +50,7 @@ from provision.errors import ProvisionError, one_line
 from provision.job_events import task_outcomes
 from provision.paths import module_util, role_default
 
-# The role's task names (roles/provision_state/tasks/read.yml, node_read_outside.yml and unlock.yml) whose results say who
+# The role's task names (roles/provision_state/tasks/read.yml, node_read.yml and unlock.yml) whose results say who
 # holds a lock.
 # Keyed by name, not by a returned value, because the lock is taken and given back by raw commands, and a command
 # that started and never answered (a signal, a dropped connection) left no result: only its start event, which

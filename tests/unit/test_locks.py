@@ -138,7 +138,7 @@ def _task_names(*files: Path) -> set[str]:
 def test_the_task_names_provision_reads_are_the_roles():
     tasks = REPO / "roles" / "provision_state" / "tasks"
     names = _task_names(
-        *(tasks / f for f in ("read.yml", "read_lock.yml", "node_read_outside.yml", "node_read_lock.yml", "unlock.yml"))
+        *(tasks / f for f in ("read.yml", "read_lock.yml", "node_read.yml", "node_read_lock.yml", "unlock.yml"))
     )
     assert {locks.READ_TASK, locks.TAKE_OVER_TASK, locks.HELD_TASK, locks.RELEASE_TASK} <= names
     assert {locks.NODE_READ_TASK, locks.NODE_TAKE_OVER_TASK, locks.NODE_HELD_TASK, locks.NODE_RELEASE_TASK} <= names

@@ -109,10 +109,11 @@ def _spec(tmp_path: Path, readings: dict) -> Path:
 def test_checks_load_no_pytest_plugin_the_environment_installs(tmp_path, monkeypatch):
     """A pytest plugin installed beside provision (an entry point in pytest11) does not load in the checks."""
     site = tmp_path / "site"
-    (site / "foreign_plugin-1.0.dist-info").mkdir(parents=True)
-    (site / "foreign_plugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: foreign-plugin\nVersion: 1.0\n")
-    (site / "foreign_plugin-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nforeign = foreign_plugin\n")
-    (site / "foreign_plugin.py").write_text("def pytest_configure(config):\n    raise SystemExit('foreign plugin loaded')\n")
+    dist = site / "foreign_plugin-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: foreign-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nforeign = foreign_plugin\n")
+    (site / "foreign_plugin.py").write_text("def pytest_configure(config):\n    raise SystemExit('loaded')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     ok = {"boot_id": "b-1", "state_dir": "/srv/state", "files": {"verify.json": "{}"}}
     spec = _spec(tmp_path, {"good": {"vars": {}, "probe": ok, "error": ""}})
