@@ -191,8 +191,10 @@ def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | 
         "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
     ]  # fmt: skip
     # the checks need no plugin: one that the environment installs (a user's venv, the test tools) would cost its
-    # import in every verify, and could change what the checks decide
-    env = {**os.environ, "PROVISION_VERIFY_HOSTS": str(spec_file), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    # import in every verify, and could change what the checks decide; nor the environment's options (PYTEST_ADDOPTS,
+    # which may name a plugin's), as the ini file's addopts are dropped above
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env.update(PROVISION_VERIFY_HOSTS=str(spec_file), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     try:
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir

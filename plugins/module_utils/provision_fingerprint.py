@@ -27,6 +27,7 @@ renewal that reached it: after the controller died, or lost the host for a whole
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -155,7 +156,9 @@ def _write_lock(path, record):
     """Written whole, then renamed over the lock, under the state directory's flock (_locked_dir): one writer at a
     time, so a fixed name serves. Not tempfile: its import (shutil, random) is a tenth of the read on a slow host."""
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # root's under become
+    with contextlib.suppress(FileNotFoundError):  # what a crashed write left: made anew, with this write's owner
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # root's under become
     with os.fdopen(fd, "w") as f:
         json.dump(record, f, sort_keys=True)
     os.replace(tmp, path)

@@ -125,15 +125,15 @@ def api_call(state, method, path, body=None):
         headers["Authorization"] = "Bearer " + key
     # imported here: urllib.request (http.client, email) is most of a node's probe start on a slow host, and only a
     # container with a service record calls the server
-    import urllib.error
-    import urllib.request
+    from urllib import error as url_error
+    from urllib import request as url_request
 
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(state["url"] + path, data, headers, method=method)
+    req = url_request.Request(state["url"] + path, data, headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with url_request.urlopen(req, timeout=120) as r:
             return {"status": r.status, "body": r.read().decode()}
-    except urllib.error.HTTPError as e:
+    except url_error.HTTPError as e:
         return {"status": e.code, "body": e.read().decode()[:2000]}
     except OSError as e:
         return {"status": 0, "body": str(e)}

@@ -76,6 +76,21 @@ def test_break_takes_it_and_names_whose_it_was(tmp_path):
     assert json.loads((tmp_path / "lock.json").read_text())["controller"] == "ctl-b"
 
 
+def test_a_lock_is_written_anew_over_what_a_crashed_write_left(tmp_path):
+    """The lock is written to lock.json.tmp, then renamed: a leftover there (another mode, a link) is not reused."""
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "lock.json.tmp").symlink_to(target)
+    script.take_lock(str(tmp_path), _holder(), now=NOW)
+    assert target.read_text() == "keep"
+    assert json.loads((tmp_path / "lock.json").read_text())["run_id"] == _holder()["run_id"]
+    (tmp_path / "lock.json.tmp").write_text("{}")
+    (tmp_path / "lock.json.tmp").chmod(0o644)
+    script.renew_lock(str(tmp_path), _holder(), now=NOW + 1)
+    assert (tmp_path / "lock.json").stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "lock.json.tmp").exists()
+
+
 RELEASE = Path(__file__).resolve().parents[2] / "roles" / "provision_state" / "files" / "release_lock.sh"
 
 

@@ -107,7 +107,8 @@ def _spec(tmp_path: Path, readings: dict) -> Path:
 
 
 def test_checks_load_no_pytest_plugin_the_environment_installs(tmp_path, monkeypatch):
-    """A pytest plugin installed beside provision (an entry point in pytest11) does not load in the checks."""
+    """A pytest plugin installed beside provision (an entry point in pytest11) does not load in the checks, and the
+    environment's PYTEST_ADDOPTS does not reach them."""
     site = tmp_path / "site"
     dist = site / "foreign_plugin-1.0.dist-info"
     dist.mkdir(parents=True)
@@ -115,6 +116,7 @@ def test_checks_load_no_pytest_plugin_the_environment_installs(tmp_path, monkeyp
     (dist / "entry_points.txt").write_text("[pytest11]\nforeign = foreign_plugin\n")
     (site / "foreign_plugin.py").write_text("def pytest_configure(config):\n    raise SystemExit('loaded')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--foreign-option")  # a plugin's option, which pytest alone refuses
     ok = {"boot_id": "b-1", "state_dir": "/srv/state", "files": {"verify.json": "{}"}}
     spec = _spec(tmp_path, {"good": {"vars": {}, "probe": ok, "error": ""}})
     checks = verify._run_checks(["good"], spec, tmp_path, select="reachable or provision_applied")
