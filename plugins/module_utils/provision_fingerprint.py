@@ -154,7 +154,7 @@ def _read_lock(path):
 
 def _write_lock(path, record):
     """Written whole, then renamed over the lock, under the state directory's flock (_locked_dir): one writer at a
-    time, so a fixed name serves. Not tempfile: its import (shutil, random) is a tenth of the read on a slow host."""
+    time, so a fixed name serves. Not tempfile: its import (shutil, random) was a fifth of the read on a slow host."""
     tmp = path + ".tmp"
     with contextlib.suppress(FileNotFoundError):  # what a crashed write left: made anew, with this write's owner
         os.unlink(tmp)

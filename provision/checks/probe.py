@@ -123,7 +123,7 @@ def api_call(state, method, path, body=None):
     key = api_key(state)
     if key:
         headers["Authorization"] = "Bearer " + key
-    # imported here: urllib.request (http.client, email) is most of a node's probe start on a slow host, and only a
+    # imported here: urllib.request (http.client, email) was most of the probe's imports on a slow host, and only a
     # container with a service record calls the server
     from urllib import error as url_error
     from urllib import request as url_request
