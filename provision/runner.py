@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from provision import ansible_config, interrupts
+from provision import ansible_config, child_warnings, interrupts
 from provision.errors import Interrupted, ProvisionError, one_line
 from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
@@ -330,6 +330,7 @@ def _environment(pdd: Path, host_count: int, host_key_checking: bool) -> dict[st
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
         "PROVISION_PYTHON": sys.executable,
+        "PYTHONWARNINGS": child_warnings(),
         # every process of the run inherits it: interrupts.stop_run finds them all by it
         interrupts.RUN_MARKER: str(pdd),
         # the playbooks name their roles and modules as the collection provision.pve_sglang: this one

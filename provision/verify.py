@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import capacity
+from provision import capacity, child_warnings
 from provision import inventory as inventory_mod
 from provision.checks.support import DEFAULT_STATE_DIR, HOST_VARS, cannot_read, no_sglang, probe_request
 from provision.errors import one_line
@@ -194,7 +194,9 @@ def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | 
     # import in every verify, and could change what the checks decide; nor the environment's options (PYTEST_ADDOPTS,
     # which may name a plugin's), as the ini file's addopts are dropped above
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    env.update(PROVISION_VERIFY_HOSTS=str(spec_file), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env.update(
+        PROVISION_VERIFY_HOSTS=str(spec_file), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONWARNINGS=child_warnings(env)
+    )
     try:
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir

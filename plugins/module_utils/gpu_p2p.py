@@ -31,7 +31,10 @@ TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
 # all-reduce fusion. The sglang role sets them (the sglang_p2p_off filter); provision verify checks the server.
 P2P_OFF_ENV = {"NCCL_P2P_DISABLE": "1"}
 P2P_OFF_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
+# the variable through which the sglang unit's start guard passes the P2P-off flags (roles/sglang/templates/p2p-guard)
+GUARD_FLAGS_ENV = "SGLANG_P2P_GUARD_FLAGS"
 _NVLINK = re.compile(r"NV\d+$")
+_RANK = {False: 0, None: 1, True: 2}  # how strict an IOMMU mode makes the decision: translated > unknown > not
 # the real nvidia-smi underlines the matrix header with terminal escapes, even into a pipe:
 # "\t\x1b[4mGPU0\tCPU Affinity\t...\x1b[0m" (read on an H200, tests/unit/fixtures/topo/h200-1x-raw.txt)
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
@@ -110,12 +113,28 @@ def verdict_standing(verdict: dict | None, context: dict, cmdline_changed_at=Non
     return True, f"diagnostic verdict {name} in this context: {verdict.get('reason', '')}"
 
 
+def strictest(running: dict, boots: list[dict]) -> dict | None:
+    """The next boot (each {"source", "cmdline", "iommu"}) whose IOMMU mode is stricter than this boot's, the
+    strictest of them; None where none is."""
+    worst = max(boots, key=lambda b: _RANK[b["iommu"]["translates"]], default=None)
+    if worst is None or _RANK[worst["iommu"]["translates"]] <= _RANK[running["translates"]]:
+        return None
+    return worst
+
+
 def _pairs(links: list[dict]) -> str:
     return ", ".join(f"{p['a']}-{p['b']} {p['link']}" for p in links)
 
 
-def decide(mode: str, topo: dict, iommu: dict, verdict: dict | None, context: dict, cmdline_changed_at=None) -> dict:
-    """{"policy": "on"|"off", "reason": ...} for sglang_p2p = mode."""
+def decide(
+    mode: str, topo: dict, iommu: dict, verdict: dict | None, context: dict, cmdline_changed_at=None, next_boots=()
+) -> dict:
+    """{"policy": "on"|"off", "reason": ...} for sglang_p2p = mode, for this boot and every boot in `next_boots`
+    ({"source", "cmdline", "iommu"} each, module_utils/next_boot.py): a next boot whose IOMMU is stricter than this
+    one's decides, and a diagnostic verdict, taken in this boot, says nothing for it.
+
+    An "on" that rests on the IOMMU's mode or on a verdict also says what it holds while (`holds_while`): "iommu"
+    (a boot with the same IOMMU arguments) or "boot" (this boot only); the sglang unit's start guard checks it."""
     if mode != "auto":
         return {"policy": mode, "reason": "set by sglang_p2p"}
     if len(topo["gpus"]) < 2:
@@ -127,12 +146,17 @@ def decide(mode: str, topo: dict, iommu: dict, verdict: dict | None, context: di
     if not pcie:
         why = f"every GPU pair is joined by NVLink ({_pairs(topo['links'])}), which does not pass through the IOMMU"
         return {"policy": "on", "reason": why}
+    nxt = strictest(iommu, list(next_boots))
+    if nxt is not None:
+        iommu = {"translates": nxt["iommu"]["translates"],
+                 "source": f"at the next boot: {nxt['source']} has {nxt['iommu']['source']}"}  # fmt: skip
+        counts, why = False, "a diagnostic verdict speaks only for the boot it was taken in"
     if iommu["translates"] is False:
         why = f"PCIe peers ({_pairs(pcie)}), and the IOMMU does not translate ({iommu['source']})"
-        return {"policy": "on", "reason": why}
+        return {"policy": "on", "reason": why, "holds_while": "iommu"}
     where = f"PCIe peers ({_pairs(pcie)}) behind a translating IOMMU ({iommu['source']})"
     if iommu["translates"] is None:
         where = f"PCIe peers ({_pairs(pcie)}), and the IOMMU may translate ({iommu['source']})"
     if counts:
-        return {"policy": "on", "reason": f"{where}; {why}"}
+        return {"policy": "on", "reason": f"{where}; {why}", "holds_while": "boot"}
     return {"policy": "off", "reason": f"{where}; {why}"}

@@ -11,6 +11,11 @@ description:
     where sysfs shows it, and from this boot's kernel log line C(iommu: Default domain type) (dmesg, else the journal)."
   - Also returns when the kernel phase last changed the command line (C(<state_dir>/cmdline-changed)), so that a
     diagnostic verdict taken before that change no longer counts.
+  - "And the lines the node may boot next (plugins/module_utils/next_boot.py): GRUB's default entry in
+    C(/boot/grub/grub.cfg) and the line update-grub writes from C(/etc/default/grub) and its snippets, systemd-boot's
+    C(/etc/kernel/cmdline), and an armed one-shot (grubenv's C(next_entry), the C(LoaderEntryOneShot) EFI variable),
+    whose line is read from its GRUB menu entry or from the kernel phase's trial record; a one-shot whose line cannot
+    be read without mounting an ESP is returned with C(cmdline) null."
 options:
   state_dir:
     description: The node's provision state directory (provision_state_dir).
@@ -20,7 +25,8 @@ options:
 
 RETURN = r"""
 context:
-  description: "{boot_id, cmdline, default_domain, gpu_groups: {bus: type}, driver_version, now, cmdline_changed_at}"
+  description: "{boot_id, cmdline, default_domain, gpu_groups: {bus: type}, driver_version, now, cmdline_changed_at,
+    next_boot: [{source, cmdline}]}"
   type: dict
   returned: always
 """
@@ -32,7 +38,18 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils import next_boot
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import SDBOOT_ENTRY, efi_string
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_findings import default_domain as domain_in
+
+GRUB_CFG, GRUB_CUSTOM, GRUBENV = "/boot/grub/grub.cfg", "/boot/grub/custom.cfg", "/boot/grub/grubenv"
+ONESHOT = "/sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+# the shell's word for the line grub-mkconfig writes: it sources the same files in the same order
+GRUB_CONFIGURED = (
+    "GRUB_CMDLINE_LINUX= GRUB_CMDLINE_LINUX_DEFAULT=; . /etc/default/grub; "
+    'for f in /etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done; '
+    'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"'
+)
 
 
 def _read(path):
@@ -77,6 +94,46 @@ def cmdline_changed_at(state_dir):
         return None
 
 
+def grub_lines(module):
+    """GRUB's default entry, the line the next update-grub writes, and a one-shot grub-reboot armed."""
+    found = []
+    cfg = _read(GRUB_CFG)
+    if cfg is not None:
+        found.append(dict(source=f"{GRUB_CFG} default entry", cmdline=next_boot.grub_default_line(cfg)))
+    if os.path.exists("/etc/default/grub"):
+        rc, out, _ = module.run_command(["sh", "-c", GRUB_CONFIGURED])
+        found.append(dict(source="/etc/default/grub (the line update-grub writes next)",
+                          cmdline=" ".join(out.split()) if rc == 0 else None))  # fmt: skip
+    entry = next_boot.grubenv_next_entry(_read(GRUBENV))
+    if entry:
+        line = next_boot.grub_entry_line(_read(GRUB_CUSTOM), entry) or next_boot.grub_entry_line(cfg, entry)
+        found.append(dict(source=f"one-shot GRUB entry {entry} (grub-reboot)", cmdline=line))
+    return found
+
+
+def sdboot_lines(state_dir):
+    """/etc/kernel/cmdline's first line, and a one-shot bootctl armed (the kernel phase's trial: its record's line)."""
+    found = []
+    configured = _read("/etc/kernel/cmdline")
+    if configured is not None:
+        found.append(dict(source="/etc/kernel/cmdline (every loader entry at the next proxmox-boot-tool refresh)",
+                          cmdline=(configured.splitlines() or [""])[0].strip()))  # fmt: skip
+    try:
+        with open(ONESHOT, "rb") as f:
+            entry = efi_string(f.read())
+    except OSError:
+        entry = None
+    if entry:
+        line = None
+        if entry.lower() == SDBOOT_ENTRY:
+            try:
+                line = json.loads(_read(os.path.join(state_dir, "kernel-cmdline", "trial.json")) or "{}").get("line")
+            except ValueError:
+                line = None
+        found.append(dict(source=f"one-shot loader entry {entry} (LoaderEntryOneShot)", cmdline=line))
+    return found
+
+
 def main():
     module = AnsibleModule(argument_spec=dict(state_dir=dict(type="path", required=True)),
                            supports_check_mode=True)  # fmt: skip
@@ -90,6 +147,7 @@ def main():
             driver_version=driver_version(),
             now=time.time(),
             cmdline_changed_at=cmdline_changed_at(module.params["state_dir"]),
+            next_boot=grub_lines(module) + sdboot_lines(module.params["state_dir"]),
         ),
     )
 

@@ -508,7 +508,12 @@ def prepare_trial(module, bootloader, line):
     atomic_write(record, json.dumps({"bootloader": bootloader, "prepared_at": stamp}) + "\n")
     trial = trial_for(module, bootloader)
     try:
-        return trial.prepare(module.params["add"], module.params["remove"], line)
+        prepared = trial.prepare(module.params["add"], module.params["remove"], line)
+        # the line the one-shot boots, for readers that cannot mount the ESPs (gpu_p2p_node: the next boot's IOMMU)
+        atomic_write(
+            record, json.dumps({"bootloader": bootloader, "prepared_at": stamp, "line": prepared["line"]}) + "\n"
+        )
+        return prepared
     except (TrialError, EspError, boot_trial.Unavailable, OSError) as e:
         with contextlib.suppress(TrialError, EspError, OSError):
             trial.remove(False, True)

@@ -12,6 +12,8 @@ description:
   - "auto: GPUs joined only by NVLink keep P2P on; PCIe peers behind a translating IOMMU turn it off, unless a
     diagnostic verdict taken in this same context (boot, command line, IOMMU mode, driver, GPU set) says they
     are healthy; a current verdict other than healthy turns it off. See plugins/module_utils/gpu_p2p.py."
+  - "The decision holds for the next boot too: where a line the node may boot next (the node context's next_boot)
+    translates where this boot does not, or may, that boot decides, and no verdict counts for it."
 options:
   mode:
     description: sglang_p2p (auto, on or off).
@@ -35,6 +37,13 @@ topology: {description: "{gpus, links: [{a, b, link}]}", type: dict, returned: a
 context: {description: "{boot_id, cmdline, iommu, driver_version, gpus}: what a verdict taken now is valid for",
           type: dict, returned: always}
 recorded_at: {description: the node's clock now (stored with a verdict taken now), type: float, returned: always}
+guard:
+  description: "for an on that holds only while the IOMMU arguments ({iommu_args}, the arguments of iommu_keys) or
+    the boot ({boot_id}) are the ones decided in: what the unit's start guard compares; null otherwise"
+  type: dict
+  returned: always
+next_boot: {description: "the lines the node may boot next, each {source, cmdline, iommu: {translates, source}}",
+            type: list, elements: dict, returned: always}
 """
 
 import glob
@@ -44,6 +53,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_devices import is_gpu_node
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gpu_p2p import decide, iommu_mode, parse_topo
 from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json
+from ansible_collections.provision.pve_sglang.plugins.module_utils.next_boot import IOMMU_KEYS, boot_iommu, iommu_args
 
 BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$")
 
@@ -77,6 +87,16 @@ def container_gpus(module):
     return {"gpus": gpus, "links": unknown_links(gpus, "no answer from nvidia-smi")}, nodes
 
 
+def start_guard(decision, node):
+    """What the unit's start guard compares with the boot it starts in, for a policy of "on" that holds only while
+    the IOMMU arguments (and for a verdict, the boot) are the ones it was decided in; None where nothing is to check."""
+    holds_while = decision.pop("holds_while", None)
+    if holds_while is None:
+        return None
+    return dict(iommu_args=" ".join(iommu_args(node.get("cmdline"))), iommu_keys=list(IOMMU_KEYS),
+                boot_id=node.get("boot_id") if holds_while == "boot" else None)  # fmt: skip
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -94,8 +114,13 @@ def main():
     context = dict(boot_id=node.get("boot_id"), cmdline=node.get("cmdline"), iommu=iommu["source"],
                    driver_version=node.get("driver_version"), gpus=buses)  # fmt: skip
     verdict = read_json(p["verdict_file"])
-    decision = decide(p["mode"], topo, iommu, verdict, context, node.get("cmdline_changed_at"))
-    module.exit_json(changed=False, topology=topo, context=context, recorded_at=node.get("now"), **decision)
+    boots = [
+        dict(b, iommu=boot_iommu(node.get("cmdline"), iommu, b.get("cmdline"))) for b in node.get("next_boot") or []
+    ]
+    decision = decide(p["mode"], topo, iommu, verdict, context, node.get("cmdline_changed_at"), boots)
+    guard = start_guard(decision, node)
+    module.exit_json(changed=False, topology=topo, context=context, recorded_at=node.get("now"), next_boot=boots,
+                     guard=guard, **decision)  # fmt: skip
 
 
 if __name__ == "__main__":

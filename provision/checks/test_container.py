@@ -104,6 +104,12 @@ def test_process_matches_p2p_policy(target):
         tp = state["tp_size"]
         assert not missing, f"P2P policy is off (tp {tp}) but {' '.join(missing)} is not on the command line"
     else:
+        guarded = gpu_p2p.GUARD_FLAGS_ENV in unit["env_names"]
+        assert not guarded or not set(gpu_p2p.P2P_OFF_ENV) & set(unit["env_names"]), (
+            "P2P policy is on, but the unit's start guard started the server with P2P off: this boot is not the "
+            f"one P2P was decided for (journalctl -u {state.get('service', 'sglang')}): run provision apply to "
+            "decide for this boot"
+        )
         assert not set(gpu_p2p.P2P_OFF_ENV) & set(unit["env_names"]), f"P2P policy is on but {env} is set"
         assert not set(gpu_p2p.P2P_OFF_FLAGS) & set(flags), "P2P policy is on but P2P-disabling flags are passed"
 

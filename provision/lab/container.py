@@ -46,8 +46,11 @@ UNIFIED_MOUNTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 # boots (a reboot from inside restarts nspawn without the lab). The staged directory is always bound and only its
 # contents change, so a copy the lab's PVE refreshes while the container runs (`show_node_driver`) shows inside.
 PROC_DRIVER_STAGE = "/run/lab-proc-driver"
+# Its /proc/cmdline is the node's too (neither LXC nor lxcfs gives a container its own): the node's line at the CT's
+# start, staged and mounted by the same unit. A node boots its line once per boot, and its CTs start after it.
+PROC_CMDLINE_STAGE = "/run/lab-proc-cmdline"
 PROC_DRIVER_UNIT = f"""[Unit]
-Description=Lab: the node's /proc/driver (one kernel, as in an LXC)
+Description=Lab: the node's /proc/driver and /proc/cmdline (one kernel, as in an LXC)
 DefaultDependencies=no
 ConditionPathIsDirectory={PROC_DRIVER_STAGE}
 Before=sysinit.target
@@ -56,6 +59,7 @@ Before=sysinit.target
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/bin/mount --bind {PROC_DRIVER_STAGE} /proc/driver
+ExecStart=/bin/sh -c 'if [ -f {PROC_CMDLINE_STAGE} ]; then mount --bind {PROC_CMDLINE_STAGE} /proc/cmdline; fi'
 """
 
 
@@ -285,6 +289,8 @@ class LabContainer(LabMachine):
             cmd.append(f"--bind={self.dir / 'dev' / dev['name']}:/dev/{dev['name']}")
         if (self.dir / "proc-driver").is_dir():  # mounted onto /proc/driver once the container runs
             cmd.append(f"--bind-ro={self.dir / 'proc-driver'}:{PROC_DRIVER_STAGE}")
+        if (self.dir / "proc-cmdline").is_file():  # onto /proc/cmdline
+            cmd.append(f"--bind-ro={self.dir / 'proc-cmdline'}:{PROC_CMDLINE_STAGE}")
         if not self.nesting():
             marker = self.dir / "no-nesting"
             marker.write_text("lab: features: nesting=1 is not set on this CT\n")
@@ -296,12 +302,17 @@ class LabContainer(LabMachine):
     def nesting(self) -> bool:
         return (self.dir / "nesting").exists()
 
-    def configure(self, devices: list[dict], nesting: bool, driver_version: str | None) -> None:
-        """What the next start gets: device nodes, features: nesting, the node's driver version file."""
+    def configure(
+        self, devices: list[dict], nesting: bool, driver_version: str | None, cmdline: str | None = None
+    ) -> None:
+        """What the next start gets: device nodes, features: nesting, the node's driver version file and its kernel
+        command line."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.devices_file.write_text(json.dumps(devices))
         (self.dir / "nesting").touch() if nesting else (self.dir / "nesting").unlink(missing_ok=True)
         self.show_node_driver(driver_version)
+        if cmdline is not None:
+            (self.dir / "proc-cmdline").write_text(cmdline)
 
     def show_node_driver(self, driver_version: str | None) -> None:
         """The node's /proc/driver as the container sees it (its `nvidia/version`, or none when the node has no module

@@ -99,14 +99,16 @@ def net_index(net0: str | None, taken: set[int], in_use: Callable[[int], bool], 
     raise ValueError("no free lab link left (10.213.<n>.0/30)")
 
 
-def parse_node_read(text: str) -> tuple[dict[str, tuple[int, int] | None], str | None]:
-    """`ok|<major hex>|<minor hex>|<stat %F>|<path>` or `missing|-|-|-|<path>` lines, then the version file."""
+def parse_node_read(text: str) -> tuple[dict[str, tuple[int, int] | None], str | None, str | None]:
+    """`ok|<major hex>|<minor hex>|<stat %F>|<path>` or `missing|-|-|-|<path>` lines, then the version file, then
+    the node's /proc/cmdline (a CT shares its node's kernel, so its /proc/cmdline is the node's)."""
+    text, _, cmdline = text.partition("--- cmdline\n")
     lines, _, version = text.partition("--- version\n")
     found: dict[str, tuple[int, int] | None] = {}
     for line in lines.splitlines():
         state, major, minor, kind, path = line.split("|", 4)
         found[path] = (int(major, 16), int(minor, 16)) if state == "ok" and kind.endswith("special file") else None
-    return found, (version or None)
+    return found, (version or None), (cmdline or None)
 
 
 def device(entry: dict, rdev: tuple[int, int]) -> dict:
@@ -151,7 +153,7 @@ class Bodies:
         script = (
             'for p in "$@"; do if s=$(stat -L -c "%t|%T|%F" -- "$p" 2>/dev/null); then echo "ok|$s|$p"; '
             'else echo "missing|-|-|-|$p"; fi; done; echo "--- version"; '
-            "cat /proc/driver/nvidia/version 2>/dev/null; true"
+            "cat /proc/driver/nvidia/version 2>/dev/null; echo '--- cmdline'; cat /proc/cmdline; true"
         )
         argv = [*self.node_ssh[node], " ".join(shlex.quote(a) for a in ["sh", "-c", script, "sh", *paths])]
         async with self.node_slots.setdefault(node, asyncio.Semaphore(NODE_READS_AT_ONCE)):
@@ -163,24 +165,25 @@ class Bodies:
             raise StartRefused(f"node {node} did not answer: {err.decode(errors='replace').strip()[-200:]}")
         return parse_node_read(out.decode())
 
-    async def prestart(self, ct) -> tuple[list[dict], str | None]:
-        """The devices the CT starts with, as the prestart hook makes them; StartRefused when a path is missing."""
+    async def prestart(self, ct) -> tuple[list[dict], str | None, str | None]:
+        """The devices the CT starts with, as the prestart hook makes them (StartRefused when a path is missing), and
+        the node's driver version file and kernel command line."""
         entries = [parse_dev(v) for k, v in sorted(ct.config.items()) if DEV_KEY.fullmatch(k)]
-        found, version = await self.node_read(ct.node, [e["path"] for e in entries])
+        found, version, cmdline = await self.node_read(ct.node, [e["path"] for e in entries])
         devices = []
         for entry in entries:
             rdev = found.get(entry["path"])
             if rdev is None:
                 raise StartRefused(f"Could not get mode or device ID of {entry['path']}")
             devices.append(device(entry, rdev))
-        return devices, version
+        return devices, version, cmdline
 
     async def check_device(self, node: str, values: dict) -> str | None:
         """For a devN PUT: the first path that does not exist on the node, else None."""
         paths = [parse_dev(v)["path"] for k, v in values.items() if DEV_KEY.fullmatch(k) and v is not None]
         if not paths:
             return None
-        found, _ = await self.node_read(node, paths)
+        found, _, _ = await self.node_read(node, paths)
         return next((p for p in paths if found.get(p) is None), None)
 
     async def settle(self, ct) -> None:
@@ -196,13 +199,13 @@ class Bodies:
             if self.running_generation.get(ct.vmid) == generation(ct) and body.is_running():
                 return
             try:
-                devices, version = await self.prestart(ct)
+                devices, version, cmdline = await self.prestart(ct)
             except StartRefused:
                 await asyncio.to_thread(body.stop)
                 self.running_generation.pop(ct.vmid, None)
                 raise
             await asyncio.to_thread(body.stop)
-            body.configure(devices, has_nesting(ct.config), version)
+            body.configure(devices, has_nesting(ct.config), version, cmdline)
             await asyncio.to_thread(body.start)
             self.running_generation[ct.vmid] = generation(ct)
 
@@ -214,7 +217,7 @@ class Bodies:
         if body is None or ct.status != "running" or not keys:
             return
         entries = [parse_dev(ct.config[k]) for k in keys]
-        found, version = await self.node_read(ct.node, [e["path"] for e in entries])
+        found, version, _ = await self.node_read(ct.node, [e["path"] for e in entries])
         async with self.locks.setdefault(ct.vmid, asyncio.Lock()):
             await asyncio.to_thread(body.show_node_driver, version)
             for entry in entries:

@@ -69,7 +69,8 @@ def test_node_driver_makes_no_device_node_until_nvidia_modprobe_does(lab):
     vm = lab.vm("pve-sdboot")  # no CT lives there: what this test makes cannot help a later test
     assert vm.ssh("ls /dev/nvidia* 2>/dev/null").stdout == "", "a fresh node has no NVIDIA device node"
     nodes = "/dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools"
-    made = vm.ssh(f"nvidia-modprobe -c 1 && nvidia-modprobe -u -c 0 && stat -c '%n %a %U %t %T' {nodes}")
+    assert vm.ssh("nvidia-modprobe -c 1 && test ! -e /dev/nvidiactl").returncode == 0, "-c N makes /dev/nvidiaN only"
+    made = vm.ssh(f"nvidia-modprobe -c 255 && nvidia-modprobe -u -c 0 && stat -c '%n %a %U %t %T' {nodes}")
     nodes = {line.split()[0]: line.split()[1:] for line in made.stdout.splitlines()}
     assert nodes["/dev/nvidia1"] == ["666", "root", "c3", "1"]
     assert nodes["/dev/nvidiactl"] == ["666", "root", "c3", "ff"]

@@ -27,17 +27,19 @@ def test_nesting_is_read_from_the_features_string():
 
 
 def test_node_read_tells_device_nodes_from_missing_paths_and_files():
-    found, version = parse_node_read(
+    found, version, cmdline = parse_node_read(
         "ok|c3|0|character special file|/dev/nvidia0\n"
         "ok|1ff|1|character special file|/dev/nvidia-uvm-tools\n"
         "missing|-|-|-|/dev/nvidia7\n"
         "ok|0|0|regular file|/dev/not-a-device\n"
         "--- version\nNVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05\n"
+        "--- cmdline\nBOOT_IMAGE=/boot/vmlinuz-6.1.0-28-amd64 root=UUID=abc ro iommu=pt\n"
     )
     assert found == {"/dev/nvidia0": (195, 0), "/dev/nvidia-uvm-tools": (511, 1), "/dev/nvidia7": None,
                      "/dev/not-a-device": None}  # fmt: skip
-    assert "580.95.05" in version
-    assert parse_node_read("--- version\n") == ({}, None)
+    assert "580.95.05" in version and "--- cmdline" not in version
+    assert cmdline == "BOOT_IMAGE=/boot/vmlinuz-6.1.0-28-amd64 root=UUID=abc ro iommu=pt\n"
+    assert parse_node_read("--- version\n") == ({}, None, None)
 
 
 def _free(*busy: int):

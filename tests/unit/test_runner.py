@@ -158,3 +158,27 @@ def test_a_failed_raw_command_says_what_it_printed_though_its_stderr_came_back_i
     module = {"rc": 2, "msg": "non-zero return code", "stderr": "python3: not found", "stdout": "ignored"}
     assert _failure_message(module) == "non-zero return code: python3: not found"
     assert _failure_message({"rc": 0, "msg": "something else", "stdout": "all fine"}) == "something else"
+
+
+def test_the_run_and_provision_print_nothing_on_stderr(tmp_path, monkeypatch):
+    """provision, the ansible-playbook a run starts (with the run's environment) and verify's pytest: a bare command
+    of each prints no warning of the libraries they import (cryptography's DSA notice, through ansible-core), while a
+    user's own PYTHONWARNINGS still applies to them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from provision.runner import _environment
+
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    env = {**os.environ, **_environment(tmp_path, 1, True)}
+    bindir = Path(sys.executable).parent
+    for argv in ([bindir / "provision", "--version"], [bindir / "ansible-playbook", "--version"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+        assert proc.stderr == "", argv
+    user = {**env, "PYTHONWARNINGS": "error::UserWarning"}
+    user["PYTHONWARNINGS"] = __import__("provision").child_warnings(user)
+    said = "import warnings; warnings.warn('mine'); print('unreached')"
+    proc = subprocess.run([sys.executable, "-c", said], capture_output=True, text=True, env=user)
+    assert proc.returncode == 1 and "UserWarning: mine" in proc.stderr
