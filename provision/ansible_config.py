@@ -58,6 +58,7 @@ OUR_SSH_ARGS = (
 )
 # With checking off, ssh would still record each unverified key for later runs to trust.
 UNVERIFIED_KEYS_NOWHERE = "-o UserKnownHostsFile=/dev/null"
+STRICT_KEYS = "-o StrictHostKeyChecking=yes"
 
 
 def user_config_file() -> Path | None:
@@ -155,12 +156,16 @@ def environment(forks: int, host_key_checking: bool, control_dir: Path) -> dict[
     if origin != "default":  # runner appends its own callback to this variable: keep the user's (ARA) in it
         env[ENV[CALLBACK_PLUGINS]] = os.pathsep.join(_paths(callbacks))
     env.update(dict.fromkeys(HOST_KEY_CHECKING_ENV, str(host_key_checking)))
+    # ssh keeps an option's first value, and a value on its command line beats every config file: ssh_args come
+    # before the inventory's ssh_common_args and extra args, so provision's word on host keys goes first in them
+    args = env.get(ENV[SSH_ARGS]) or str(lookup(manager, SSH_ARGS)[0] or "")
     if host_key_checking:
         env.update(FAIL_ON_UNKNOWN_KEY_ENV)
+        # Ansible says nothing to ssh when checking is on, so a user's `StrictHostKeyChecking accept-new` (in
+        # ~/.ssh/config, /etc/ssh/ssh_config.d/ or a -F file) would trust and record any new key: say yes
+        env[ENV[SSH_ARGS]] = f"{STRICT_KEYS} {args}".strip()
     else:
-        # ssh keeps an option's first value: ssh_args come before the inventory's ssh_common_args (which
-        # may name a known_hosts file), so /dev/null goes first in them, the rest as they were
+        # the inventory's ssh_common_args may name a known_hosts file: /dev/null goes first
         env["ANSIBLE_PARAMIKO_RECORD_HOST_KEYS"] = "False"
-        args = env.get(ENV[SSH_ARGS]) or str(lookup(manager, SSH_ARGS)[0] or "")
         env[ENV[SSH_ARGS]] = f"{UNVERIFIED_KEYS_NOWHERE} {args}".strip()
     return env

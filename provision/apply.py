@@ -45,9 +45,13 @@ class ApplyOptions:
 
 
 def parse_tags(text: str | None) -> list[str]:
-    if not text:
+    """The phases --tags names; none given: every phase. A blank --tags is refused: it would run every phase."""
+    if text is None:
         return []
     tags = [t.strip() for t in text.split(",") if t.strip()]
+    if not tags:
+        phases = ", ".join(PHASES)
+        raise UsageError(f"--tags is empty: it would run every phase; name phases ({phases}) or leave it out")
     unknown = [t for t in tags if t not in PHASES]
     if unknown:
         raise UsageError(f"--tags: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from provision import __version__, locks, secrets
 from provision.errors import (
+    EMPTY_LIMIT,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PENDING,
@@ -77,6 +78,19 @@ def _output_file(text: str) -> Path:
     return path
 
 
+def _limit(text: str) -> str:
+    """A --limit as ansible-playbook reads it from this directory: its `@FILE` parts made absolute (the playbook runs
+    in another directory). A blank one is refused here, before anything is loaded."""
+    from ansible.inventory.manager import split_host_pattern
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY_LIMIT.removeprefix("--limit "))
+    parts = split_host_pattern(text)
+    if not any(p.startswith("@") for p in parts):
+        return text
+    return ",".join(f"@{Path(p[1:]).resolve()}" if p.startswith("@") else p for p in parts)
+
+
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
     p.add_argument(
         "--inventory", "-i", required=True,
@@ -84,7 +98,7 @@ def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
         "or 'example' for the packaged example",
     )  # fmt: skip
     if limit:
-        p.add_argument("--limit", "-l", help="Ansible host pattern to restrict the run to")
+        p.add_argument("--limit", "-l", type=_limit, help="Ansible host pattern to restrict the run to (@FILE: a list)")
     p.add_argument("--json", action="store_true", help="print the JSON envelope on stdout (docs/json.md)")
     _ansible_opts(p)
 

@@ -48,3 +48,7 @@ class Interrupted(ProvisionError):
         self.exit_code = EXIT_SIGNAL_BASE + signum
         self.result = result or {}
         self.hosts = hosts or {}
+
+
+# a blank --limit: Ansible would run on every host of the inventory
+EMPTY_LIMIT = "--limit is empty: it would reach every host of the inventory; name the hosts, or leave --limit out"

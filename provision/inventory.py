@@ -30,7 +30,7 @@ import yaml
 
 from provision import secrets
 from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
-from provision.errors import InventoryError, UsageError, one_line
+from provision.errors import EMPTY_LIMIT, InventoryError, UsageError, one_line
 from provision.paths import example_inventory_dir, module_util, roles_dir
 
 PROXMOX_HOSTS = "proxmox_hosts"
@@ -91,6 +91,24 @@ class Host:
         return _origin(self.vars.get(name)) or self.source
 
 
+def limit_parts(limit: str) -> list[str]:
+    """The host patterns of a limit, as Ansible splits it (its `@file` parts read, a line a pattern), each without its
+    `&` or `!`: each must match a host, or a typo silently narrows (or, excluded, widens) the run."""
+    from ansible.inventory.manager import split_host_pattern
+
+    parts: list[str] = []
+    for part in split_host_pattern(limit):
+        if part.startswith("@"):
+            try:
+                lines = Path(part[1:]).read_text().splitlines()
+            except OSError as exc:
+                raise UsageError(f"--limit {part}: cannot read the limit file: {exc.strerror}") from None
+            parts += limit_parts(",".join(line.strip() for line in lines if line.strip())) if any(lines) else []
+        elif part.lstrip("&!"):
+            parts.append(part.lstrip("&!"))
+    return parts
+
+
 @dataclass
 class Inventory:
     path: Path
@@ -114,10 +132,17 @@ class Inventory:
             self.manager.subset(None)
 
     def scope(self, limit: str | None) -> list[str]:
-        """`match`, refusing a limit that leaves no managed host (Ansible would only warn)."""
+        """`match`, refusing a limit that is blank (Ansible would run on every host), or any part of which matches no
+        managed host (Ansible would only warn, and run on the rest)."""
+        if limit is not None and not limit.strip():
+            raise UsageError(EMPTY_LIMIT)
+        parts = limit_parts(limit) if limit else []
         hosts = self.match(limit)
-        if limit and not hosts:
-            raise UsageError(f"--limit {limit}: matches no host in {PROXMOX_HOSTS} or {GPU_CONTAINERS} of {self.path}")
+        for part in parts:
+            if not self.match(part):
+                where = f"{PROXMOX_HOSTS} or {GPU_CONTAINERS} of {self.path}"
+                what = f"--limit {limit}: {part!r}" if part != limit else f"--limit {limit}"
+                raise UsageError(f"{what} matches no host in {where}: nothing runs until every part of it names a host")
         return hosts
 
     def group(self, name: str) -> list[Host]:

@@ -296,6 +296,35 @@ def test_an_unknown_host_key_fails_fast_on_every_connection(ssh_lab, tmp_path, r
     assert (home_known_hosts.read_bytes() if home_known_hosts.exists() else None) == before
 
 
+@pytest.mark.parametrize("strategy", ["mitogen_linear", "linear"])
+def test_a_user_ssh_config_that_accepts_new_keys_does_not_make_provision_trust_them(ssh_lab, tmp_path, runs, strategy):
+    """`StrictHostKeyChecking accept-new` in the user's ssh config (a -F file here; ~/.ssh/config and
+    /etc/ssh/ssh_config.d/ are read the same way) would trust and record an unknown key, because Ansible tells ssh
+    nothing while host key checking is on: provision says yes on ssh's command line, which beats every config file.
+    apply and verify refuse the host, and the known_hosts file stays empty."""
+    target = ssh_lab["targets"]["node1"]
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host *\n  StrictHostKeyChecking accept-new\n  UserKnownHostsFile {known}\n  GlobalKnownHostsFile {known}\n"
+    )
+    vars_ = {**target.inventory_vars(), "ansible_ssh_common_args": f"-F {config} -o IdentitiesOnly=yes"}
+    inv = lab_inventory(ssh_lab, tmp_path / "acceptnew", extra_hosts={"proxmox_hosts": {"node1": vars_}})
+    env = {"PROVISION_ANSIBLE_STRATEGY": strategy}
+    argv = ("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--limit", "node1")
+    proc = run_provision(*argv, "--runs-dir", str(runs), env=env, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert _summary(proc.stdout)["hosts"]["node1"]["unreachable"] >= 1
+    assert known.read_text() == "", "apply trusted and recorded a new host key"
+    argv = ("verify", "--inventory", str(inv), "--json", "--checks", CHECKS, "--limit", "node1")
+    vproc = run_provision(*argv, "--runs-dir", str(runs), env=env, timeout=240)
+    assert vproc.returncode == 1
+    failed = {c["reason"] for c in _summary(vproc.stdout)["checks"] if c["host"] == "node1" and not c["passed"]}
+    assert failed and all("unreachable" in r for r in failed), failed
+    assert known.read_text() == "", "verify trusted and recorded a new host key"
+
+
 def test_verify_connects_to_a_templated_ansible_host(ssh_lab, tmp_path, runs):
     """ansible_host is rendered by Ansible, as in apply (testinfra's own ssh took the template literally)."""
     t = ssh_lab["targets"]

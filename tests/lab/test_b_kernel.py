@@ -141,6 +141,48 @@ def test_check_reports_changes_without_making_them(hosts, runs):
         assert any("reboot pending" in m for m in result["reports"][name])
 
 
+def armed(machine) -> str:
+    """Everything a next boot reads on the node: the boot files and the ESPs' entries, grubenv, and the systemd-boot
+    EFI variables (names and contents)."""
+    return (
+        boot_config(machine)
+        + machine.ssh(
+            "sha256sum /boot/grub/grubenv 2>/dev/null; "
+            "for v in /sys/firmware/efi/efivars/Loader*-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f; do "
+            '[ -e "$v" ] && echo "$v $(sha256sum < "$v")"; done; true'
+        ).stdout
+    )
+
+
+def test_a_refused_reboot_writes_nothing_on_a_node_that_never_had_the_profile(hosts, runs, lab):
+    """A VM the inventory does not own runs on each node (the SNP tenant), and the node has never had the profile: the
+    reboot is refused before a trial entry, a one-shot (grubenv's next_entry, LoaderEntryOneShot) or a default line is
+    written, so that no later reboot, by anyone, boots an untested line. Every boot file, the ESPs, grubenv and the
+    EFI variables are byte-identical afterwards, and the report says nothing was written."""
+    api = pve_api(lab)
+    for name in ("pve-grub", "pve-sdboot"):
+        node = hosts[name]
+        assert not all(a in args_of(node) for a in PROFILE_ARGS), f"{name} must not have the profile yet"
+        qemu = api.nodes(name).qemu
+        assert wait_task(api, name, qemu.post(vmid=TENANT, name="snp-tenant", memory=512))["exitstatus"] == "OK"
+        try:
+            assert wait_task(api, name, qemu(TENANT).status.start.post())["exitstatus"] == "OK"
+            before = (node.boot_id(), armed(node), marker(node))
+            rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", name)
+            assert rc == 1, err[-2000:]
+            message = " ".join(f["message"] for f in result["failures"] if f["host"] == name)
+            assert message.startswith(f"{name}: not rebooting: guests running that the inventory does not own"), message
+            assert message.endswith(
+                "nothing was written: the boot configuration, the trial entry and the one-shot are as they were"
+            ), message
+            assert (node.boot_id(), armed(node), marker(node)) == before, f"{name}: refused, yet something changed"
+            assert trial_left(node) == [], trial_left(node)
+        finally:
+            if qemu(TENANT).status.current.get()["status"] == "running":
+                wait_task(api, name, qemu(TENANT).status.stop.post())
+            wait_task(api, name, qemu(TENANT).delete())
+
+
 def test_reboot_never_configures_and_leaves_the_reboot_pending(hosts, runs):
     ids = {n: hosts[n].boot_id() for n in ("pve-grub", "pve-sdboot")}
     rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--reboot", "never")

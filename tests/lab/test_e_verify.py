@@ -259,3 +259,87 @@ def test_a_container_that_does_not_serve_again_stops_the_rolling_reboot(lab, con
     assert "the rollout stops here, before the next node reboots" in said[0], said
     assert grub.boot_id() != before["pve-grub"], "pve-grub did not reboot"
     assert sdboot.boot_id() == before["pve-sdboot"], "the rollout went on to the next node"
+
+
+PT_SNIPPET = "/etc/default/grub.d/95-lab-iommu-pt.cfg"  # the node's line with iommu=pt last: the IOMMU passes through
+
+
+def reboot_by_itself(lab, node) -> None:
+    """The node reboots without provision (a kernel update, a crash, its SNP tenant's maintenance window): its onboot
+    CT comes back through pve-guests, and its sglang unit starts as systemd starts it."""
+    ct, old = lab.container(), node.boot_id()
+    node.ssh("systemctl reboot")
+    node.wait_for_ssh(180, not_boot_id=old)
+    ct.wait_for_ssh(180)
+    wait_ready(ct, 180)
+
+
+def served_with(ct) -> dict[str, str]:
+    """The running server's P2P environment and the flags on its command line, read from its process."""
+    pid = ct.ssh("systemctl show -p MainPID --value sglang").stdout.strip()
+    environ = ct.ssh(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout.splitlines()
+    argv = ct.ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+    env = dict(line.split("=", 1) for line in environ if "=" in line)
+    return {"NCCL_P2P_DISABLE": env.get("NCCL_P2P_DISABLE", ""), "custom_all_reduce_off": str(
+        "--disable-custom-all-reduce" in argv.split())}  # fmt: skip
+
+
+def decided(result) -> str:
+    return next(m for m in result["reports"]["sglang-01"] if m.startswith("sglang_p2p auto -> "))
+
+
+def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, runs):
+    """sglang_p2p: auto with PCIe GPUs on a node booted with iommu=pt: P2P on, and the unit's start guard installed.
+    - The node reboots by itself into a line without iommu=pt (an admin's edit, no apply): the guard starts the server
+      with P2P off, says why in the journal, and verify names the guard.
+    - Booted with iommu=pt again, then a pending line without it (as `apply --reboot never`, or a refused reboot,
+      leaves it): apply decides for the next boot, P2P off now; the node reboots by itself and serves with P2P off."""
+    inv, ct, node = converged["inventory"], lab.container(), lab.vm("pve-grub")
+    pt = 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt"\n'
+    set_host_vars(inv, "sglang-01", {**KEY, "sglang_p2p": "auto"})
+    try:
+        assert node.ssh(f"printf '%s' '{pt}' > {PT_SNIPPET}").returncode == 0
+        reboot_by_itself(lab, node)
+        assert "iommu: Default domain type: Passthrough" in node.ssh("dmesg").stdout
+        rc, result, err = apply(inv, runs, "--tags", "sglang", env=ENV)
+        assert rc == 0, err[-2000:]
+        assert decided(result).startswith("sglang_p2p auto -> on: PCIe peers"), decided(result)
+        assert served_with(ct) == {"NCCL_P2P_DISABLE": "", "custom_all_reduce_off": "False"}
+
+        # an unforeseen line: the guard, not the decision, keeps P2P off
+        node.ssh(f"rm {PT_SNIPPET}")
+        reboot_by_itself(lab, node)
+        assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
+        journal = ct.ssh("journalctl -b -u sglang -o cat").stdout
+        assert (
+            "provision: starting with GPU P2P off: P2P on was decided for another boot (IOMMU arguments 'iommu=nopt "
+            "iommu=pt' then, 'iommu=nopt' now): run provision apply to decide for this boot" in journal
+        ), journal[-2000:]
+        rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
+        assert rc == 1 and "the unit's start guard started the server with P2P off" in failed(report)[
+            ("sglang-01", "test_process_matches_p2p_policy")]  # fmt: skip
+
+        # a pending line: the decision is made for the next boot
+        assert node.ssh(f"printf '%s' '{pt}' > {PT_SNIPPET}").returncode == 0
+        reboot_by_itself(lab, node)
+        rc, result, err = apply(inv, runs, "--tags", "sglang", env=ENV)
+        assert rc == 0 and decided(result).startswith("sglang_p2p auto -> on"), (decided(result), err[-2000:])
+        node.ssh(f"rm {PT_SNIPPET}")
+        rc, result, err = apply(inv, runs, "--tags", "sglang", env=ENV)
+        assert rc == 0, err[-2000:]
+        assert decided(result).startswith("sglang_p2p auto -> off: PCIe peers (GPU0-GPU1 PHB) behind a translating "
+                                          "IOMMU (at the next boot: /etc/default/grub"), decided(result)  # fmt: skip
+        assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
+        rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
+        assert rc == 0, failed(report)
+        reboot_by_itself(lab, node)
+        assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
+        rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
+        assert rc == 0, failed(report)
+    finally:
+        node.ssh(f"rm -f {PT_SNIPPET}")
+        set_host_vars(inv, "sglang-01", KEY)
+        if "Passthrough" in node.ssh("dmesg").stdout:
+            reboot_by_itself(lab, node)
+        rc, _, err = apply(inv, runs, "--tags", "sglang", env=ENV)
+        assert rc == 0, err[-2000:]

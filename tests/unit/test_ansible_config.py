@@ -52,8 +52,11 @@ def test_users_cfg_in_working_directory_wins(in_dir):
     )
     env = ansible_config.environment(7, True, in_dir / "cp")
     assert env["ANSIBLE_CONFIG"] == str(in_dir / "ansible.cfg")
-    for name in ("ANSIBLE_FORKS", "ANSIBLE_SSH_ARGS", "ANSIBLE_PIPELINING", "ANSIBLE_TIMEOUT", "ANSIBLE_SSH_RETRIES"):
+    for name in ("ANSIBLE_FORKS", "ANSIBLE_PIPELINING", "ANSIBLE_TIMEOUT", "ANSIBLE_SSH_RETRIES"):
         assert name not in env, f"{name} overrides the user's own value"
+    # the user's ssh_args, kept whole, after the one option provision always gives: host keys are checked
+    assert env["ANSIBLE_SSH_ARGS"] == '-o StrictHostKeyChecking=yes -o ProxyCommand="ssh -W %h:%p bastion"'
+
     assert env["ANSIBLE_CALLBACK_PLUGINS"] == "/opt/ara/plugins/callback"  # runner appends its own after it
     assert env["ANSIBLE_SSH_CONTROL_PATH_DIR"] == str(in_dir / "cp")  # silent there: provision's
 

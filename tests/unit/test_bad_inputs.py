@@ -97,6 +97,14 @@ FLAGS = [
     ("vault-password-file-missing", ["plan", "-i", "INV", "--vault-password-file", "/nonexistent"]),
     ("vault-id-file-missing", ["plan", "-i", "INV", "--vault-id", "dev@/nonexistent"]),
     ("limit-matches-nothing", ["plan", "-i", "INV", "--limit", "nosuch"]),
+    ("limit-empty", ["apply", "-i", "INV", "--yes", "--limit", ""]),
+    ("limit-blank", ["verify", "-i", "INV", "--limit", " "]),
+    ("limit-part-matches-nothing", ["apply", "-i", "INV", "--yes", "--limit", "pve1,typo"]),
+    ("limit-exclusion-matches-nothing", ["plan", "-i", "INV", "--limit", "all:!typo"]),
+    ("limit-file-missing", ["plan", "-i", "INV", "--limit", "@no-such-limit-file"]),
+    ("limit-file-line-matches-nothing", ["plan", "-i", "INV", "--limit", "@LIMITFILE"]),
+    ("tags-empty", ["apply", "-i", "INV", "--yes", "--tags", ""]),
+    ("tags-only-commas", ["plan", "-i", "INV", "--tags", ", ,"]),
     ("rollback-without-limit", ["rollback", "-i", "INV", "--yes"]),
     ("unknown-command", ["frobnicate"]),
     ("lab-hosts-3", ["lab", "up", "--hosts", "3"]),
@@ -164,7 +172,9 @@ def test_bad_flag(workdir, capsys, argv):
     _write(workdir / "inv", {"hosts.yml": GOOD})
     (workdir / "a-file").write_text("x")
     (workdir / "dangling").symlink_to(workdir / "nowhere")
-    names = {"INV": workdir / "inv", "FILE": workdir / "a-file", "DANGLING": workdir / "dangling"}
+    (workdir / "limit-file").write_text("pve1\nct1\ntypo\n")
+    names = {"INV": workdir / "inv", "FILE": workdir / "a-file", "DANGLING": workdir / "dangling",
+             "@LIMITFILE": "@limit-file"}  # fmt: skip
     argv = [str(names.get(a, a)) for a in argv]
     runs = workdir / "runs"
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
