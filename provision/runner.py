@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from provision import ansible_config, child_warnings, interrupts
+from provision import ansible_config, child_warnings, interrupts, watchdog
 from provision.errors import Interrupted, ProvisionError, one_line
 from provision.inventory import VaultOptions
 from provision.paths import collections_path, playbooks_dir, plugins_dir, roles_dir
@@ -419,23 +419,25 @@ def run_playbook(
     )
     if not config.playbook_path.is_file():
         raise ProvisionError(f"{config.playbook_path}: packaged playbook not found")
-    pdd = Path(tempfile.mkdtemp(prefix="provision-"))
+    pdd = Path(tempfile.mkdtemp(prefix="provision-"))  # 0700
     started = (time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds"))
     collector = EventCollector(on_update=progress.update if progress else None)
-    try:
-        args = config.runner_args(pdd)
-        if progress:
-            progress.start()
-        runner, trap = _run(args, collector, cancel)
-        result = _artifacts(config, pdd, runner, trap, collector, started, record)
-        if trap.signum is not None and raise_interrupt:
-            raise Interrupted(f"interrupted by {trap.name}: run record {record.path}", trap.signum)
-        return result
-    finally:
-        interrupts.stop_run(str(pdd))  # what a cancel left, and ssh's ControlPersist masters
-        if progress:
-            progress.stop()
-        shutil.rmtree(pdd, ignore_errors=True)
+    # should provision die without a word, the watchdog stops the run's processes and removes its private data dir
+    with watchdog.watched(pdd):
+        try:
+            args = config.runner_args(pdd)
+            if progress:
+                progress.start()
+            runner, trap = _run(args, collector, cancel)
+            result = _artifacts(config, pdd, runner, trap, collector, started, record)
+            if trap.signum is not None and raise_interrupt:
+                raise Interrupted(f"interrupted by {trap.name}: run record {record.path}", trap.signum)
+            return result
+        finally:
+            interrupts.stop_run(str(pdd))  # what a cancel left, and ssh's ControlPersist masters
+            if progress:
+                progress.stop()
+            shutil.rmtree(pdd, ignore_errors=True)
 
 
 def _run(args: dict[str, Any], collector: EventCollector, cancel=None) -> tuple[Any, interrupts.SignalTrap]:

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from provision import verify as verify_mod
 from provision.inventory import VaultOptions
 from tests.conftest import lab_inventory, run_provision, vault_encrypt, write_inventory
 from tests.leaks import leaks
-from tests.processes import interrupt, start_apply, tree
+from tests.processes import interrupt, live, start_apply, the_runs_processes, tree
 from tests.sshtarget import make_client_key, start_target
 
 # its tests build on each other (first apply, then the second): CI's `--dist loadfile` runs them on one worker, in order
@@ -664,6 +665,48 @@ def test_sigint_stops_every_process_records_where_each_host_stopped_and_a_rerun_
         assert "verify.json" in _state(target) and _lock_on(target) == ""
 
 
+def test_kill_9_of_apply_stops_its_run_within_seconds_leaves_no_secret_and_a_rerun_converges_alone(ssh_lab, tmp_path):
+    """provision killed without a word (SIGKILL: the OOM killer, a CI runner's hard kill) cannot stop its run: the
+    run's watchdog (provision/watchdog.py) does. Within 10 s no process of the run is left (ansible-playbook, its
+    workers, ssh and its ControlPersist masters), the run's private data dir (runner's environment, with the PVE
+    password in it, and its events) is gone, and the next apply takes the dead run's host locks over and converges."""
+    api = {"all": {"proxmox_api_password": "{{ lookup('ansible.builtin.env', 'PROXMOX_PASSWORD') }}"}}
+    inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow", group_vars=api)
+    runs = tmp_path / "runs"
+    proc = start_apply(inv, runs, tmp_path / "apply.json", "--full", "--tags", "verify",
+                       env={"PROXMOX_PASSWORD": SECRET})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not Path(f"{gate}.started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "apply.err").read_text()[-3000:]
+            time.sleep(0.2)
+        private, groups = the_runs_processes(proc)
+        assert SECRET.encode() in b"".join(p.read_bytes() for p in Path(private).rglob("*") if p.is_file()), (
+            "the private data dir holds no secret: the check below is blind"
+        )
+        proc.kill()
+        proc.wait(timeout=10)
+        killed = time.monotonic()
+        while time.monotonic() - killed < 10:
+            left = {pid: cmd for pid, (group, cmd) in live().items() if group in groups or private + "/" in cmd}
+            if not left and not Path(private).exists():
+                break
+            time.sleep(0.2)
+        assert not left, f"processes of the killed run left after 10 s: {left}"
+        assert not Path(private).exists(), "the killed run's private data dir is left, with its secrets"
+        tmp = Path(tempfile.gettempdir())
+        for path in (p for d in tmp.glob("provision-*") for p in d.rglob("*") if p.is_file()):
+            assert SECRET.encode() not in path.read_bytes(), f"{path} holds the PVE password"
+    finally:
+        gate.unlink(missing_ok=True)
+        proc.kill()
+    rerun = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify",
+                          "--runs-dir", str(runs), env={"PROXMOX_PASSWORD": SECRET})  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    for target in ssh_lab["targets"].values():
+        assert "verify.json" in _state(target) and _lock_on(target) == ""
+
+
 def test_an_ssh_connection_dropped_mid_task_fails_its_host_only_and_a_rerun_converges(ssh_lab, tmp_path):
     """Both hosts wait in a task; node1's sshd session processes are killed, so the controller's connection to it
     drops mid-task. node1 is unreachable, ct1 finishes, node1's host lock is given back by provision afterwards."""
@@ -746,6 +789,15 @@ def test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expi
         assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert said in proc.stdout + proc.stderr
         assert json.loads(_lock_on(node) or "{}").get("pid") == (os.getpid() if code else None)
+    # --break-lock does not break a live run of this controller: it would converge beside it, neither told
+    node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(mine))} > /var/lib/provision/lock.json")
+    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs),
+                         "--break-lock")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (f"host lock held by run 20250101T000000-apply (pid {os.getpid()} on {socket.gethostname()}, since "
+            "2025-01-01T00:00:00+00:00): it is a run of this controller, still alive: --break-lock takes the lock of "
+            "no live run; stop that run first") in proc.stderr, proc.stderr[-2000:]  # fmt: skip
+    assert json.loads(_lock_on(node))["pid"] == os.getpid(), "the live run's lock was broken"
     node.ssh("rm -f /var/lib/provision/lock.json")
 
 

@@ -124,7 +124,9 @@ def describe_holder(holder):
 def lock_decision(current, request, now):
     """May the run of `request` take the host lock that `current` records (None: nobody)? One of:
     free; ours (this run holds it already); stale (a run of this controller found gone, named by the request's
-    take_over); expired (older than the lease it was taken with); broken (--break-lock); held (it may not)."""
+    take_over); expired (older than the lease it was taken with); broken (--break-lock, from a run of another
+    controller: one of this controller is either gone, and taken over as stale, or alive, and not to be broken);
+    held (it may not)."""
     if not current:
         return "free"
     if same_run(current, request):
@@ -137,7 +139,8 @@ def lock_decision(current, request, now):
         expires = 0
     if now >= expires:
         return "expired"
-    return "broken" if request.get("break") else "held"
+    other_controller = current.get("pid_ns") != request.get("pid_ns") or not request.get("pid_ns")
+    return "broken" if request.get("break") and other_controller else "held"
 
 
 def _read_lock(path):

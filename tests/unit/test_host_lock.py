@@ -28,7 +28,9 @@ def _record(taken_at=NOW - 60, lease_s=3600, **more):
     return {**_holder(**more), "taken_at": taken_at, "lease_s": lease_s}
 
 
-OTHER = _holder(run_id="20250101T010101-apply", controller="ctl-b", pid=7)
+OTHER = _holder(run_id="20250101T010101-apply", controller="ctl-b", pid=7, pid_ns="boot/2")
+# another run of the holder's own controller (same pid namespace): only it can tell whether the holder is alive
+SAME_CONTROLLER = _holder(run_id="20250101T010101-apply", pid=7)
 
 
 @pytest.mark.parametrize(
@@ -48,9 +50,13 @@ OTHER = _holder(run_id="20250101T010101-apply", controller="ctl-b", pid=7)
         # the lease is the holder's own, not the asker's
         (_record(taken_at=NOW - 100, lease_s=60), {**OTHER, "lease_s": 99999}, "expired"),
         ({"run_id": "unreadable /x", "taken_at": NOW - 10}, OTHER, "held"),
+        # --break-lock never breaks a run of this controller: gone, it is taken over as stale; alive, it holds
+        (_record(), {**SAME_CONTROLLER, "break": True}, "held"),
+        (_record(), {**SAME_CONTROLLER, "break": True, "take_over": _holder()}, "stale"),
     ],
     ids=["free", "ours", "held", "broken", "expired", "expired-not-broken", "stale", "stale-changed-hands",
-         "other-controller", "holders-lease", "unreadable"],
+         "other-controller", "holders-lease", "unreadable", "break-not-a-run-of-this-controller",
+         "break-a-gone-run-of-this-controller"],
 )  # fmt: skip
 def test_lock_decision(current, request_, decision):
     assert script.lock_decision(current, request_, NOW) == decision
