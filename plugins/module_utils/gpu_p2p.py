@@ -150,7 +150,8 @@ def decide(
     if nxt is not None:
         iommu = {"translates": nxt["iommu"]["translates"],
                  "source": f"at the next boot: {nxt['source']} has {nxt['iommu']['source']}"}  # fmt: skip
-        counts, why = False, "a diagnostic verdict speaks only for the boot it was taken in"
+        if counts:
+            counts, why = False, f"{why}, but a verdict speaks only for the boot it was taken in, not the next"
     if iommu["translates"] is False:
         why = f"PCIe peers ({_pairs(pcie)}), and the IOMMU does not translate ({iommu['source']})"
         return {"policy": "on", "reason": why, "holds_while": "iommu"}
