@@ -167,6 +167,34 @@ CITED = [
         NOT_SHOWN,
         "tests/lab/test_e_verify.py::test_a_container_that_does_not_serve_again_stops_the_rolling_reboot",
         True, False),
+    Row("kill -9 of a running apply (the OOM killer, a CI runner's hard kill), both hosts in a task", "verify",
+        "nothing from the killed provision; its run's watchdog stops the run", "within 10 s no process of the run "
+        "left and its private data dir (runner's environment, with the PVE password) removed; no file under "
+        "$TMPDIR holds the password", "yes: the next `apply --full` takes the dead run's host locks over and succeeds",
+        SSH + "test_kill_9_of_apply_stops_its_run_within_seconds_leaves_no_secret_and_a_rerun_converges_alone",
+        True, True),
+    Row("the user's ssh config says `StrictHostKeyChecking accept-new`, the host's key is in no known_hosts "
+        "(Mitogen)", "all", "apply: the host `unreachable`, exit 1; verify: every check of the host failed "
+        "`unreachable`, exit 1", "the known_hosts file still empty: no key trusted or recorded", NOT_SHOWN,
+        SSH + "test_a_user_ssh_config_that_accepts_new_keys_does_not_make_provision_trust_them[mitogen_linear]",
+        True, False),
+    Row("the same, with Ansible's own ssh connection (linear strategy)", "all",
+        "apply: the host `unreachable`, exit 1; verify: every check of the host failed `unreachable`, exit 1",
+        "the known_hosts file still empty", NOT_SHOWN,
+        SSH + "test_a_user_ssh_config_that_accepts_new_keys_does_not_make_provision_trust_them[linear]", True, False),
+    Row("a tenant VM the inventory does not own runs on a node that never had the profile (apply, reboot auto)",
+        "kernel", "exit 1: `<node>: not rebooting: guests running that the inventory does not own: VM 105 "
+        "(snp-tenant); …; nothing was written: the boot configuration, the trial entry and the one-shot are as "
+        "they were`", "boot files, ESP entries, grubenv and the systemd-boot EFI variables byte-identical; no "
+        "trial entry; the node not rebooted", NOT_SHOWN,
+        LAB_KERNEL + "test_a_refused_reboot_writes_nothing_on_a_node_that_never_had_the_profile", True, False),
+    Row("a node reboots by itself (no apply) into a line whose IOMMU arguments differ from those P2P on was decided "
+        "for; then a pending line that translates", "sglang",
+        "the server starts with P2P off and its journal says `provision: starting with GPU P2P off: P2P on was "
+        "decided for another boot (…)`; verify fails naming the start guard. With the pending line, apply decides "
+        "`off` for the next boot", "serving, with NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce",
+        "yes: apply decides for the boot that runs, verify passes, and the node's next boot serves with P2P off",
+        "tests/lab/test_e_verify.py::test_p2p_is_decided_for_the_next_boot_and_guarded_at_start", True, True),
 ]  # fmt: skip
 
 # Faults the issue names that no test injects yet (docs/reliability.md lists them apart from the table).
