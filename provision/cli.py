@@ -279,9 +279,11 @@ def _load(args: argparse.Namespace, err: Console):
 
 
 def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
-    from provision import present
+    from provision import apply as apply_mod
+    from provision import inventory, present
 
     inv = _load(args, err)
+    inventory.require(inv, inv.match(None), apply_mod.PHASES)  # what a full apply would need
     if not args.json:
         present.print_inventory_check(out, inv)
     result = {
@@ -346,11 +348,12 @@ def _plan_exit(states: dict[str, str]) -> int:
 
 def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool = False) -> Outcome:
     from provision import apply as apply_mod
-    from provision import present
+    from provision import inventory, present
 
     opts = _apply_options(args, plan)
     inv = _load(args, err)
-    inv.scope(args.limit)  # validate before asking anything
+    # validate before asking anything: the scope, and what the roles of the chosen phases require of it
+    inventory.require(inv, inv.scope(args.limit), opts.tags or apply_mod.PHASES)
     if not plan:
         _confirm(args, err)
     result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")

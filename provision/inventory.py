@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from provision import secrets
+from provision import arg_specs, secrets
 from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
 from provision.errors import EMPTY_LIMIT, InventoryError, UsageError, one_line
 from provision.paths import example_inventory_dir, module_util, roles_dir
@@ -577,11 +577,51 @@ def _check_model_source(host: Host) -> list[tuple[str, str, str]]:
     return [(host.where("sglang_model_source"), host.name, f"sglang_model_source: {p}") for p in problems]
 
 
+# variables with rules of their own here, stricter than their argument spec's type: checked once, by those
+CHECKED_BY_OWN_RULES = frozenset({*VARIABLE_TYPES, "proxmox_vmid", "proxmox_ct_spec", "sglang_model_source"})
+
+
+def _check_specs(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) against the argument specs of the roles that run on the host (provision/arg_specs.py)."""
+    found = arg_specs.host_problems(host.groups, host.vars, is_template, from_vault, CHECKED_BY_OWN_RULES)
+    return [(host.where(var) if var in host.vars else host.where(), host.name, problem) for var, problem in found]
+
+
+def require(inv: Inventory, hosts: list[str], phases: list[str] | tuple[str, ...]) -> None:
+    """InventoryError naming every variable a run of these phases on these hosts would need and does not have."""
+    problems = required_problems(inv, hosts, list(phases))
+    if problems:
+        raise InventoryError(problems)
+
+
+def required_problems(inv: Inventory, hosts: list[str], phases: list[str]) -> list[str]:
+    """One line per variable the roles of these phases (and the facts step) require of these hosts that the inventory
+    leaves unset or empty: said before a run that would need it, and by `inventory check` for every phase."""
+    playbooks = ("facts", *phases)
+    found = [
+        (host.where(var) if var in host.vars else host.where(), host.name, problem)
+        for host in (inv.hosts[name] for name in sorted(hosts))
+        for var, problem in arg_specs.missing(host.groups, host.vars, playbooks)
+    ]
+    return _per_source(found)
+
+
+def unknown_variable_warnings(inv: Inventory) -> list[str]:
+    found = [
+        (host.where(var), host.name, f"{var}: {why}")
+        for host in sorted(inv.hosts.values(), key=lambda h: h.name)
+        for var, why in arg_specs.host_unknown(host.groups, host.vars)
+        if var not in REMOVED_VARIABLES  # warned about with what replaced it
+    ]
+    return _per_source(found)
+
+
 def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     """Return one line per problem; an empty list means the inventory is usable."""
     problems = _check_groups(inv)
     hosts = sorted(inv.hosts.values(), key=lambda h: h.name)
     problems += _per_source([p for host in hosts for p in _check_types(host)])
+    problems += _per_source([p for host in hosts for p in _check_specs(host)])
     problems += _per_source([p for host in hosts for p in _check_rendered(host)])
     problems += _per_source(
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
@@ -666,4 +706,5 @@ def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_c
     if problems:
         raise InventoryError(problems)
     inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
+    inv.warnings += unknown_variable_warnings(inv)
     return inv

@@ -36,11 +36,18 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank[item.path])
 
 
+# the one variable the roles require of every container (roles/sglang/meta/argument_specs.yml)
+CONTAINER_VARS = {"sglang_model_path": "/srv/models/test-model"}
+
+
 def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> Path:
-    """hosts: {group: {host: vars}}"""
+    """hosts: {group: {host: vars}}; gpu_containers get CONTAINER_VARS in their group_vars unless the test sets them."""
     path.mkdir(parents=True, exist_ok=True)
     doc = {"all": {"children": {g: {"hosts": h} for g, h in hosts.items()}}}
     (path / "hosts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    group_vars = {**(group_vars or {})}
+    if "gpu_containers" in hosts:
+        group_vars["gpu_containers"] = {**CONTAINER_VARS, **group_vars.get("gpu_containers", {})}
     if group_vars:
         (path / "group_vars").mkdir(exist_ok=True)
         for group, values in group_vars.items():

@@ -12,8 +12,9 @@ description:
     and that cluster's quorum (C(GET /cluster/status)), and on a cluster which guests HA manages
     (C(GET /cluster/resources), their C(hastate)).
   - Fails, with one line naming them, while a guest runs on the node that is not one of the inventory's own
-    containers (I(owned)), unless I(running_guests=allow); and while the cluster has no quorum. In check mode it
-    fails for neither and returns the reason in C(refusal).
+    containers (I(owned)), unless I(running_guests=allow); while the cluster has no quorum; and while HA manages
+    one of the inventory's own containers on the node, whose GPUs stay on the node while maintenance mode would
+    relocate it (pve-ha-manager). In check mode it fails for none of them and returns the reason in C(refusal).
   - PVE lists only the guests a user may audit (VM.Audit on C(/vms/<vmid>)), so the API user must hold VM.Audit on
     C(/vms), propagated (C(GET /access/permissions)); without it the module fails rather than miss a guest.
   - With I(wait_ha_away), once the caller has put the node in HA maintenance mode (C(ha-manager crm-command
@@ -97,9 +98,16 @@ def foreign(guests, owned):
     return [g for g in guests if g["status"] == "running" and not (g["type"] == "lxc" and g["vmid"] in mine)]
 
 
-def refusal(node, cluster, strangers, running_guests):
+def refusal(node, cluster, strangers, running_guests, own_ha=()):
     """Why `node` must not reboot now, as one line (empty: it may)."""
     reasons = []
+    if own_ha:
+        resources = ", ".join(f"{label(g)} (HA resource ct:{g['vmid']}, {g['ha']})" for g in own_ha)
+        reasons.append(
+            f"the inventory's GPU containers are managed by HA: {resources}; HA maintenance mode would relocate them "
+            "to another node, which may not have their GPUs: take them out of HA (ha-manager remove ct:<vmid>, or "
+            "set their state to ignored) before the reboot"
+        )
     if cluster and not cluster["quorate"]:
         reasons.append(
             f"its cluster {cluster['name']} has no quorum (GET /cluster/status: quorate 0): bring the cluster's "
@@ -111,6 +119,13 @@ def refusal(node, cluster, strangers, running_guests):
             + "; stop or migrate them, or set kernel_cmdline_reboot_running_guests: allow"
         )  # fmt: skip
     return f"{node}: not rebooting: " + "; ".join(reasons) if reasons else ""
+
+
+def own_ha(guests, owned):
+    """The inventory's own containers on the node that HA manages: its maintenance mode would move them away from
+    their GPUs (pve-ha-manager Manager.pm: a node in maintenance has its services relocated)."""
+    mine = {int(v) for v in owned}
+    return [g for g in guests if g["ha"] and g["type"] == "lxc" and g["vmid"] in mine]
 
 
 def still_on_node(guests):
@@ -202,7 +217,7 @@ def run(module):
         foreign_running=[label(g) for g in strangers],
         cluster=cluster,
         ha_managed=[label(g) for g in guests if g["ha"]],
-        refusal=refusal(p["node"], cluster, strangers, p["running_guests"]),
+        refusal=refusal(p["node"], cluster, strangers, p["running_guests"], own_ha(guests, p["owned"])),
     )
 
 

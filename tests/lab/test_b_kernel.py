@@ -170,13 +170,13 @@ def test_a_refused_reboot_writes_nothing_on_a_node_that_never_had_the_profile(ho
             before = (node.boot_id(), armed(node), marker(node))
             rc, result, err = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", name)
             assert rc == 1, err[-2000:]
+            assert trial_left(node) == [], f"{name}: refused, yet armed: {trial_left(node)}"
+            assert (node.boot_id(), armed(node), marker(node)) == before, f"{name}: refused, yet something changed"
             message = " ".join(f["message"] for f in result["failures"] if f["host"] == name)
             assert message.startswith(f"{name}: not rebooting: guests running that the inventory does not own"), message
             assert message.endswith(
                 "nothing was written: the boot configuration, the trial entry and the one-shot are as they were"
             ), message
-            assert (node.boot_id(), armed(node), marker(node)) == before, f"{name}: refused, yet something changed"
-            assert trial_left(node) == [], trial_left(node)
         finally:
             if qemu(TENANT).status.current.get()["status"] == "running":
                 wait_task(api, name, qemu(TENANT).status.stop.post())

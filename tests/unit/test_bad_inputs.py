@@ -15,9 +15,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provision import cli
-from tests.conftest import vault_encrypt
+from tests.conftest import CONTAINER_VARS, vault_encrypt
 from tests.unit.test_inventory import GOOD_HOSTS
 
 GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
@@ -115,6 +116,10 @@ FLAGS = [
 
 
 def _write(root: Path, files: dict[str, str | bytes]) -> None:
+    """The inventory's files; its containers get the model path the roles require (tests/conftest.py) unless the
+    case writes their group_vars itself."""
+    if "group_vars/gpu_containers.yml" not in files:
+        files = {**files, "group_vars/gpu_containers.yml": yaml.safe_dump(CONTAINER_VARS)}
     for name, content in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +244,7 @@ class InventoryModule(BaseInventoryPlugin):
             inventory.add_host(host, group=group)
         inventory.set_variable("ct1", "proxmox_host", "pve1")
         inventory.set_variable("ct1", "proxmox_vmid", 110)
+        inventory.set_variable("ct1", "sglang_model_path", "/srv/models/m")
 '''
 
 

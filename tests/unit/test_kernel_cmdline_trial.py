@@ -361,7 +361,9 @@ def stand_in_reboot(tmp_path_factory):
         (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / part)
     reboot = copy / "roles" / "kernel_cmdline" / "tasks" / "reboot.yml"
     tasks = yaml.safe_load(reboot.read_text())
-    # the guest check before a reboot reads the PVE API (tests/unit/test_pve_node_guests.py): none here
+    # the guest check before a reboot reads the PVE API (tests/unit/test_pve_node_guests.py): none here, neither
+    # before anything is written (configure.yml) nor before the reboot
+    (reboot.parent / "before_reboot.yml").write_text("---\n[]\n")
     tasks = [t for t in tasks if t.get("ansible.builtin.include_tasks") != "before_reboot.yml"]
     assert [t["name"] for t in tasks[:2]] == [
         "Reboot into the new kernel command line",

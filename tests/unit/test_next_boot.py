@@ -52,7 +52,10 @@ def test_pcie_peers_with_a_pending_translating_line_are_off_now():
 def test_a_healthy_verdict_of_this_boot_does_not_speak_for_the_next():
     assert p2p.decide("auto", PHB, PASSTHROUGH, HEALTHY, CONTEXT, None, boots(PT))["policy"] == "on"
     decision = p2p.decide("auto", PHB, PASSTHROUGH, HEALTHY, CONTEXT, None, boots(PT, PROFILE))
-    assert decision["policy"] == "off" and "a verdict speaks only for the boot it was taken in, not the next" in decision["reason"]
+    assert (
+        decision["policy"] == "off"
+        and "a verdict speaks only for the boot it was taken in, not the next" in decision["reason"]
+    )
 
 
 def test_a_line_that_drops_iommu_pt_or_cannot_be_read_may_translate_and_turns_p2p_off():

@@ -328,6 +328,13 @@ def _state_cases() -> list[Case]:
              "cluster's nodes back first",
              setup=lambda s: s.pve.lose_quorum(), clear=lambda s: s.pve.regain_quorum(),
              note="with quorum back, the next run passes the check"),
+        Case("own-gpu-ct-ha", "HA manages the inventory's own GPU container on the node (maintenance mode would "
+             "relocate it away from its GPUs: pve-ha-manager)",
+             f"not rebooting: the inventory's GPU containers are managed by HA: CT {VMID} (sglang) (HA resource "
+             f"ct:{VMID}, started); HA maintenance mode would relocate them to another node, which may not have their "
+             "GPUs: take them out of HA (ha-manager remove ct:<vmid>, or set their state to ignored) before the reboot",
+             setup=lambda s: setattr(s.ct, "ha_state", "started"), clear=lambda s: setattr(s.ct, "ha_state", "ignored"),
+             note="with the container's HA state ignored, the next run passes the check"),
         Case("ha-stays", "an HA-managed VM that maintenance mode does not move off the node (1 s wait)",
              f"in HA maintenance mode, VM {TENANT} (snp-tenant) still running on the node after 1s (HA cannot move a "
              "guest bound to the node by a device, a local disk or a rule, or with no other node to take it): not "

@@ -29,7 +29,7 @@ USERS = ("kernel_cmdline", "gpu_diag", "sglang", "sglang_bench", "provision_stat
 DERIVED = {
     "kernel_cmdline": ["_kernel_cmdline_backup_dir", "_kernel_cmdline_changed_marker"],
     "gpu_diag": ["_gpu_diag_dir"],
-    "sglang": ["sglang_node_watch[-1]", "sglang_watch[-5]", "sglang_watch[-4]"],
+    "sglang": ["sglang_node_watch[3]", "sglang_node_watch[-2]", "sglang_watch[-5]", "sglang_watch[-4]"],
     "sglang_bench": ["sglang_bench_results_dir"],
     "provision_state": [],  # its tasks name provision_state_dir itself
 }
