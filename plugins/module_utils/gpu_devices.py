@@ -12,6 +12,8 @@ MAX_DEVICES = 256
 _GPU = re.compile(r"^/dev/nvidia(\d+)$")
 # the nodes every CUDA process opens besides its GPUs'
 CUDA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+# the nvidia-modprobe call that makes each (nvidia-modprobe.c: nvidiactl is minor 255; -u -c 0 makes the uvm nodes)
+MAKES = {"/dev/nvidiactl": "nvidia-modprobe -c 255", "/dev/nvidia-uvm": "nvidia-modprobe -u -c 0"}
 SHARED_NODES = (*CUDA_NODES, "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -76,7 +78,7 @@ def select_nodes(nodes: list[dict], gpus) -> list[dict]:
     chosen = _chosen_gpus(present, gpus)
     for required in CUDA_NODES:
         if required not in by_path:
-            raise DeviceError(f"{required} is missing on the host; CUDA needs it (nvidia-modprobe -u -c0 creates it)")
+            raise DeviceError(f"{required} is missing on the host; CUDA needs it ({MAKES[required]} makes it)")
     selected = [by_path[f"/dev/nvidia{g}"] for g in chosen]
     selected += [by_path[p] for p in SHARED_NODES if p in by_path]
     selected += sorted((n for p, n in by_path.items() if p.startswith("/dev/nvidia-caps/")), key=lambda n: n["path"])
