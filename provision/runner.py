@@ -419,7 +419,8 @@ def run_playbook(
     )
     if not config.playbook_path.is_file():
         raise ProvisionError(f"{config.playbook_path}: packaged playbook not found")
-    pdd = Path(tempfile.mkdtemp(prefix="provision-"))  # 0700
+    watchdog.sweep()  # the private data dirs of runs killed with their watchdog
+    pdd = Path(tempfile.mkdtemp(prefix=watchdog.PREFIX))  # 0700
     started = (time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds"))
     collector = EventCollector(on_update=progress.update if progress else None)
     # should provision die without a word, the watchdog stops the run's processes and removes its private data dir

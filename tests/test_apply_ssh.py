@@ -540,7 +540,8 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
     (root / "group_vars" / "all").mkdir(parents=True)
     (root / "host_vars").mkdir()
     (root / "hosts").write_text(
-        "[proxmox_hosts]\nnode[1:1]\n\n[gpu_containers]\nct[1:1] proxmox_host=node1 proxmox_vmid=100\n\n"
+        "[proxmox_hosts]\nnode[1:1]\n\n[gpu_containers]\nct[1:1] proxmox_host=node1 proxmox_vmid=100 "
+        "sglang_model_path=/srv/models/test-model\n\n"
         "[all:vars]\nansible_host=127.0.0.1\nansible_user=root\nansible_python_interpreter=/usr/bin/python3\n"
     )
     for name in ("node1", "ct1"):
