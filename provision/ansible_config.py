@@ -94,6 +94,26 @@ def config_manager(path: Path | None) -> Any:
     return manager
 
 
+# Settings of the user's environment or ansible.cfg that would silently narrow what provision runs: the phases are
+# chosen with --tags, and a run that skips some of its tasks would still report itself converged.
+SCOPE_SETTINGS = {("TAGS_RUN", None): "--tags", ("TAGS_SKIP", None): "--tags (the phases to run)"}
+
+
+def scope_problems() -> list[str]:
+    """One line per setting of SCOPE_SETTINGS the user's environment or ansible.cfg sets, naming where."""
+    manager = config_manager(user_config_file())
+    problems = []
+    for setting, instead in SCOPE_SETTINGS.items():
+        value, origin = lookup(manager, setting)
+        if origin != "default" and value:
+            said = f"{setting[0].lower()} = {','.join(map(str, value))}"
+            problems.append(
+                f"{origin}: {said} would silently leave tasks of provision's run out: remove it, and choose phases "
+                f"with {instead}"
+            )
+    return problems
+
+
 def lookup(manager: Any, setting: tuple[str, str | None], variables: dict | None = None) -> tuple[Any, str]:
     """(value, origin) as Ansible resolves it: origin is 'default' where the user says nothing."""
     name, plugin = setting

@@ -29,7 +29,14 @@ from typing import Any
 import yaml
 
 from provision import arg_specs, secrets
-from provision.ansible_config import CONNECTION_PLUGINS, config_manager, lookup, plugin_definitions, user_config_file
+from provision.ansible_config import (
+    CONNECTION_PLUGINS,
+    config_manager,
+    lookup,
+    plugin_definitions,
+    scope_problems,
+    user_config_file,
+)
 from provision.errors import EMPTY_LIMIT, InventoryError, UsageError, one_line
 from provision.paths import example_inventory_dir, module_util, roles_dir
 
@@ -629,7 +636,7 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)
-    return problems + host_key_checking_problems(inv, host_key_checking)
+    return problems + host_key_checking_problems(inv, host_key_checking) + scope_problems()
 
 
 @functools.cache

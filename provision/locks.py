@@ -31,11 +31,13 @@ a while (its reboot) misses a renewal or two, and is renewed at the next.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -121,15 +123,30 @@ def controller_lock_path(inventory: Path) -> Path:
     return lock_dir() / f"{resolved.name}-{digest}.lock"
 
 
+def _refuse_shared_dir(directory: Path) -> None:
+    """The lock's directory must be this user's and writable by nobody else: in a shared one ($XDG_CACHE_HOME set to
+    a shared path), another user could plant a link at a lock's name, or take the lock away."""
+    st = directory.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ProvisionError(
+            f"{directory}: the lock directory must be a directory of this user that no other user can write "
+            f"(it is {stat.filemode(st.st_mode)}, owner uid {st.st_uid}): fix it, or set XDG_CACHE_HOME to one"
+        )
+
+
 @contextmanager
 def controller_lock(inventory: Path, holder: Holder) -> Iterator[Path]:
     """Hold the inventory's controller lock while the body runs; LockHeld naming the holder if another run has it."""
     path = controller_lock_path(inventory)
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by ansible-playbook (PEP 446)
+        _refuse_shared_dir(path.parent)
+        # O_NOFOLLOW: a link planted at the lock's name would make the truncate below hit the file it names;
+        # not inherited by ansible-playbook (PEP 446)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise ProvisionError(f"{path}: cannot open the inventory's lock: {exc.strerror or exc}") from None
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or exc
+        raise ProvisionError(f"{path}: cannot open the inventory's lock: {why}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -219,6 +219,24 @@ def test_environment_that_turns_host_key_checking_off(workdir, capsys, monkeypat
     assert code == 2 and len(err) == 1 and "ANSIBLE_SSH_HOST_KEY_CHECKING" in err[0] and "host key" in err[0]
 
 
+@pytest.mark.parametrize(
+    ("variable", "cfg"), [("ANSIBLE_SKIP_TAGS", None), ("ANSIBLE_RUN_TAGS", None), (None, "[tags]\nskip = sglang\n")]
+)
+def test_tags_of_the_environment_or_ansible_cfg_that_would_narrow_the_run(workdir, capsys, monkeypatch, variable, cfg):
+    """Ansible would apply them to provision's playbooks: a phase, or part of one, left out with no word, and the
+    run still reported converged. Refused, naming where the setting comes from."""
+    _write(workdir / "inv", {"hosts.yml": GOOD})
+    workdir.chmod(0o755)  # Ansible reads no ansible.cfg from a world-writable directory
+    if variable:
+        monkeypatch.setenv(variable, "sglang")
+    else:
+        (workdir / "ansible.cfg").write_text(cfg)
+    code, err, _ = _run(["plan", "-i", str(workdir / "inv"), "--runs-dir", str(workdir / "runs")], capsys)
+    where = f"env: {variable}" if variable else str(workdir / "ansible.cfg")
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {where}: tags_"), err
+    assert "would silently leave tasks of provision's run out: remove it, and choose phases with --tags" in err[0]
+
+
 STATIC_PLUGIN = '''\
 DOCUMENTATION = """
 name: static

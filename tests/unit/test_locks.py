@@ -40,6 +40,29 @@ def test_the_lock_file_is_named_after_the_resolved_inventory(tmp_path, cache, mo
     assert path != locks.controller_lock_path(tmp_path / "inventory")
 
 
+def test_a_link_planted_at_the_locks_name_is_refused_and_its_target_untouched(tmp_path):
+    """With a shared $XDG_CACHE_HOME another user could plant a link where the lock goes: opened through it, the lock's
+    truncate would empty whatever file it names."""
+    path = locks.controller_lock_path(tmp_path)
+    path.parent.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "precious"
+    victim.write_text("keep me")
+    path.symlink_to(victim)
+    denied = "cannot open the inventory's lock: it is a symbolic link"
+    with pytest.raises(ProvisionError, match=denied), locks.controller_lock(tmp_path, _holder()):
+        pytest.fail("the lock was taken through a link")
+    assert victim.read_text() == "keep me"
+
+
+def test_a_lock_directory_other_users_can_write_is_refused(tmp_path):
+    path = locks.controller_lock_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.parent.chmod(0o777)
+    denied = r"the lock directory must be a directory of this user that no other user can write \(it is drwxrwxrwx"
+    with pytest.raises(ProvisionError, match=denied), locks.controller_lock(tmp_path, _holder()):
+        pytest.fail("the lock was taken in a directory anyone can write")
+
+
 def test_a_second_run_is_refused_naming_the_holder_and_the_lock(tmp_path):
     first = _holder()
     with locks.controller_lock(tmp_path, first) as path:
