@@ -5,16 +5,30 @@ The command line (`provision.cli`) is a thin shell over this package's Python AP
 and one module per capability (`apply`, `verify`, ...) builds on those.
 """
 
+import functools
 import os
 import warnings
-from importlib.metadata import PackageNotFoundError, version
 
 from cryptography.utils import CryptographyDeprecationWarning
 
-try:
-    __version__ = version("provision")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+source"
+
+@functools.cache
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("provision")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0.0.0+source"
+
+
+def __getattr__(name: str) -> str:
+    """`provision.__version__`, read from the installed metadata when first asked for: importlib.metadata is most
+    of the package's import time, which a process that never asks (the run's watchdog) does not pay."""
+    if name == "__version__":
+        return _version()
+    raise AttributeError(name)
+
 
 # cryptography's deprecation notices (DSA, raised when ansible-core imports its ssh-agent support) are addressed to
 # the developers of the library that imports the algorithm, not to provision's user: all of them are silenced in
