@@ -141,8 +141,8 @@ def test_check_reports_changes_without_making_them(hosts, runs):
         assert any("reboot pending" in m for m in result["reports"][name])
 
 
-# the systemd-boot EFI variables that choose what the next boot runs (systemd-boot's loader interface): the others
-# are written by systemd at run time (LoaderSystemToken, the timing ones), whatever provision does
+# the systemd-boot EFI variables that choose what the next boot runs (systemd-boot's loader interface); the others
+# are the loader's and systemd's reports (timings, features, the system token), which say nothing of the next boot
 BOOT_CHOOSING = ("LoaderEntryOneShot", "LoaderEntryDefault", "LoaderConfigTimeoutOneShot", "LoaderConfigTimeout")
 
 
