@@ -80,6 +80,10 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "nothing changed; the host lock may be this run's (the next run from this controller takes it over)",
         "nothing changed",
     ),
+    "Plan the merge, writing nothing": (
+        "nothing changed: the merge of the kernel arguments was being planned in check mode",
+        "nothing changed: the merge of the kernel arguments was planned in check mode",
+    ),
     "Merge the wanted arguments into the bootloader's kernel command line": (
         "kernel command line (or, for a trial boot, a one-shot entry) being written (a backup is kept), boot config "
         "not regenerated, not rebooted: the next run removes a trial entry left behind",

@@ -129,7 +129,7 @@ CITED = [
         LAB_SGLANG + "test_a_server_that_never_becomes_ready_fails_within_the_timeout[env]", True, False),
     Row("SIGINT while the first node runs the kernel phase (a reboot due)", "kernel",
         "`error: interrupted by SIGINT: run record …`, exit 130; the record `interrupted`, naming the node's last task "
-        "(the merge of the arguments, not finished) and what it leaves", "no process of the run left, no host lock "
+        "(the plan of the merge, not finished) and what it leaves", "no process of the run left, no host lock "
         "left, neither node rebooted nor its boot configuration changed",
         "yes: the next test's `apply --tags kernel` reboots each node once into the line",
         LAB_KERNEL + "test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record", True, True),
