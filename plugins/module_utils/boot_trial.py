@@ -36,6 +36,8 @@ import re
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import merge
 
 TRIAL_ID = "provision-trial"
+# systemd-boot's EFI variables (its loader interface), by name: LoaderEntryOneShot, LoaderEntrySelected, ...
+LOADER_VARS = "/sys/firmware/efi/efivars/{}-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 SDBOOT_ENTRY = TRIAL_ID + ".conf"
 TRIAL_TITLE = "provision trial boot of a new kernel command line"
 # the delimited block of /boot/grub/custom.cfg that is ours; everything outside it is the user's and stays

@@ -39,13 +39,17 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import next_boot
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import SDBOOT_ENTRY, efi_string
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import (
+    LOADER_VARS,
+    SDBOOT_ENTRY,
+    efi_string,
+)
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_findings import default_domain as domain_in
 
 GRUB_CFG = "/boot/grub/grub.cfg"
 GRUB_CUSTOM = "/boot/grub/custom.cfg"
 GRUBENV = "/boot/grub/grubenv"
-ONESHOT = "/sys/firmware/efi/efivars/LoaderEntryOneShot-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+ONESHOT = LOADER_VARS.format("LoaderEntryOneShot")
 # the shell's word for the line grub-mkconfig writes: it sources the same files in the same order
 GRUB_CONFIGURED = (
     "GRUB_CMDLINE_LINUX= GRUB_CMDLINE_LINUX_DEFAULT=; . /etc/default/grub; "

@@ -173,7 +173,7 @@ GRUB_DIR = "/boot/grub"
 GRUBENV = "/boot/grub/grubenv"
 EFI_DIR = "/sys/firmware/efi"
 # systemd-boot's variables (the Boot Loader Interface): efivarfs names them <name>-<vendor GUID>
-LOADER_VARS = "/sys/firmware/efi/efivars/{}-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+LOADER_VARS = boot_trial.LOADER_VARS
 TRIAL_RECORD = "trial.json"  # in backup_dir: a trial entry was written and not yet removed
 ACTIONS = ("configure", "verify_generated", "restore", "running", "findings", "mark_changed", "trial_remove")
 
