@@ -39,7 +39,9 @@ context: {description: "{boot_id, cmdline, iommu, driver_version, gpus}: what a 
 recorded_at: {description: the node's clock now (stored with a verdict taken now), type: float, returned: always}
 guard:
   description: "for an on that holds only while the IOMMU arguments ({iommu_args}, the arguments of iommu_keys) or
-    the boot ({boot_id}) are the ones decided in: what the unit's start guard compares; null otherwise"
+    the boot are the ones decided in: what the unit's start guard compares; null otherwise. For a boot, it is the
+    container's own boot id ({container_boot_id}): LXC gives each container start its own, and every node boot
+    starts the container again, so a changed one covers every node reboot (and a restart of the container alone)"
   type: dict
   returned: always
 next_boot: {description: "the lines the node may boot next, each {source, cmdline, iommu: {translates, source}}",
@@ -87,6 +89,16 @@ def container_gpus(module):
     return {"gpus": gpus, "links": unknown_links(gpus, "no answer from nvidia-smi")}, nodes
 
 
+def container_boot_id(path="/proc/sys/kernel/random/boot_id"):
+    """This container's boot id: LXC mounts a fresh random one over the node's at each container start (lxc
+    conf.c, lxc_setup_boot_id), so the node's boot id cannot be read here; None where it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def start_guard(decision, node):
     """What the unit's start guard compares with the boot it starts in, for a policy of "on" that holds only while
     the IOMMU arguments (and for a verdict, the boot) are the ones it was decided in; None where nothing is to check."""
@@ -94,7 +106,7 @@ def start_guard(decision, node):
     if holds_while is None:
         return None
     return dict(iommu_args=" ".join(iommu_args(node.get("cmdline"))), iommu_keys=list(IOMMU_KEYS),
-                boot_id=node.get("boot_id") if holds_while == "boot" else None)  # fmt: skip
+                container_boot_id=container_boot_id() if holds_while == "boot" else None)  # fmt: skip
 
 
 def main():

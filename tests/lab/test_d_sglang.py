@@ -290,6 +290,10 @@ def test_a_verdict_counts_only_in_the_context_it_was_taken_in(lab, ct, lab_inven
             "Translated); diagnostic verdict healthy in this context: every peer copy was bit-exact"
         )
         assert "NCCL_P2P_DISABLE" not in process(ct)[1]
+        # a verdict binds P2P to the boot it was taken in: the unit's start guard compares the container's own boot
+        # id (LXC and nspawn give each container start a fresh one), so a restart of the unit alone keeps it on
+        assert ct.ssh("systemctl restart sglang").returncode == 0
+        assert "NCCL_P2P_DISABLE" not in process(ct)[1]
     finally:
         ct.ssh(f"rm -f {VERDICT}")
 

@@ -70,7 +70,7 @@ def guard(tmp_path, monkeypatch, iommu_args: str, boot_id: str | None = None):
     variables = {
         "ansible_managed": "managed", "sglang_service_name": "sglang", "tp": 2,
         "_sglang_p2p": {"reason": "PCIe peers (GPU0-GPU1 PHB), and the IOMMU does not translate",
-                        "guard": {"iommu_args": iommu_args, "iommu_keys": keys, "boot_id": boot_id}},
+                        "guard": {"iommu_args": iommu_args, "iommu_keys": keys, "container_boot_id": boot_id}},
     }  # fmt: skip
     variables["_sglang_p2p_off"] = off(2)
     source = (ROOT / "roles" / "sglang" / "templates" / "p2p-guard.py.j2").read_text()
@@ -111,7 +111,7 @@ def test_a_verdicts_guard_holds_in_its_own_boot_only(tmp_path, monkeypatch, caps
     start = guard(tmp_path, monkeypatch, "", boot_id="boot-1")
     assert start("ro quiet", boot="boot-1") == ""
     assert start("ro quiet", boot="boot-2").startswith("NCCL_P2P_DISABLE=1\n")
-    assert "the node rebooted since (boot boot-1 then, boot-2 now)" in capsys.readouterr().err
+    assert "the container or its node restarted since (boot boot-1 then, boot-2 now)" in capsys.readouterr().err
 
 
 def test_verify_names_the_guard_when_it_started_the_server_with_p2p_off():
