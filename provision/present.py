@@ -242,9 +242,16 @@ def print_capacity(console: Console, report: VerifyReport) -> None:
             details += f", {cap['kv_bytes_per_token_per_gpu']:,} KV bytes/token/GPU ({cap['kv_pool_gib_per_gpu']} GiB)"
         console.print(escape(details))
         for p in cap.get("predictions", []):
-            console.print(
-                escape(f"  {p['what']}: {p['max_total_num_tokens']:,} tokens, {p['full_context_sessions']} sessions")
-            )
+            console.print(escape(f"  {prediction_line(p)}"))
+
+
+def prediction_line(p: dict) -> str:
+    """One capacity prediction in words, for each shape capacity.predict returns: it fits (tokens and sessions), it
+    does not fit (fits False), or it cannot be told (fits None); the last two with their reason."""
+    if p.get("fits"):
+        return f"{p['what']}: {p['max_total_num_tokens']:,} tokens, {p['full_context_sessions']} sessions"
+    said = "does not fit" if p.get("fits") is False else "cannot be predicted"
+    return f"{p['what']}: {said}: {p.get('why') or 'no reason given'}"
 
 
 def print_capacity_run(console: Console, report: VerifyReport) -> None:
