@@ -11,11 +11,15 @@ A node proves SEV-SNP when all of these hold (pve-docs qm.adoc, "AMD SEV"; AMDES
   - `kvm_amd: SEV-SNP enabled (ASIDs 1 - 99)`: arch/x86/kvm/svm/sev.c, "SEV-SNP %s (ASIDs %u - %u)";
   - `ccp 0000:01:00.5: SEV-SNP API:1.55 build:24` with firmware 1.51 or later:
     drivers/crypto/ccp/sev-dev.c, "SEV-SNP API:%d.%d build:%d" (or "SEV API:..." when only SEV came up);
-  - `SEV-SNP: RMP table physical range [0x... - 0x...]`: arch/x86/virt/svm/sev.c snp_probe_rmptable_info();
+  - the RMP table, arch/x86/virt/svm/sev.c snp_probe_rmptable_info(): `SEV-SNP: RMP table physical range
+    [0x... - 0x...]` for a contiguous RMP, or on a segmented RMP (EPYC 9005, Linux 6.14 and later)
+    `SEV-SNP: RMP segment table physical address [0x... - 0x...]`, then one `RMP segment N physical address
+    [...] covering [...]` line per segment (segmented_rmptable_setup);
   - `AMD-Vi: IOMMU SNP support enabled.`: drivers/iommu/amd/init.c iommu_snp_enable().
 
 Every reason given for a missing prerequisite is one line and true: a kernel older than 6.11 is named as
-that, not as "kvm_amd not loaded" (such a kernel has no sev_snp parameter at all).
+that, not as "kvm_amd not loaded" (such a kernel has no sev_snp parameter at all), and `sev=nosnp` on the kernel
+line (arch/x86/virt/svm/cmdline.c: it clears the SNP feature on the host) is named, not the CPU or BIOS.
 """
 
 from __future__ import annotations
@@ -24,15 +28,27 @@ import os
 import re
 
 MIN_KERNEL = (6, 11)
+NOSNP_FIX = "the SNP profile removes it; take it out of kernel_cmdline_extra_args"
 MIN_FIRMWARE = (1, 51)
 SEV_SNP_PARAM = "/sys/module/kvm_amd/parameters/sev_snp"
 
 KVM_SNP = re.compile(r"SEV-SNP (enabled|disabled|unusable) \(ASIDs (\d+) - (\d+)\)")
 FIRMWARE = re.compile(r"SEV(-SNP)? API:(\d+)\.(\d+) build:(\d+)")
-RMP_RANGE = re.compile(r"SEV-SNP: RMP table physical range \[(0x[0-9a-fA-F]+) - (0x[0-9a-fA-F]+)\]")
+RMP_RANGE = re.compile(
+    r"SEV-SNP: RMP (?:table physical range|segment table physical address) \[(0x[0-9a-fA-F]+) - (0x[0-9a-fA-F]+)\]"
+)
+RMP_NOT_COVERED = re.compile(r"SEV-SNP: Segmented RMP does not cover full system RAM[^\n]*")
 RMP_NOT_RESERVED = re.compile(r"SEV-SNP: Memory for the RMP table has not been reserved by BIOS")
 IOMMU_SNP = re.compile(r"AMD-Vi: IOMMU SNP support enabled")
 IOMMU_REFUSED = re.compile(r"SNP: [^\n]*SNP cannot be supported\.?")
+
+
+def nosnp(line: str | None) -> bool:
+    """Whether a kernel line turns SNP off on the host: `sev=` takes comma-separated options, `nosnp` among them
+    (arch/x86/virt/svm/cmdline.c, init_sev_config)."""
+    return any(
+        arg.startswith("sev=") and "nosnp" in arg[len("sev=") :].strip('"').split(",") for arg in (line or "").split()
+    )
 
 
 def kernel_version(release: str) -> tuple[int, int] | None:
@@ -56,9 +72,12 @@ def firmware_version(dmesg: str) -> tuple[int, int] | None:
     return found.get(True) or found.get(False)
 
 
-def evidence(dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_param: str | None) -> dict:
+def evidence(
+    dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_param: str | None, cmdline: str | None = None
+) -> dict:
     """What the node shows, as found (None where absent); dmesg None means it could not be read."""
     text = dmesg or ""
+    not_covered = RMP_NOT_COVERED.search(text)
     snp = KVM_SNP.search(text)
     rmp = RMP_RANGE.search(text)
     iommu = IOMMU_SNP.search(text)
@@ -72,6 +91,8 @@ def evidence(dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_para
         "firmware": "{}.{}".format(*firmware) if firmware else None,
         "rmp_range": rmp.group(0) if rmp else None,
         "rmp_not_reserved": bool(RMP_NOT_RESERVED.search(text)),
+        "rmp_not_covered": not_covered.group(0) if not_covered else None,
+        "nosnp": nosnp(cmdline),
         "iommu_snp_line": iommu.group(0) if iommu else None,
         "iommu_refused": (IOMMU_REFUSED.search(text).group(0) if IOMMU_REFUSED.search(text) else None),
     }
@@ -105,8 +126,10 @@ def _dmesg_reasons(ev: dict) -> list[str]:
         reasons.append(
             "the BIOS did not reserve the RMP table (enable SNP memory coverage)"
             if ev["rmp_not_reserved"]
-            else "dmesg has no 'SEV-SNP: RMP table physical range' line"
+            else "dmesg has no 'SEV-SNP: RMP table physical range' (or 'RMP segment table physical address') line"
         )
+    elif ev.get("rmp_not_covered"):
+        reasons.append(f"dmesg says '{ev['rmp_not_covered']}' (the BIOS's SNP memory coverage)")
     if ev["iommu_snp_line"] is None:
         refused = ev["iommu_refused"]
         reasons.append(
@@ -119,28 +142,36 @@ def missing(ev: dict) -> list[str]:
     """Each missing prerequisite, one true line each; an empty list proves SEV-SNP."""
     too_old = kernel_too_old(ev["kernel"])
     reasons = [too_old] if too_old else []
+    if ev.get("nosnp"):
+        reasons.append(f"this boot's kernel line has sev=nosnp, which turns SEV-SNP off on the host ({NOSNP_FIX})")
     if not too_old:  # an older kernel has no sev_snp parameter: that is the kernel's age, already named
         param = _param_reason(ev)
         reasons += [param] if param else []
     return reasons + _dmesg_reasons(ev)
 
 
-def proof(dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_param: str | None) -> dict:
+def proof(
+    dmesg: str | None, release: str, kvm_amd_loaded: bool, sev_snp_param: str | None, cmdline: str | None = None
+) -> dict:
     """{'proven', 'missing', 'evidence'} for one boot of a node."""
-    ev = evidence(dmesg, release, kvm_amd_loaded, sev_snp_param)
+    ev = evidence(dmesg, release, kvm_amd_loaded, sev_snp_param, cmdline)
     gaps = missing(ev)
     return {"proven": not gaps, "missing": gaps, "evidence": ev}
 
 
 def node_proof(kernel_log: str | None) -> dict:
     """`proof` for the node this runs on: its kernel log of this boot (None: not readable), the running kernel's
-    release, and kvm_amd's parameter."""
+    release, kvm_amd's parameter and this boot's kernel line."""
+    param, cmdline = _read(SEV_SNP_PARAM), _read("/proc/cmdline")
+    return proof(kernel_log, os.uname().release, os.path.isdir("/sys/module/kvm_amd"), param, cmdline)
+
+
+def _read(path: str) -> str | None:
     try:
-        with open(SEV_SNP_PARAM) as f:
-            param = f.read()
+        with open(path) as f:
+            return f.read()
     except OSError:
-        param = None
-    return proof(kernel_log, os.uname().release, os.path.isdir("/sys/module/kvm_amd"), param)
+        return None
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:
@@ -152,12 +183,15 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def before_reboot(cpuinfo: str, boot_release: str) -> list[str]:
-    """What can be checked before rebooting into the SNP profile: the CPU flag and the kernel that will boot.
-    The flag (arch/x86/include/asm/cpufeatures.h X86_FEATURE_SEV_SNP, "sev_snp") is cleared by the kernel
-    when the BIOS has not enabled SNP or reserved the RMP table (arch/x86/kernel/cpu/amd.c)."""
+def before_reboot(cpuinfo: str, boot_release: str, running_line: str = "", next_line: str | None = None) -> list[str]:
+    """What can be checked before rebooting into the SNP profile: the CPU flag, the kernel that will boot, and the
+    line it boots with. The flag (arch/x86/include/asm/cpufeatures.h X86_FEATURE_SEV_SNP, "sev_snp") is cleared by
+    the kernel when the BIOS has not enabled SNP or reserved the RMP table (arch/x86/kernel/cpu/amd.c), and by
+    sev=nosnp on this boot's line: then the BIOS cannot be judged from this boot, and the boot after decides."""
     reasons = []
-    if "sev_snp" not in cpu_flags(cpuinfo):
+    if nosnp(next_line):
+        reasons.append(f"the line the node boots next has sev=nosnp, which turns SEV-SNP off on the host ({NOSNP_FIX})")
+    if "sev_snp" not in cpu_flags(cpuinfo) and not nosnp(running_line):
         reasons.append(
             "the CPU flag sev_snp is missing from /proc/cpuinfo "
             "(a CPU or BIOS without SEV-SNP: check SMEE, SEV-SNP and SNP memory coverage)"

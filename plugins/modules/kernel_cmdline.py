@@ -597,11 +597,11 @@ SNP_OFF_HINT = (
 )
 
 
-def refuse_unbootable_snp(module, bootloader, changes, running_check):
+def refuse_unbootable_snp(module, bootloader, changes, running_check, planned_line):
     """Fail before writing anything when this run would lead to a reboot into SNP that cannot come up."""
     if not module.params["snp_required"] or not (changes or running_check["reboot_needed"]):
         return []
-    gaps = snp_before_reboot(bootloader)
+    gaps = snp_before_reboot(bootloader, planned_line)
     if gaps:
         module.fail_json(
             msg=f"cannot boot into SEV-SNP: {'; '.join(gaps)}; nothing was changed; {SNP_OFF_HINT}",
@@ -616,7 +616,7 @@ def configure(module, bootloader, add, remove):
     planner = plan_grub if bootloader == "grub" else plan_systemd_boot
     changes, before, result, notes = planner(module, add, remove)
     running_check = {k: v for k, v in running(add, remove).items() if k != "changed"}
-    snp_gaps = refuse_unbootable_snp(module, bootloader, changes, running_check)
+    snp_gaps = refuse_unbootable_snp(module, bootloader, changes, running_check, result["line"])
     trial = plan_trial(module, bootloader, changes, running_check)
     out = dict(
         changed=bool(changes) or bool(trial_removed),
@@ -788,9 +788,10 @@ def next_boot_release(bootloader):
     return os.uname().release
 
 
-def snp_before_reboot(bootloader):
-    """The SEV-SNP prerequisites that can be checked before a reboot, missing on this node."""
-    return before_reboot(read_text("/proc/cpuinfo") or "", next_boot_release(bootloader))
+def snp_before_reboot(bootloader, planned_line):
+    """The SEV-SNP prerequisites that can be checked before a reboot into `planned_line`, missing on this node."""
+    cpuinfo, running_line = read_text("/proc/cpuinfo") or "", read_text("/proc/cmdline") or ""
+    return before_reboot(cpuinfo, next_boot_release(bootloader), running_line, planned_line)
 
 
 def run_tool(module):

@@ -69,7 +69,7 @@ def test_the_lab_kernel_without_any_snp_line_names_every_gap():
         "kernel 6.1.0-57-amd64 is older than 6.11, the first with SEV-SNP host support",
         "dmesg has no 'kvm_amd: SEV-SNP enabled' line",
         "dmesg has no SEV firmware version ('SEV-SNP API:' line from ccp)",
-        "dmesg has no 'SEV-SNP: RMP table physical range' line",
+        "dmesg has no 'SEV-SNP: RMP table physical range' (or 'RMP segment table physical address') line",
         "dmesg has no 'AMD-Vi: IOMMU SNP support enabled'",
     ]
 
@@ -89,7 +89,7 @@ def test_kvm_amd_not_loaded_on_a_new_kernel():
     [
         ((KVM_SNP,), "dmesg has no 'kvm_amd: SEV-SNP enabled' line"),
         ((CCP_SEV, CCP_SNP), "dmesg has no SEV firmware version ('SEV-SNP API:' line from ccp)"),
-        ((RMP,), "dmesg has no 'SEV-SNP: RMP table physical range' line"),
+        ((RMP,), "dmesg has no 'SEV-SNP: RMP table physical range' (or 'RMP segment table physical address') line"),
         ((AMD_VI,), "dmesg has no 'AMD-Vi: IOMMU SNP support enabled'"),
     ],
     ids=["kvm-snp-line", "firmware-line", "rmp-range", "amd-vi"],
@@ -128,6 +128,52 @@ def test_rmp_table_not_reserved_by_the_bios():
     # arch/x86/virt/svm/sev.c snp_probe_rmptable_info(): pr_fmt "SEV-SNP: " + the pr_err text
     log = without(RMP) + "\nSEV-SNP: Memory for the RMP table has not been reserved by BIOS\n"
     assert prove(dmesg=log)["missing"] == ["the BIOS did not reserve the RMP table (enable SNP memory coverage)"]
+
+
+# rendered from arch/x86/virt/svm/sev.c (Linux 6.14) printk formats on a segmented RMP (EPYC 9005):
+# probe_segmented_rmptable_info() "RMP segment table physical address [0x%016llx - 0x%016llx]" and
+# segmented_rmptable_setup() "RMP segment %u physical address [%#llx - %#llx] covering [%#llx - %#llx]", with
+# pr_fmt "SEV-SNP: "
+RMP_SEGMENTED = [
+    "[    0.000000] SEV-SNP: RMP segment table physical address [0x0000000088c00000 - 0x0000000088d04000]",
+    "[    1.262187] SEV-SNP: RMP segment 0 physical address [0x88d04000 - 0x98d03fff] covering [0x0 - 0xfffffffff]",
+    "[    1.262190] SEV-SNP: RMP segment 1 physical address [0x99000000 - 0xa8ffffff] covering "
+    "[0x1000000000 - 0x1fffffffff]",
+]
+
+
+def test_a_segmented_rmp_proves_snp():
+    result = prove(dmesg=without(RMP) + "\n" + "\n".join(RMP_SEGMENTED) + "\n")
+    assert result["proven"], result["missing"]
+    assert result["evidence"]["rmp_range"].endswith("[0x0000000088c00000 - 0x0000000088d04000]")
+
+
+def test_a_segmented_rmp_that_does_not_cover_ram_is_named():
+    # segmented_rmptable_setup(): pr_err "Segmented RMP does not cover full system RAM (expected 0x%llx got 0x%llx)"
+    log = without(RMP) + "\n" + RMP_SEGMENTED[0] + "\n"
+    log += "SEV-SNP: Segmented RMP does not cover full system RAM (expected 0x2000000000 got 0x1000000000)\n"
+    assert prove(dmesg=log)["missing"] == [
+        "dmesg says 'SEV-SNP: Segmented RMP does not cover full system RAM (expected 0x2000000000 got 0x1000000000)' "
+        "(the BIOS's SNP memory coverage)"
+    ]
+
+
+@pytest.mark.parametrize("arg", ["sev=nosnp", "sev=debug,nosnp", 'sev="nosnp"'])
+def test_sev_nosnp_on_the_line_is_named_not_the_cpu_or_bios(arg):
+    # arch/x86/virt/svm/cmdline.c: sev= takes comma-separated options; nosnp clears X86_FEATURE_SEV_SNP on the host
+    line = f"BOOT_IMAGE=/boot/vmlinuz-{NEW_KERNEL} root=/dev/mapper/pve-root ro {arg} iommu=nopt"
+    result = snp.proof(without(KVM_SNP, AMD_VI), NEW_KERNEL, True, SYSFS_N, line)
+    assert result["missing"][0] == (
+        "this boot's kernel line has sev=nosnp, which turns SEV-SNP off on the host (the SNP profile removes it; take "
+        "it out of kernel_cmdline_extra_args)"
+    )
+    # before a reboot: this boot's flag is gone because of the argument, not the BIOS; the next line decides
+    assert snp.before_reboot(CPUINFO_NO_SNP, NEW_KERNEL, line, line.replace(arg, "")) == []
+    assert snp.before_reboot(CPUINFO_SNP, NEW_KERNEL, "", line) == [
+        "the line the node boots next has sev=nosnp, which turns SEV-SNP off on the host (the SNP profile removes "
+        "it; take it out of kernel_cmdline_extra_args)"
+    ]
+    assert not snp.nosnp("sev=debug kvm_amd.sev_snp=1")
 
 
 def test_unreadable_dmesg_is_not_proof():
