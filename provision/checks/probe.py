@@ -173,7 +173,7 @@ def service(state, env_values=()):
     return out
 
 
-def sglang(state, question, env_values=()):
+def sglang(state, question, env_values=(), max_tokens=256):
     out = {"service": service(state, env_values), "listeners": listeners()}
     if not state.get("url"):  # recorded by an older provision: the checks ask for the sglang phase again
         out["stale"] = "has no url (an older provision wrote it): run provision apply --tags sglang"
@@ -184,7 +184,12 @@ def sglang(state, question, env_values=()):
         model = json.loads(out["models"]["body"])["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
         model = state.get("served_model_name")
-    chat = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 256, "temperature": 0}
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
     out["chat"] = api_call(state, "POST", "/v1/chat/completions", chat)
     out["model_config"] = read(state["model_path"] + "/config.json") if state.get("model_path") else None
     out["weights_bytes"] = weights_total_size(state.get("model_path"))
@@ -216,7 +221,8 @@ def main(request):
     }
     state_text = out["files"].get(request.get("sglang_state", ""))
     if state_text:
-        out["sglang"] = sglang(json.loads(state_text), request["question"], request.get("env_values", []))
+        out["sglang"] = sglang(json.loads(state_text), request["question"], request.get("env_values", []),
+                               request.get("max_tokens", 256))  # fmt: skip
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from provision.paths import module_util, role_default
@@ -11,6 +12,9 @@ from provision.paths import module_util, role_default
 DEFAULT_STATE_DIR = role_default("provision_common", "provision_state_dir")
 SMOKE_QUESTION = "What is 7 * 13?"
 SMOKE_EXPECT = "91"
+# room for a reasoning model to think before it answers the smoke question (a short budget ends inside its
+# reasoning, and the answer comes back empty)
+SMOKE_MAX_TOKENS = 2048
 # the host variables the checks read: playbooks/verify_probe.yml renders these, and only these (the
 # others may hold secrets), through Ansible, so templates, vault and precedence are Ansible's
 HOST_VARS = ("verify_smoke_question", "verify_smoke_expect", "verify_session_tokens", "nvidia_driver_version")
@@ -45,8 +49,28 @@ def probe_request(suites: list[str]) -> dict:
     verify_smoke_question where it has one."""
     if "test_container.py" in suites:
         return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": SERVICE_STATE,
-                "question": SMOKE_QUESTION, "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
+                "question": SMOKE_QUESTION, "max_tokens": SMOKE_MAX_TOKENS,
+                "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
     return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
+
+
+def smoke_failure(status: int, body: str, question: str, expect: str) -> str | None:
+    """Why a chat completion fails the smoke check, in one line; None where the answer holds `expect`. A model that
+    spends the whole budget reasoning (content null, finish_reason length) is named as that."""
+    if status != 200:
+        return f"chat completion answered {status}: {body[:200]}"
+    choice = json.loads(body)["choices"][0]
+    message = choice.get("message") or {}
+    answer = message.get("content")
+    if not (answer or "").strip():
+        why = f"asked {question!r}, the model returned no answer (content {answer!r}, finish_reason "
+        why += f"{choice.get('finish_reason')!r})"
+        if message.get("reasoning_content") and choice.get("finish_reason") == "length":
+            why += f": it was still reasoning when the {SMOKE_MAX_TOKENS} max_tokens ran out"
+        return why
+    if expect not in answer:
+        return f"asked {question!r}, expected {expect!r} in the answer, got {answer[:200]!r}"
+    return None
 
 
 def cannot_read(name: str, error: str) -> str:

@@ -19,6 +19,7 @@ from provision.checks.support import (
     gpu_p2p,
     kernel_faults,
     no_sglang,
+    smoke_failure,
     smoke_question,
 )
 
@@ -143,10 +144,8 @@ def test_smoke_answer(target):
     """A chat completion answers the smoke question with the expected text (default: 7 * 13 -> 91)."""
     question = target.data.get("question") or smoke_question(target.vars)  # what the probe asked, rendered once
     expect = str(target.vars.get("verify_smoke_expect") or SMOKE_EXPECT)
-    status, body = _answer(target, "chat")
-    assert status == 200, f"chat completion answered {status}: {body[:200]}"
-    answer = json.loads(body)["choices"][0]["message"]["content"]
-    assert expect in answer, f"asked {question!r}, expected {expect!r} in the answer, got {answer[:200]!r}"
+    failure = smoke_failure(*_answer(target, "chat"), question, expect)
+    assert failure is None, failure
 
 
 def test_capacity_report(target):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.checks.support import SMOKE_EXPECT, SMOKE_MAX_TOKENS, SMOKE_QUESTION, smoke_failure
 from provision.lab import wheelhouse
 from tests.loaders import load_file
 
@@ -65,13 +66,15 @@ def bound(port: int) -> bool:
 
 
 class Standin:
-    def __init__(self, site: Path, tmp: Path, *args: str, startup_s: float = 0.5, token_delay_s: float = 0.002):
+    def __init__(self, site: Path, tmp: Path, *args: str, startup_s: float = 0.5, token_delay_s: float = 0.002,
+                 think_tokens: int = 0):  # fmt: skip
         self.port = free_port()
         config = tmp / "secrets.yaml"
         config.write_text(json.dumps({"api-key": KEY}) + "\n")
         self.log = (tmp / "standin.log").open("w+")
         env = {**os.environ, "PYTHONPATH": str(site), "SGLANG_LABSERVER_STARTUP_S": str(startup_s),
-               "SGLANG_LABSERVER_TOKEN_DELAY_S": str(token_delay_s)}  # fmt: skip
+               "SGLANG_LABSERVER_TOKEN_DELAY_S": str(token_delay_s),
+               "SGLANG_LABSERVER_THINK_TOKENS": str(think_tokens)}  # fmt: skip
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_labserver.launch_server", "--model-path", "/m", "--port", str(self.port),
              "--config", str(config), *args],
@@ -205,6 +208,24 @@ def test_a_reasoning_parser_returns_reasoning_content_apart_from_the_answer(stan
     plain.wait_ready()
     message = json.loads(plain.call("/v1/chat/completions", body)[1])["choices"][0]["message"]
     assert "91" in message["content"] and message["reasoning_content"] is None
+
+
+def smoke(s: Standin) -> str | None:
+    """verify's smoke check against the stand-in: the request the probe sends, judged as the check judges it."""
+    body = {"messages": [{"role": "user", "content": SMOKE_QUESTION}], "max_tokens": SMOKE_MAX_TOKENS, "temperature": 0}
+    return smoke_failure(*s.call("/v1/chat/completions", body), SMOKE_QUESTION, SMOKE_EXPECT)
+
+
+def test_the_smoke_check_leaves_room_for_a_model_that_thinks_and_names_one_that_never_answers(standin):
+    thinker = standin("--reasoning-parser", "qwen3", think_tokens=300, token_delay_s=0)
+    never = standin("--reasoning-parser", "qwen3", think_tokens=SMOKE_MAX_TOKENS + 100, token_delay_s=0)
+    thinker.wait_ready()
+    never.wait_ready()
+    assert smoke(thinker) is None
+    assert smoke(never) == (
+        "asked 'What is 7 * 13?', the model returned no answer (content None, finish_reason 'length'): it was still "
+        f"reasoning when the {SMOKE_MAX_TOKENS} max_tokens ran out"
+    )
 
 
 def test_sigterm_to_the_parent_alone_drains_the_request_in_flight(standin):

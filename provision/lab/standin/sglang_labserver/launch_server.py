@@ -23,6 +23,9 @@ from sglang_labserver import __version__, engine, server_args
 from sglang_labserver.engine import log
 
 STARTUP_S = float(os.environ.get("SGLANG_LABSERVER_STARTUP_S", "3"))
+# how many tokens a reasoning model thinks before it answers (unset: one short sentence); a long thought spends a
+# small max_tokens before any answer, as a real reasoning model does
+THINK_TOKENS = int(os.environ.get("SGLANG_LABSERVER_THINK_TOKENS", "0"))
 DEFAULT_MAX_TOTAL_TOKENS = 780820  # the scenario's figure
 DEFAULT_CONTEXT = 262144
 # sglang/srt/utils/auth.py l.99-104: matched by prefix, so /health_generate is open too
@@ -92,11 +95,18 @@ def answer(prompt: str) -> str:
 
 
 def reasoning(prompt: str) -> str:
-    """What a reasoning model thinks before it answers (the part between <think> and </think>)."""
+    """What a reasoning model thinks before it answers (the part between <think> and </think>), THINK_TOKENS words
+    long where that is set."""
     m = re.search(r"(-?\d+)\s*([*x\u00d7+\-/])\s*(-?\d+)", prompt)
-    if m:
-        return f"The user asks for {m.group(0)}. I work it out step by step and state the result."
-    return "There is no model behind this stand-in, so I say so."
+    said = (
+        f"The user asks for {m.group(0)}. I work it out step by step and state the result."
+        if m
+        else "There is no model behind this stand-in, so I say so."
+    )
+    words = said.split()
+    if len(words) < THINK_TOKENS:
+        words = words[:-1] + ["checking"] * (THINK_TOKENS - len(words)) + words[-1:]
+    return " ".join(words)
 
 
 def make_handler(state: State):
@@ -232,14 +242,15 @@ def make_handler(state: State):
                 with state.lock:
                     state.inflight -= 1
 
-        def _tokens(self, prompt: str, max_tokens: int, ignore_eos: bool, think: bool = False) -> tuple[list[str], int]:
-            """The words to generate, and how many of them at the front are reasoning."""
+        def _tokens(self, prompt: str, max_tokens: int, ignore_eos: bool, think: bool = False) -> tuple:
+            """The words to generate, how many of them at the front are reasoning, and whether max_tokens cut them."""
             thought = [w + " " for w in reasoning(prompt).split()] if think else []
             words = thought + [w + " " for w in answer(prompt).split()]
             if ignore_eos:
                 words = (words * (max_tokens // max(len(words), 1) + 1))[:max_tokens]
+            cut = bool(max_tokens) and len(words) > max_tokens and not ignore_eos
             words = words[:max_tokens] if max_tokens else words
-            return words, min(len(thought), len(words))
+            return words, min(len(thought), len(words)), cut
 
         def _stream(self, words: list[str]):
             """Each token's text, through the scheduler and detokenizer children."""
@@ -253,7 +264,7 @@ def make_handler(state: State):
             # entrypoints/openai/serving_chat.py: with --reasoning-parser the text before </think> is
             # returned apart, as reasoning_content (protocol.py l.762, 1296, 1357)
             think = chat and bool(state.arg("reasoning_parser")) and body.get("separate_reasoning", True)
-            tokens, n_think = self._tokens(prompt, max_tokens, bool(body.get("ignore_eos")), think)
+            tokens, n_think, cut = self._tokens(prompt, max_tokens, bool(body.get("ignore_eos")), think)
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
             prompt_tokens = max(1, len(prompt.split()))
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),
@@ -285,10 +296,12 @@ def make_handler(state: State):
                 return self._sse_done()
             pieces = list(self._stream(tokens))
             text = "".join(pieces[n_think:]).strip()
-            choice = {"index": 0, "finish_reason": "stop"}
+            # serving_chat.py: finish_reason "length" when max_tokens ran out; content None where the reasoning
+            # parser left no answer text (the whole output was thought)
+            choice = {"index": 0, "finish_reason": "length" if cut else "stop"}
             if chat:
                 thought = "".join(pieces[:n_think]).strip() or None
-                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": thought}
+                choice["message"] = {"role": "assistant", "content": text or None, "reasoning_content": thought}
             else:
                 choice["text"] = text
             self._json(200, {
@@ -302,7 +315,7 @@ def make_handler(state: State):
             if isinstance(prompt, list):
                 prompt = prompt[0] if prompt else ""
             prompt_tokens = len(body.get("input_ids") or []) or max(1, len(str(prompt).split()))
-            tokens, _ = self._tokens(str(prompt), int(params.get("max_new_tokens") or 128),
+            tokens, _, _ = self._tokens(str(prompt), int(params.get("max_new_tokens") or 128),
                                      bool(params.get("ignore_eos")))  # fmt: skip
             rid = uuid.uuid4().hex
             start = time.time()
