@@ -49,6 +49,40 @@ def test_unknown_flags_accept_unique_prefixes_and_skip_values():
     assert sglang_flags.unknown_flags(["--host=0.0.0.0", "--enable-thnig", "--m"], known) == ["--enable-thnig", "--m"]
 
 
+# shaped as sglang 0.5.23's sglang/srt/arg_groups/argparse_actions.py and server_args.py declare them
+ACTIONS = """
+class DeprecatedStoreTrueAction(argparse.Action):
+    def __init__(self, option_strings, dest, new_flag=None, nargs=0, const=True, default=False, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, const=const, default=default, **kwargs)
+
+class LoRAPathAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+"""
+CUSTOM_ARGS = """
+def add_cli_args(parser):
+    parser.add_argument("--disable-cuda-graph", action=DeprecatedStoreTrueAction, new_flag="--x")
+    parser.add_argument("--lora-paths", type=str, nargs="*", action=LoRAPathAction)
+"""
+OPTIONAL_FIELD = """
+class Exec(msgspec.Struct):
+    dllm_fdfo: A[bool, Arg(help="FDFO", action=argparse.BooleanOptionalAction)] = True
+"""
+
+
+def test_custom_and_boolean_optional_actions_take_a_value_only_where_argparse_gives_them_one():
+    actions = sglang_flags.action_nargs_from_source(ACTIONS)
+    assert actions == {"DeprecatedStoreTrueAction": 0, "LoRAPathAction": None}
+    known = {
+        **sglang_flags.flags_from_add_argument_source(CUSTOM_ARGS, actions),
+        **sglang_flags.flags_from_fields_source(OPTIONAL_FIELD, actions),
+    }
+    assert known == {"--disable-cuda-graph": False, "--lora-paths": True, "--dllm-fdfo": False, "--no-dllm-fdfo": False}
+    # the flag after a flag that takes no value is judged, not skipped as its value
+    assert sglang_flags.unknown_flags(["--disable-cuda-graph", "--bogus-flag"], known) == ["--bogus-flag"]
+    assert sglang_flags.unknown_flags(["--no-dllm-fdfo", "--bogus-flag"], known) == ["--bogus-flag"]
+
+
 def test_exec_args_survive_systemd_and_shell_metacharacters():
     value = '/srv/my model; echo $HOME "q" 100% \\ end'
     quoted = sq.systemd_exec_arg(value)

@@ -26,7 +26,7 @@ from tests.loaders import load_file
 
 CACHED_WHEELS = sorted((Path.home() / ".cache/provision/lab/wheels").glob(f"sglang-{wheelhouse.SGLANG_VERSION}-*.whl"))
 KEY = "sk-standin-" + "9f4c21"
-# The flags these tests use, for a machine without the sglang wheel cached (the lab packs all 547)
+# The flags these tests use, for a machine without the sglang wheel cached (the lab packs all 559)
 FEW_FLAGS = {
     "--model-path": True, "--model": True, "--host": True, "--port": True, "--tp-size": True,
     "--api-key": True, "--config": True, "--enable-metrics": False, "--reasoning-parser": True,
