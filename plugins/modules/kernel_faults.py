@@ -13,11 +13,20 @@ options:
   since:
     description: Unix time (the node's clock) from which lines count.
     type: float
+  gpus:
+    description:
+      - The PCI bus ids of the GPUs the faults are counted against (a container's, as its sglang role recorded
+        them). A line that names another device (a NIC, NVMe, another container's GPU) goes to C(other_faults).
+      - Unset, every line counts.
+    type: list
+    elements: str
 """
 
 RETURN = r"""
 now: {description: the node's clock, unix time, type: float, returned: always}
-faults: {description: "matching lines since C(since), as '<UTC time> <message>'", type: list, returned: with since}
+faults: {description: "matching lines since C(since) of C(gpus) or of no named device, as '<UTC time> <message>'",
+         type: list, returned: with since}
+other_faults: {description: "matching lines since C(since) that name another device", type: list, returned: with since}
 """
 
 import time
@@ -26,13 +35,16 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_faults import (
     faults,
     journal_argv,
+    of_devices,
     read_result,
 )
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(since=dict(type="float")), supports_check_mode=True)
-    since = module.params["since"]
+    module = AnsibleModule(
+        argument_spec=dict(since=dict(type="float"), gpus=dict(type="list", elements="str")), supports_check_mode=True
+    )
+    since, gpus = module.params["since"], module.params["gpus"]
     result = dict(changed=False, now=time.time())
     if since is not None:
         if not module.get_bin_path("journalctl"):
@@ -40,7 +52,8 @@ def main():
         text, error = read_result(*module.run_command(journal_argv(since)))
         if error:
             module.fail_json(msg=error, **result)
-        result["faults"] = faults(text, since)
+        found = faults(text, since)
+        result["faults"], result["other_faults"] = of_devices(found, gpus)
     module.exit_json(**result)
 
 

@@ -125,8 +125,9 @@ def fault_window(unit: dict) -> tuple[float | None, str]:
     return float(unit["started_at"]), "since sglang started"
 
 
-def test_no_gpu_dma_faults_since_the_service_started(target):
-    """The node logged no AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT or NVRM Xid since SGLang started."""
+def test_no_gpu_dma_faults_since_the_service_started(target, record_property):
+    """The node logged no AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT or NVRM Xid of this container's GPUs (or of no named
+    device) since SGLang started; the lines of the node's other devices are a note, not a failure."""
     assert target.node is not None, "proxmox_host is not set for this container"
     unit = _sglang(target)["service"]
     assert unit.get("started_at"), "the sglang unit has no start time (not running?)"
@@ -134,7 +135,10 @@ def test_no_gpu_dma_faults_since_the_service_started(target):
     log = target.node.command(kernel_faults.journal_argv())
     text, error = kernel_faults.read_result(log["rc"], log["stdout"], log["stderr"])
     assert error is None, f"node {target.node.name}: {error}"
-    found = kernel_faults.faults(text, since=since)
+    gpus = (target.json(SERVICE_STATE) or {}).get("gpus")  # none in a record without them: every line counts
+    found, other = kernel_faults.of_devices(kernel_faults.faults(text, since=since), gpus or None)
+    if other:
+        record_property("note", f"{len(other)} fault line(s) of other devices {window}: " + " | ".join(other[:3]))
     assert not found, f"node {target.node.name} logged {len(found)} GPU DMA fault line(s) {window}: " + " | ".join(
         found[:5]
     )

@@ -41,3 +41,27 @@ def test_the_window_is_the_whole_boot_after_restarts_systemd_made_by_itself():
     assert since is None and words == "this boot (sglang restarted 2 time(s) by itself)"
     # the Xid that crashed the server before its restart still counts
     assert len(kernel_faults.faults(LOG, since)) == 3
+
+
+# the node's other devices: a NIC under the translating IOMMU (dev_err: driver and BDF), an NVMe drive whose
+# fault the IOMMU could not tie to a PCI device (pr_err: "device=" in the event), another container's GPU
+FOREIGN = """\
+1764619500.000000 pve1 kernel: mlx5_core 0000:c1:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0021 address=0x7f3c0000 flags=0x0000]
+1764619501.000000 pve1 kernel: AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:02:00.0 domain=0x0010 address=0x1000 flags=0x0000]
+1764619502.000000 pve1 kernel: NVRM: Xid (PCI:0000:81:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+1764619503.000000 pve1 kernel: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0010 address=0x2000 flags=0x0000]
+"""  # noqa: E501
+
+
+def test_each_line_names_its_device_as_the_kernel_prints_it():
+    devices = [kernel_faults.device(line) for line in kernel_faults.faults(LOG + FOREIGN)]
+    assert devices == ["0000:41:00.0", "0000:41:00.0", "0000:41:00", "0000:c1:00.0", "0000:02:00.0", "0000:81:00", None]
+
+
+def test_only_the_containers_gpus_and_unnamed_devices_count_against_it():
+    # bus ids as nvidia-smi prints them in the container (8-digit domain)
+    own, other = kernel_faults.of_devices(kernel_faults.faults(LOG + FOREIGN), ["00000000:41:00.0", "00000000:42:00.0"])
+    assert len(own) == 4 and own[-1].endswith("[IO_PAGE_FAULT domain=0x0010 address=0x2000 flags=0x0000]")
+    assert [kernel_faults.device(line) for line in other] == ["0000:c1:00.0", "0000:02:00.0", "0000:81:00"]
+    # without the GPUs (a record from before they were recorded), every line counts
+    assert kernel_faults.of_devices(kernel_faults.faults(FOREIGN), None) == (kernel_faults.faults(FOREIGN), [])
