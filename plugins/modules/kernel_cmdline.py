@@ -419,7 +419,7 @@ class SdbootTrial:
         if not os.path.exists(LOADER_VARS.format("LoaderInfo")):
             return "systemd-boot did not boot this node (no LoaderInfo EFI variable)"
         if not self.module.get_bin_path("bootctl"):
-            return "bootctl is not installed (Debian package systemd-boot)"
+            return "bootctl is not installed (Debian package systemd-boot-tools on PVE 9, systemd-boot on PVE 8)"
         if not esp_uuids():
             return f"{PBT_UUIDS} lists no ESP"
         return None
