@@ -146,9 +146,22 @@ def put_refused(p, exc):
             f"PVE refused the devN change ({exc}): only root@pam may change devN entries: set proxmox_api_user: "
             "root@pam, then run again"
         )
+    if exc.status_code == 400 and unknown_devn(exc.errors):
+        return ApiFailure(
+            f"PVE on node {p['node']} does not know devN entries (they came with PVE 8.1, pve-container 5.0.7): "
+            "upgrade the node to PVE 8.1 or later, then run again"
+        )
     if exc.status_code == 400:
         return ApiFailure(f"PVE rejected the devN entries: {exc} {exc.errors or ''}")
     return None
+
+
+def unknown_devn(errors):
+    """Whether PVE's parameter check refused a devN key as unknown to its schema (PVE before 8.1: JSONSchema's
+    "property is not defined in schema and the schema does not allow additional properties")."""
+    if not isinstance(errors, dict):
+        return False
+    return any(re.fullmatch(r"dev\d+", key) and "not defined in schema" in str(why) for key, why in errors.items())
 
 
 def run(module):
