@@ -66,14 +66,16 @@ def validate_path(path: str) -> None:
 def select_nodes(nodes: list[dict], gpus) -> list[dict]:
     """The host's NVIDIA nodes this container gets: the chosen GPUs plus every shared node and cap.
 
-    nodes: [{'path', 'type': 'char'|'block'|'dir'|..., 'mode': '0666'}] from the host.
+    nodes: [{'path', 'type': 'char'|'block'|'dir'|'link'|..., 'mode': '0666'}] from the host. What is not a
+    device node (a symlink udev or an admin made, a directory) is not passed, unless a GPU or CUDA needs its
+    path: PVE passes only device nodes (LXC/Tools.pm get_device_mode_and_rdev).
     gpus: 'all' or a list of GPU indices (the N of /dev/nvidiaN).
     """
-    by_path = {n["path"]: n for n in nodes}
     for n in nodes:
         validate_path(n["path"])
-        if n.get("type") not in ("char", "block"):
-            raise DeviceError(f"{n['path']}: PVE only passes device nodes, not {n.get('type') or 'this'}")
+        if n.get("type") not in ("char", "block") and (is_gpu_node(n["path"]) or n["path"] in CUDA_NODES):
+            raise DeviceError(f"{n['path']}: PVE only passes device nodes, not a {n.get('type') or 'this'}")
+    by_path = {n["path"]: n for n in nodes if n.get("type") in ("char", "block")}
     present = sorted(gpu_index(p) for p in by_path if is_gpu_node(p))
     chosen = _chosen_gpus(present, gpus)
     for required in CUDA_NODES:

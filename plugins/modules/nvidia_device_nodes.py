@@ -33,6 +33,8 @@ def kind(mode):
         return "block"
     if stat.S_ISDIR(mode):
         return "dir"
+    if stat.S_ISLNK(mode):
+        return "link"
     return "other"
 
 

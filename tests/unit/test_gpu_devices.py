@@ -55,13 +55,20 @@ def test_gpu_subset_and_uid_gid():
         ([n for n in HOST if n["path"] != "/dev/nvidia-uvm"], "all", "/dev/nvidia-uvm is missing"),
         ([n for n in HOST if not n["path"].startswith("/dev/nvidia") or "-" in n["path"] or "ctl" in n["path"]], "all",
          "no /dev/nvidiaN"),
-        ([*HOST, node("/dev/nvidia-caps", kind="dir")], "all", "PVE only passes device nodes"),
+        ([*[n for n in HOST if n["path"] != "/dev/nvidiactl"], node("/dev/nvidiactl", kind="link")], "all",
+         "/dev/nvidiactl: PVE only passes device nodes, not a link"),
         ([*HOST, node("/dev/../etc/passwd")], "all", "without /./ or /../"),
     ],
 )  # fmt: skip
 def test_refusals(nodes, gpus, message):
     with pytest.raises(gd.DeviceError, match=re.escape(message)):
         gd.select_nodes(nodes, gpus)
+
+
+def test_what_is_not_a_device_node_and_not_needed_is_left_out():
+    # a symlink an admin or a udev rule made beside the nodes, and the caps directory, as nvidia_device_nodes reads them
+    extra = [node("/dev/nvidia-gpu-a", kind="link"), node("/dev/nvidia-caps", kind="dir")]
+    assert gd.select_nodes([*HOST, *extra], "all") == gd.select_nodes(HOST, "all")
 
 
 def test_fresh_container_gets_consecutive_free_slots():
