@@ -185,3 +185,17 @@ def test_recorded_h200_outputs_are_healthy():
     assert two["verdict"] == "healthy" and two["gpu_count"] == 2
     assert two["tests"]["nccl_allreduce_p2p"]["transports"] == ["P2P/CUMEM"]
     assert two["tests"]["nccl_allreduce_p2p_disabled"]["transports"] == ["SHM/direct/direct"]
+
+
+# lspci -vvv lines of two switch ports, as pciutils' ls-ecaps.c cap_acs prints the ACS control register
+LSPCI_ACS = """\
+41:00.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)
+\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+
+\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-
+42:00.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)
+\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-
+"""
+
+
+def test_acs_counts_the_ports_that_redirect_peer_traffic_not_only_source_validation():
+    assert diag.acs_control(LSPCI_ACS) == {"lines": 2, "redirecting": 1, "direct_translated": 0, "src_valid_enabled": 2}

@@ -288,7 +288,7 @@ def _module_utils():
 
 def host_findings() -> dict[str, Any]:
     """The node's IOMMU and SEV-SNP findings by the kernel_cmdline module's own rule (kernel_findings.py), and the
-    PCIe ACS control bits lspci shows."""
+    PCIe ACS control bits lspci shows (acs_control)."""
     try:
         kernel_findings, sev_snp = _module_utils()
     except ImportError as exc:
@@ -299,9 +299,22 @@ def host_findings() -> dict[str, Any]:
     if rc == 127:
         findings["acs_ctl"] = "lspci not available"
     else:
-        acs = [line.strip() for line in out.splitlines() if "ACSCtl" in line]
-        findings["acs_ctl"] = {"lines": len(acs), "src_valid_enabled": sum("SrcValid+" in a for a in acs)}
+        findings["acs_ctl"] = acs_control(out)
     return findings
+
+
+def acs_control(lspci_vvv):
+    """The ACS control bits of every port lspci -vvv shows ("ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+
+    UpstreamFwd+ EgressCtrl- DirectTrans-", pciutils ls-ecaps.c cap_acs). P2P between two GPUs under one switch
+    goes up to the root complex, through the IOMMU, where a port redirects requests or completions (ReqRedir+,
+    CmpltRedir+), and straight across where it does not; SrcValid+ alone redirects nothing."""
+    acs = [line.strip() for line in lspci_vvv.splitlines() if "ACSCtl:" in line]
+    return {
+        "lines": len(acs),
+        "redirecting": sum("ReqRedir+" in a or "CmpltRedir+" in a for a in acs),
+        "direct_translated": sum("DirectTrans+" in a for a in acs),
+        "src_valid_enabled": sum("SrcValid+" in a for a in acs),
+    }
 
 
 # --------------------------------------------------------------------------------------
