@@ -35,18 +35,26 @@ options:
     type: str
     choices: [configure, verify_generated, restore, running, findings, mark_changed, trial_remove]
     default: configure
+    description:
+      - configure merges the line and plans or prepares its boot; verify_generated checks the generated boot
+        files; restore puts back the last backup; running compares the running kernel with the wanted arguments;
+        findings records this boot's IOMMU and SEV-SNP findings; mark_changed records when the line changed;
+        trial_remove removes a trial entry.
   bootloader:
     type: str
     choices: [auto, grub, systemd-boot]
     default: auto
+    description: The node's boot loader; auto tells GRUB from systemd-boot through proxmox-boot-tool.
   add:
     type: list
     elements: str
     default: []
+    description: Arguments the line must have (a same-key argument is replaced in place).
   remove:
     type: list
     elements: str
     default: []
+    description: Arguments to remove; C(key=value) removes that exact argument, C(key) every argument with that key.
   backup_dir:
     type: path
     description: Where the backups and C(wanted.json) are kept (the role's is C(provision_state_dir)/kernel-cmdline);

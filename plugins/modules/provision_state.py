@@ -21,6 +21,7 @@ options:
   dir:
     type: path
     required: true
+    description: The state directory the records live in (the roles' C(provision_state_dir)).
   phase:
     type: str
     choices: [kernel, driver, gpu, sglang, verify]

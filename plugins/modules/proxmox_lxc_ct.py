@@ -22,7 +22,7 @@ extends_documentation_fragment:
   - provision.pve_sglang.pve_api
 options:
   node: {type: str, required: true, description: the PVE node the container lives on}
-  vmid: {type: int, required: true}
+  vmid: {type: int, required: true, description: the container's VMID}
   spec:
     type: dict
     required: true

@@ -20,28 +20,32 @@ extends_documentation_fragment:
   - provision.pve_sglang.pve_api
 options:
   backend: {type: str, choices: [https, ssh], default: https, description: ssh runs pvesh on the node as root}
-  ssh_host: {type: str}
-  ssh_port: {type: int, default: 22}
-  ssh_user: {type: str, default: root}
-  ssh_private_key_file: {type: path}
+  ssh_host: {type: str, description: the node's address for the ssh backend}
+  ssh_port: {type: int, default: 22, description: its ssh port}
+  ssh_user: {type: str, default: root, description: the user pvesh runs as (root)}
+  ssh_private_key_file: {type: path, description: the key the ssh backend logs in with}
   ssh_known_hosts: {type: path, description: known_hosts file; unknown or changed host keys are refused}
-  node: {type: str, required: true}
-  vmid: {type: int, required: true}
+  node: {type: str, required: true, description: the PVE node the container lives on}
+  vmid: {type: int, required: true, description: the container's VMID}
   nodes: {type: list, elements: dict, required: true, description: "the host's device nodes (path, type, mode)"}
   gpus:
     type: raw
     default: all
     description:
       - C(all), or a list of GPU indices.
-  mode: {type: str, default: "0666"}
-  uid: {type: int}
-  gid: {type: int}
-  restart: {type: str, choices: [auto, never], default: auto}
+  mode: {type: str, default: "0666", description: the devN entries' mode}
+  uid: {type: int, description: the owner of the nodes in the container (PVE's default where unset)}
+  gid: {type: int, description: their group in the container (PVE's default where unset)}
+  restart:
+    type: str
+    choices: [auto, never]
+    default: auto
+    description: auto restarts a running container for a change PVE left pending; never leaves it pending.
   nesting:
     type: bool
     default: true
     description: "set features: nesting=1, which systemd needs to sandbox units in an unprivileged CT"
-  task_timeout: {type: int, default: 300}
+  task_timeout: {type: int, default: 300, description: seconds to wait for each PVE task}
 """
 
 EXAMPLES = r"""

@@ -12,10 +12,14 @@ description:
     (pip download --no-deps) into the first one when it is missing. Unique prefixes are accepted, as argparse
     accepts them.
 options:
-  version: {type: str, required: true}
-  args: {type: list, elements: str, required: true}
-  wheel_dirs: {type: list, elements: path, required: true}
-  index_url: {type: str}
+  version: {type: str, required: true, description: the pinned SGLang release}
+  args: {type: list, elements: str, required: true, description: the server's command-line arguments to check}
+  wheel_dirs:
+    type: list
+    elements: path
+    required: true
+    description: where to look for the release's wheel; a missing one is downloaded into the first
+  index_url: {type: str, description: the package index to download the wheel from (pip's default where unset)}
 """
 
 RETURN = r"""

@@ -86,6 +86,11 @@ def test_ansible_doc_reads_every_module_and_lookup_of_the_installed_collection(i
     doc = run([BIN / "ansible-doc", "-t", kind, "--json", *names], cwd=installed, env=ansible_env(installed))
     assert doc.returncode == 0 and "WARNING" not in doc.stderr, doc.stderr
     assert sorted(json.loads(doc.stdout)) == names
+    # the page a user reads: ansible-doc's text output refuses an option or return value without a description
+    # (that --json lets through), and says so on stderr with exit 0
+    text = run([BIN / "ansible-doc", "-t", kind, *names], cwd=installed, env=ansible_env(installed))
+    assert text.returncode == 0 and "ERROR" not in text.stderr, text.stderr
+    assert all(f"({name})" in text.stdout or name in text.stdout for name in names)
 
 
 # The keys a module's option may have in its documentation: ansible-test's validate-modules schema for modules
