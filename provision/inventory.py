@@ -70,6 +70,12 @@ class VaultOptions:
         args = [a for f in self.password_files for a in ("--vault-password-file", str(f))]
         return args + [a for i in self.ids for a in ("--vault-id", i)]
 
+    def environment(self) -> dict[str, str]:
+        """The same for an ansible command given no arguments: ANSIBLE_VAULT_IDENTITY_LIST, where a password file
+        is the vault id `default@FILE`, as ansible's CLI makes of --vault-password-file."""
+        ids = [f"default@{f}" for f in self.password_files] + list(self.ids)
+        return {"ANSIBLE_VAULT_IDENTITY_LIST": ",".join(ids)} if ids else {}
+
 
 def _absolute_vault_id(vault_id: str) -> str:
     """`label@source`: a source that is a file here becomes its absolute path (`prompt` stays)."""

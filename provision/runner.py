@@ -11,6 +11,7 @@ SIGINT or SIGTERM stops them all, and ssh's ControlPersist masters end with the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -336,6 +337,25 @@ def _environment(pdd: Path, host_count: int, host_key_checking: bool) -> dict[st
         # the playbooks name their roles and modules as the collection provision.pve_sglang: this one
         "ANSIBLE_COLLECTIONS_PATH": collections_path(pdd / "collections"),
     }
+
+
+@contextlib.contextmanager
+def adhoc_environment(host_count: int, host_key_checking: bool = True, vault: VaultOptions | None = None):
+    """The environment of ansible commands run by another program, with a run's settings (the user's
+    ansible.cfg, provision's where it is silent, the collection, vault): testinfra's ansible backend, for verify's
+    checks. Its directory (ssh's control sockets, Ansible's temp) and every process started with it are gone on
+    exit, as after a playbook run. Provision's Mitogen strategy is left out: an ad-hoc command pays its start-up
+    (twice the command's time) for one task; a strategy the user's ansible.cfg names still applies."""
+    pdd = Path(tempfile.mkdtemp(prefix=watchdog.PREFIX))  # 0700
+    try:
+        with watchdog.watched(pdd):
+            env = _environment(pdd, host_count, host_key_checking)
+            for setting in (ansible_config.STRATEGY, ansible_config.STRATEGY_PLUGINS):
+                env.pop(ansible_config.ENV[setting], None)
+            yield {**env, **(vault or VaultOptions()).environment()}
+    finally:
+        interrupts.stop_run(str(pdd))
+        shutil.rmtree(pdd, ignore_errors=True)
 
 
 def _prepare(pdd: Path) -> None:

@@ -3,7 +3,7 @@
 Every host is read once, all hosts at once, by playbooks/verify_probe.yml through `run_playbook`:
 the same Ansible connection as apply (templated `ansible_host`, `ansible_password`, become, a
 bastion in ssh_args, vaulted connection variables). What each host returned, handed back as the
-run's stats (`readings`), goes to one file; one pytest process (`checks/conftest.py`) then decides each
+run's stats (`readings`), goes to one file; one pytest process (the plugin `checks/plugin.py`) then decides each
 check per host from it without connecting anywhere; the JUnit XML it writes becomes the report's checks.
 Each container's capacity is computed from the same reading (`capacity_of`, provision/capacity.py), which
 is all `provision capacity` asks for (`capacity_report`). A host that cannot be read shows up as failed
@@ -23,7 +23,15 @@ from pathlib import Path
 
 from provision import capacity, child_warnings
 from provision import inventory as inventory_mod
-from provision.checks.support import DEFAULT_STATE_DIR, HOST_VARS, cannot_read, no_sglang, probe_request
+from provision import runner as runner_mod
+from provision.checks.support import (
+    DEFAULT_STATE_DIR,
+    HOST_VARS,
+    INVENTORY_ENV,
+    cannot_read,
+    no_sglang,
+    probe_request,
+)
 from provision.errors import one_line
 from provision.job_events import run_stats
 from provision.paths import module_util
@@ -42,6 +50,10 @@ PROBE_PLAYBOOK = "verify_probe.yml"
 # what playbooks/verify_probe.yml hands back (set_stats): {host: {"vars": ..., "stdout": ..., "stderr": ...}}
 PROBE_STATS = "provision_verify"
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
+# the checks' fixtures and hooks, loaded as a plugin so that a user's check files outside CHECKS_DIR get them too
+CHECKS_PLUGIN = "provision.checks.plugin"
+# the directory of an inventory that holds the user's own check files
+USER_CHECKS = "checks"
 
 
 @dataclass
@@ -161,7 +173,7 @@ def read_hosts(
     vault: inventory_mod.VaultOptions | None = None,
     progress: Progress = SILENT,
 ) -> tuple[dict, RunResult]:
-    """Read every host once through Ansible (playbooks/verify_probe.yml); returns what conftest.py reads."""
+    """Read every host once through Ansible (playbooks/verify_probe.yml); returns what checks/plugin.py reads."""
     spec = _suites(inv, hosts)
     wanted = {name: spec["hosts"].get(name, []) for name in [*spec["hosts"], *spec["nodes"].values()]}
     run = run_playbook(
@@ -182,11 +194,21 @@ def read_hosts(
     return {**spec, "readings": readings(record.path, list(wanted), run)}, run
 
 
-def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None):
-    """One pytest process for all hosts: each check decides per host from what the probe read."""
+def user_checks(inventory: Path | None) -> list[str]:
+    """The user's own testinfra files: test_*.py in the inventory directory's checks/ (docs/verify.md)."""
+    if inventory is None or not (Path(inventory) / USER_CHECKS).is_dir():
+        return []
+    return [str(p) for p in sorted((Path(inventory) / USER_CHECKS).glob("test_*.py"))]
+
+
+def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None,
+                ansible_env: dict[str, str] | None = None, inventory: Path | None = None):  # fmt: skip
+    """One pytest process for all hosts: each check decides per host from what the probe read, or asks the host
+    through testinfra's `host` fixture (its ansible backend, in `ansible_env`, against `inventory`)."""
     junit = workdir / "verify.xml"
     cmd = [
         sys.executable, "-m", "pytest", *sorted({str(CHECKS_DIR / s) for files in SUITES.values() for s in files}),
+        *user_checks(inventory), "-p", CHECKS_PLUGIN,
         f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
         "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
     ]  # fmt: skip
@@ -194,9 +216,12 @@ def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | 
     # import in every verify, and could change what the checks decide; nor the environment's options (PYTEST_ADDOPTS,
     # which may name a plugin's), as the ini file's addopts are dropped above
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env.update(ansible_env or {})
     env.update(
         PROVISION_VERIFY_HOSTS=str(spec_file), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONWARNINGS=child_warnings(env)
     )
+    if inventory is not None:
+        env[INVENTORY_ENV] = str(inventory)
     try:
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=workdir
@@ -309,10 +334,12 @@ def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict
     if not checks:
         report.checks.extend(Check(h, "capacity", "capacity", h not in unknown, unknown.get(h, "")) for h in containers)
         return run
-    with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp:
+    adhoc = runner_mod.adhoc_environment(len(hosts), connection["host_key_checking"], connection["vault"])
+    with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp, adhoc as ansible_env:
         spec_file = Path(tmp) / "hosts.json"
         spec_file.write_text(json.dumps(spec))
-        report.checks.extend(_run_checks([h.name for h in hosts], spec_file, Path(tmp), select))
+        names = [h.name for h in hosts]
+        report.checks.extend(_run_checks(names, spec_file, Path(tmp), select, ansible_env, inv.path))
     return run
 
 

@@ -16,13 +16,10 @@ key replaced too: SGLang logs it at startup.
 import base64
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
 import urllib.parse
-
-LISTEN = "0A"
 
 
 def read(path):
@@ -69,26 +66,6 @@ def pve_devices(conf_dir="/etc/pve/lxc"):
                 except OSError:
                     out.setdefault(name[:-5], {})[path] = False
     return out
-
-
-def _address(hex_addr):
-    raw = bytes.fromhex(hex_addr)
-    if len(raw) == 4:
-        return socket.inet_ntop(socket.AF_INET, raw[::-1])
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    return socket.inet_ntop(socket.AF_INET6, words)
-
-
-def listeners():
-    """(address, port) of every listening TCP socket, from /proc/net/tcp and tcp6."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in (read(table) or "").splitlines()[1:]:
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == LISTEN:
-                addr, port = fields[1].rsplit(":", 1)
-                found.append([_address(addr), int(port, 16)])
-    return found
 
 
 def api_key(state):
@@ -174,7 +151,7 @@ def service(state, env_values=()):
 
 
 def sglang(state, question, env_values=(), max_tokens=256):
-    out = {"service": service(state, env_values), "listeners": listeners()}
+    out = {"service": service(state, env_values)}
     if not state.get("url"):  # recorded by an older provision: the checks ask for the sglang phase again
         out["stale"] = "has no url (an older provision wrote it): run provision apply --tags sglang"
     out["health"] = api_call(state, "GET", "/health")

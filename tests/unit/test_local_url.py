@@ -80,7 +80,7 @@ def test_verify_calls_a_server_listening_on_ipv6_at_the_recorded_url():
 def test_a_service_record_without_a_url_asks_for_the_sglang_phase_again(tmp_path):
     """An older provision recorded no url: the probe calls nothing, and every SGLang check says what to run."""
     from provision.checks import test_container
-    from provision.checks.conftest import Target
+    from provision.checks.plugin import Target
 
     state = {"service": "sglang-test-absent", "host": "::1", "port": 1, "p2p_policy": "on", "tp_size": 1}
     read = probe.sglang(state, "What is 7 * 13?")

@@ -11,7 +11,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 from provision.checks import test_container
-from provision.checks.conftest import Target
+from provision.checks.plugin import Target
 from provision.checks.support import SERVICE_STATE
 from provision.paths import module_util
 

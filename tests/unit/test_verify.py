@@ -392,3 +392,42 @@ def test_the_smoke_check_names_the_question_the_probe_asked(tmp_path):
     spec.write_text(json.dumps({"hosts": {"ct1": ["test_container.py"]}, "nodes": {}, "readings": {"ct1": reading}}))
     (check,) = verify._run_checks(["ct1"], spec, tmp_path, select="smoke_answer")
     assert not check.passed and "asked 'What is 6 * 7, asked at 10:00?'" in check.reason, check.reason
+
+
+def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_runs_beside_them(tmp_path):
+    """The listening and enabled checks ask the host itself through testinfra's `host` fixture (its ansible backend,
+    every command run by the `ansible` CLI with the run's environment), here a container reached over Ansible's
+    local connection: a socket that listens passes, a closed one fails naming it, a unit that is not enabled fails.
+    A user's own file in the inventory's checks/ runs beside them with the same fixtures, and its failure counts."""
+    import socket as socket_mod
+
+    from provision import runner
+
+    inv = tmp_path / "inv"
+    (inv / "checks").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_containers": {"hosts": {"ct1": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))  # fmt: skip
+    (inv / "checks" / "test_container_mine.py").write_text(
+        "def test_my_file(host):\n    assert host.file('/nonexistent-provision-check').exists, 'my check failed'\n"
+    )
+    listener = socket_mod.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    state = {"service": "provision-test-absent", "host": "127.0.0.1", "port": port}
+    probe = {"boot_id": "b", "state_dir": "/srv/state", "files": {support.SERVICE_STATE: json.dumps(state)}}
+    spec = tmp_path / "hosts.json"
+    spec.write_text(json.dumps({"hosts": {"ct1": ["test_common.py", "test_container.py"]}, "nodes": {},
+                                "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}}}))  # fmt: skip
+    select = "service_listening or service_enabled or my_file"
+    with runner.adhoc_environment(1) as env:
+        checks = {c.name: c for c in verify._run_checks(["ct1"], spec, tmp_path, select, env, inv)}
+        listener.close()
+        closed = {c.name: c for c in verify._run_checks(["ct1"], spec, tmp_path, "service_listening", env, inv)}
+    assert checks["test_service_listening"].passed, checks["test_service_listening"].reason
+    assert not closed["test_service_listening"].passed
+    assert closed["test_service_listening"].reason == f"nothing listens on 127.0.0.1:{port}"
+    assert not checks["test_service_enabled"].passed
+    assert checks["test_service_enabled"].reason.startswith("the provision-test-absent unit is not enabled")
+    assert (checks["test_my_file"].host, checks["test_my_file"].passed) == ("ct1", False)
+    assert checks["test_my_file"].reason.startswith("my check failed")
