@@ -63,6 +63,16 @@ def validate_path(path: str) -> None:
         raise DeviceError(f"{path}: a device path must be under /dev/ without /./ or /../")
 
 
+def device_nodes(nodes: list[dict]) -> list[dict]:
+    """The device nodes among the host's /dev/nvidia* entries (each path checked); an entry a GPU or CUDA needs
+    that is not one is refused."""
+    for n in nodes:
+        validate_path(n["path"])
+        if n.get("type") not in ("char", "block") and (is_gpu_node(n["path"]) or n["path"] in CUDA_NODES):
+            raise DeviceError(f"{n['path']}: PVE only passes device nodes, not a {n.get('type') or 'this'}")
+    return [n for n in nodes if n.get("type") in ("char", "block")]
+
+
 def select_nodes(nodes: list[dict], gpus) -> list[dict]:
     """The host's NVIDIA nodes this container gets: the chosen GPUs plus every shared node and cap.
 
@@ -71,11 +81,7 @@ def select_nodes(nodes: list[dict], gpus) -> list[dict]:
     path: PVE passes only device nodes (LXC/Tools.pm get_device_mode_and_rdev).
     gpus: 'all' or a list of GPU indices (the N of /dev/nvidiaN).
     """
-    for n in nodes:
-        validate_path(n["path"])
-        if n.get("type") not in ("char", "block") and (is_gpu_node(n["path"]) or n["path"] in CUDA_NODES):
-            raise DeviceError(f"{n['path']}: PVE only passes device nodes, not a {n.get('type') or 'this'}")
-    by_path = {n["path"]: n for n in nodes if n.get("type") in ("char", "block")}
+    by_path = {n["path"]: n for n in device_nodes(nodes)}
     present = sorted(gpu_index(p) for p in by_path if is_gpu_node(p))
     chosen = _chosen_gpus(present, gpus)
     for required in CUDA_NODES:
