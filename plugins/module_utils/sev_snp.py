@@ -200,12 +200,3 @@ def before_reboot(cpuinfo: str, boot_release: str, running_line: str = "", next_
     if too_old:
         reasons.append(too_old + " (the kernel the node boots next)")
     return reasons
-
-
-def newest_release(releases: list[str]) -> str | None:
-    """The highest kernel release by version numbers (`6.14.8-2-pve` over `6.8.12-11-pve`)."""
-
-    def order(release: str) -> list[int]:
-        return [int(n) for n in re.findall(r"\d+", release)]
-
-    return max(releases, key=order) if releases else None

@@ -143,12 +143,12 @@ import datetime
 import glob
 import json
 import os
-import re
 import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, kernel_findings
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import next_kernel
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
     assigned_word,
     assignments,
@@ -163,7 +163,6 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdlin
 from ansible_collections.provision.pve_sglang.plugins.module_utils.rendered_values import value_problems
 from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import (
     before_reboot,
-    newest_release,
     node_proof,
 )
 
@@ -782,18 +781,9 @@ def read_text(path):
 
 
 def next_boot_release(bootloader):
-    """The kernel release the node boots next: GRUB's default entry in grub.cfg; for systemd-boot the kernel
-    pinned with proxmox-boot-tool, else the newest in /boot (the loader's default order); else the running one."""
-    if bootloader == "grub":
-        m = re.search(r"^\s*linux\s+\S*vmlinuz-(\S+)", read_text(GRUB_CFG) or "", re.M)
-        if m:
-            return m.group(1)
-    else:
-        pinned = (read_text(PBT_PIN) or "").strip()
-        newest = newest_release([os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")])
-        if pinned or newest:
-            return pinned or newest
-    return os.uname().release
+    """The kernel release the node boots next (module_utils/boot_kernel.py next_kernel, read here)."""
+    vmlinuz = [os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")]
+    return next_kernel(bootloader, read_text(GRUB_CFG), read_text(PBT_PIN), vmlinuz, os.uname().release)
 
 
 def snp_before_reboot(bootloader, planned_line):

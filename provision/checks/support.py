@@ -27,16 +27,24 @@ VERIFY_RECORD = "verify.json"
 WANTED = "kernel-cmdline/wanted.json"
 FINDINGS = "kernel-findings.json"
 SERVICE_STATE = "sglang-service.json"  # what the sglang role recorded: address, port, P2P policy
-NODE_FILES = [VERIFY_RECORD, WANTED, FINDINGS]
+# what tells the kernel a node boots next (module_utils/boot_kernel.py next_kernel): absolute paths, read as they are
+GRUB_CFG, BOOT_PIN = "/boot/grub/grub.cfg", "/etc/kernel/proxmox-boot-pin"
+NODE_FILES = [VERIFY_RECORD, WANTED, FINDINGS, GRUB_CFG, BOOT_PIN]
 CONTAINER_FILES = [VERIFY_RECORD, SERVICE_STATE]
 DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
 USERSPACE_QUERY = ["nvidia-smi", "--version"]
+# the kernels the node may boot, the running one, and the kernels DKMS built the NVIDIA module for
+BOOT_KERNELS = ["ls", "/boot"]
+RUNNING_KERNEL = ["uname", "-r"]
+DKMS_STATUS = ["dkms", "status", "-m", "nvidia"]
 
 
 # the GPU DMA fault lines of a node's kernel log (plugins/module_utils/kernel_faults.py)
 kernel_faults = module_util("kernel_faults")
 # what P2P off sets for a server, as the sglang role sets it (plugins/module_utils/gpu_p2p.py)
 gpu_p2p = module_util("gpu_p2p")
+# the kernel a node boots next (plugins/module_utils/boot_kernel.py)
+boot_kernel = module_util("boot_kernel")
 # which device nodes are GPUs' (plugins/module_utils/gpu_devices.py)
 gpu_devices = module_util("gpu_devices")
 
@@ -54,7 +62,8 @@ def probe_request(suites: list[str]) -> dict:
         return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": SERVICE_STATE,
                 "question": SMOKE_QUESTION, "max_tokens": SMOKE_MAX_TOKENS,
                 "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
-    return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv()]}
+    return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv(), BOOT_KERNELS, RUNNING_KERNEL,
+                                              DKMS_STATUS]}  # fmt: skip
 
 
 def smoke_failure(status: int, body: str, question: str, expect: str) -> str | None:

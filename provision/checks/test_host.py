@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import json
 
-from provision.checks.support import FINDINGS, WANTED
+from provision.checks.support import (
+    BOOT_KERNELS,
+    BOOT_PIN,
+    DKMS_STATUS,
+    FINDINGS,
+    GRUB_CFG,
+    RUNNING_KERNEL,
+    WANTED,
+    boot_kernel,
+)
 from provision.paths import module_util
 
 # the rule the kernel_cmdline module decides a reboot by: arguments as the kernel reads them
@@ -90,4 +99,30 @@ def test_nvidia_driver_is_the_pinned_one(target):
     assert not nvidia_driver.pinned(wanted) or loaded == wanted, (
         f"the loaded NVIDIA module is {loaded or 'none'}, not nvidia_driver_version {wanted}: run provision apply "
         "(the driver phase), and reboot the node if it says so"
+    )
+
+
+def next_kernel(target) -> str:
+    """The kernel release the node boots next, by the kernel phase's own rule, from the
+    boot loader the kernel phase recorded and the files the probe read (module_utils/boot_kernel.py)."""
+    bootloader = (target.json(WANTED) or {}).get("bootloader")
+    listing = target.command(BOOT_KERNELS)["stdout"].split()
+    vmlinuz = [name[len("vmlinuz-") :] for name in listing if name.startswith("vmlinuz-")]
+    running = target.command(RUNNING_KERNEL)["stdout"].strip()
+    return boot_kernel.next_kernel(bootloader, target.file(GRUB_CFG), target.file(BOOT_PIN), vmlinuz, running)
+
+
+def test_the_kernel_booted_next_has_the_nvidia_module(target):
+    """The kernel the node boots next has the NVIDIA module, where the inventory pins a driver: DKMS builds it only
+    for kernels whose headers are installed, so a kernel update without them boots a node with no GPU driver."""
+    if not nvidia_driver.pinned(target.vars.get("nvidia_driver_version")):
+        return
+    release = next_kernel(target)
+    dkms = target.command(DKMS_STATUS)
+    built = nvidia_driver.parse_dkms_status(dkms["stdout"])
+    assert any(e["kernel"] == release and e["state"] == "installed" for e in built), (
+        f"the kernel the node boots next, {release}, has no NVIDIA module ("
+        + (f"dkms status: {'; '.join(sorted({e['kernel'] + ' ' + e['state'] for e in built})) or 'none'}")
+        + f"): install its headers (apt install proxmox-headers-{release}; proxmox-default-headers brings every "
+        f"future kernel's), then dkms autoinstall -k {release}, before the node reboots"
     )

@@ -199,7 +199,9 @@ def test_before_reboot_names_the_cpu_flag_and_the_kernel_to_boot():
 
 
 def test_newest_release_orders_by_numbers_not_text():
-    assert snp.newest_release(["6.8.12-11-pve", "6.14.8-2-pve", "6.8.12-4-pve"]) == "6.14.8-2-pve"
+    assert (
+        module_util("boot_kernel").newest_release(["6.8.12-11-pve", "6.14.8-2-pve", "6.8.12-4-pve"]) == "6.14.8-2-pve"
+    )
 
 
 # ----------------------------------------------------------------- the module's helpers around the proof

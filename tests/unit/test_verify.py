@@ -431,3 +431,33 @@ def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_
     assert checks["test_service_enabled"].reason.startswith("the provision-test-absent unit is not enabled")
     assert (checks["test_my_file"].host, checks["test_my_file"].passed) == ("ct1", False)
     assert checks["test_my_file"].reason.startswith("my check failed")
+
+
+def test_the_kernel_booted_next_must_have_the_nvidia_module(tmp_path):
+    """A kernel update installed without its headers: DKMS built the module for the running kernel only, and the
+    node's next boot (the newest kernel for systemd-boot, GRUB's default entry) would come up without a driver."""
+    dkms = "nvidia/580.95.05, 6.8.12-4-pve, x86_64: installed\n"  # dkms 3.x `dkms status` (dell/dkms dkms.in)
+    grub = "menuentry 'Proxmox VE GNU/Linux' {\n\tlinux\t/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro\n}\n"
+
+    def node(bootloader, boot, grub_cfg=None, built=dkms):
+        commands = {" ".join(support.BOOT_KERNELS): {"rc": 0, "stdout": boot, "stderr": ""},
+                    " ".join(support.RUNNING_KERNEL): {"rc": 0, "stdout": "6.8.12-4-pve\n", "stderr": ""},
+                    " ".join(support.DKMS_STATUS): {"rc": 0, "stdout": built, "stderr": ""}}  # fmt: skip
+        files = {support.WANTED: json.dumps({"bootloader": bootloader}), support.GRUB_CFG: grub_cfg}
+        probe = {"boot_id": "b", "state_dir": "/srv/state", "files": files, "commands": commands}
+        return {"vars": {"nvidia_driver_version": "580.95.05"}, "probe": probe, "error": ""}
+
+    two = "vmlinuz-6.8.12-4-pve\nvmlinuz-6.14.8-2-pve\n"
+    readings = {
+        "updated": node("systemd-boot", two),
+        "grub_default_old": node("grub", two, grub),
+        "built_for_both": node("systemd-boot", two, built=dkms + dkms.replace("6.8.12-4-pve", "6.14.8-2-pve")),
+    }
+    checks = verify._run_checks(list(readings), _spec(tmp_path, readings), tmp_path, select="kernel_booted_next")
+    result = {c.host: (c.passed, c.reason) for c in checks}
+    assert result["grub_default_old"] == (True, "") and result["built_for_both"] == (True, "")
+    assert result["updated"] == (False, (
+        "the kernel the node boots next, 6.14.8-2-pve, has no NVIDIA module (dkms status: 6.8.12-4-pve installed): "
+        "install its headers (apt install proxmox-headers-6.14.8-2-pve; proxmox-default-headers brings every future "
+        "kernel's), then dkms autoinstall -k 6.14.8-2-pve, before the node reboots"
+    ))  # fmt: skip
