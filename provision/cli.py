@@ -242,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _confirm(args: argparse.Namespace, console: Console, what: str = "changes hosts and may reboot them") -> None:
     if args.yes or getattr(args, "check", False):
         return
-    if not sys.stdin.isatty():
-        raise ProvisionError(f"{args.command} {what}: pass --yes to confirm (no terminal to ask)")
+    if not sys.stdin.isatty():  # a usage error: nothing was contacted
+        raise UsageError(f"{args.command} {what}: pass --yes to confirm (no terminal to ask)")
     answer = console.input(
         f"Apply to inventory {args.inventory!r}{' limit ' + args.limit if args.limit else ''}? [y/N] "
     )

@@ -83,6 +83,8 @@ FLAGS = [
     ("inventory-name-not-found", ["inventory", "check", "-i", "nosuch"]),
     ("inventory-path-missing", ["inventory", "check", "-i", "./no/such/dir"]),
     ("runs-dir-is-a-file", ["apply", "-i", "INV", "--yes", "--runs-dir", "FILE"]),
+    ("apply-without-yes-and-no-terminal", ["apply", "-i", "INV"]),
+    ("rollback-without-yes-and-no-terminal", ["rollback", "-i", "INV", "--limit", "pve1"]),
     ("junit-unwritable", ["verify", "-i", "INV", "--junit", "/nonexistent-dir/verify.xml"]),
     ("session-tokens-abc", ["capacity", "-i", "INV", "--session-tokens", "abc"]),
     ("concurrency-zero", ["bench", "-i", "INV", "--concurrency", "0"]),
