@@ -42,6 +42,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises a UsageError (one line, exit 2, the JSON envelope with --json)
     instead of printing its usage and exiting."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # `--lim` is not `--limit`: a flag is given whole or refused
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
@@ -533,20 +537,53 @@ def main(argv: list[str] | None = None) -> int:
         errors, outcome = [" ".join(str(exc).split("\n"))], Outcome(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C outside a run (a run traps it: Interrupted)
         errors, outcome = ["interrupted"], Outcome(EXIT_SIGNAL_BASE + signal.SIGINT)
+    except BrokenPipeError:  # the reader of stdout went away: say so on stderr, and write no more there
+        errors, outcome = ["stdout was closed before the output was written"], Outcome(EXIT_FAILED)
+        _stdout_gone()
     except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
+        if _ansible_config_error(exc):  # an ansible.cfg Ansible cannot read, found when ansible is first imported
+            errors, outcome = [_ansible_config_error(exc)], Outcome(EXIT_USAGE)
+            return _finish(argv, want_json, args, errors, outcome)
         if os.environ.get("PROVISION_DEBUG"):
             raise
         detail = f"{type(exc).__name__}: {exc}"
         errors = [f"internal error: {detail} (PROVISION_DEBUG=1 shows the traceback)"]
         outcome = Outcome(EXIT_FAILED)
+    return _finish(argv, want_json, args, errors, outcome)
+
+
+def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: list[str], outcome: Outcome) -> int:
+    """The error lines on stderr and, with --json, the one envelope on stdout; a stdout closed by its reader ends
+    the output there, with the command's own exit code."""
     redactor = secrets.Redactor(getattr(args, "secrets", ()))  # what the inventory's load found
     errors = [redactor.text(_one_line(line)) for line in errors]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if want_json:
         data = redactor.obj(envelope(_command_name(argv), outcome, errors))
-        print(json.dumps(data, indent=2, default=str))
+        try:
+            print(json.dumps(data, indent=2, default=str), flush=True)
+        except BrokenPipeError:
+            print("error: stdout was closed before the JSON envelope was written", file=sys.stderr)
+            _stdout_gone()
     return outcome.exit_code
+
+
+def _stdout_gone() -> None:
+    """stdout's reader is gone: point it at /dev/null, so that nothing written later (nor the interpreter's flush at
+    exit) fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _ansible_config_error(exc: Exception) -> str | None:
+    """One line for an ansible.cfg that Ansible cannot read (it names the file), else None."""
+    from ansible.errors import AnsibleOptionsError
+
+    if isinstance(exc, AnsibleOptionsError) and "config file" in str(exc):
+        return f"Ansible cannot read its configuration: {' '.join(str(exc).split())}"
+    return None
 
 
 if __name__ == "__main__":

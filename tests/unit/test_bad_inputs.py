@@ -84,6 +84,7 @@ FLAGS = [
     ("inventory-path-missing", ["inventory", "check", "-i", "./no/such/dir"]),
     ("runs-dir-is-a-file", ["apply", "-i", "INV", "--yes", "--runs-dir", "FILE"]),
     ("apply-without-yes-and-no-terminal", ["apply", "-i", "INV"]),
+    ("flag-abbreviation", ["plan", "-i", "INV", "--lim", "pve1"]),
     ("rollback-without-yes-and-no-terminal", ["rollback", "-i", "INV", "--limit", "pve1"]),
     ("junit-unwritable", ["verify", "-i", "INV", "--junit", "/nonexistent-dir/verify.xml"]),
     ("session-tokens-abc", ["capacity", "-i", "INV", "--session-tokens", "abc"]),
@@ -187,6 +188,32 @@ def test_bad_flag(workdir, capsys, argv):
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
         argv += ["--runs-dir", str(runs)]
     _assert_usage_error(argv, capsys, runs)
+
+
+def test_an_ansible_cfg_ansible_cannot_read_is_a_usage_error_naming_it(tmp_path):
+    """Ansible reads ./ansible.cfg when it is first imported: a fresh process, as a user runs it."""
+    tmp_path.chmod(0o755)
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    (tmp_path / "ansible.cfg").write_text("[defaults\nforks = 5\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: Ansible cannot read its configuration: Error reading config file ({tmp_path}")
+    assert json.loads(proc.stdout)["exit_code"] == 2
+
+
+def test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_code(tmp_path):
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    read, write = os.pipe()
+    os.close(read)  # the consumer is gone before provision writes a byte
+    try:
+        proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["error: stdout was closed before the JSON envelope was written"]
 
 
 def test_ansible_cfg_that_turns_host_key_checking_off(tmp_path):
