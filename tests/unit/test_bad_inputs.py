@@ -199,7 +199,8 @@ def test_an_ansible_cfg_ansible_cannot_read_is_a_usage_error_naming_it(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
                           capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith(f"error: Ansible cannot read its configuration: Error reading config file ({tmp_path}")
+    said = "error: Ansible cannot read its configuration: Error reading config file"
+    assert proc.stderr.startswith(f"{said} ({tmp_path}/ansible.cfg)"), proc.stderr
     assert json.loads(proc.stdout)["exit_code"] == 2
 
 
