@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_p2p_node
 short_description: The node's boot id, kernel command line, IOMMU mode and NVIDIA driver version, in one read
+author: provision maintainers
 description:
   - "Read-only. The IOMMU mode comes from each NVIDIA GPU's IOMMU group (C(/sys/bus/pci/devices/<bus>/iommu_group/type))
     where sysfs shows it, and from this boot's kernel log line C(iommu: Default domain type) (dmesg, else the journal)."
@@ -21,6 +22,14 @@ options:
     description: The node's provision state directory (provision_state_dir).
     type: path
     required: true
+"""
+
+EXAMPLES = r"""
+- name: Read the node's IOMMU, GPU groups and the lines it may boot next, for the P2P decision
+  provision.pve_sglang.gpu_p2p_node:
+    state_dir: /var/lib/provision
+  delegate_to: "{{ proxmox_host }}"
+  register: node_context
 """
 
 RETURN = r"""

@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: kernel_cmdline
 short_description: Merge kernel command line arguments for GRUB or systemd-boot (proxmox-boot-tool)
+author: provision maintainers
 description:
   - C(configure) merges I(add) and I(remove) into the configured command line, never overwriting it. On GRUB
     hosts it edits C(GRUB_CMDLINE_LINUX_DEFAULT) where its effective value is defined (C(/etc/default/grub) or

@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: kernel_faults
 short_description: AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT and NVRM Xid lines logged since a time, and the node's clock
+author: provision maintainers
 description:
   - Read-only. Reads this boot's kernel messages through journalctl (see plugins/module_utils/kernel_faults.py for
     the lines and their sources). Without C(since), returns only the node's clock, to mark the start of a window.
@@ -20,6 +21,20 @@ options:
       - Unset, every line counts.
     type: list
     elements: str
+"""
+
+EXAMPLES = r"""
+- name: Mark the start of a window on the node's clock
+  provision.pve_sglang.kernel_faults: {}
+  delegate_to: "{{ proxmox_host }}"
+  register: mark
+
+- name: The GPU DMA faults of this container's GPUs logged since
+  provision.pve_sglang.kernel_faults:
+    since: "{{ mark.now }}"
+    gpus: ["0000:41:00.0", "0000:42:00.0"]
+  delegate_to: "{{ proxmox_host }}"
+  register: faults
 """
 
 RETURN = r"""

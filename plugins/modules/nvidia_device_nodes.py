@@ -6,10 +6,18 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: nvidia_device_nodes
 short_description: Discover NVIDIA device nodes (nvidiaN, nvidiactl, nvidia-uvm*, nvidia-modeset, nvidia-caps/*)
+author: provision maintainers
 description:
   - Lists each node with its type, mode, major and minor, never a directory (PVE rejects directories, so
     /dev/nvidia-caps is listed node by node). Reads the driver version from nvidia-smi or /proc/driver/nvidia/version.
 options: {}
+"""
+
+EXAMPLES = r"""
+- name: List the node's NVIDIA device nodes and driver version
+  provision.pve_sglang.nvidia_device_nodes:
+  delegate_to: "{{ proxmox_host }}"
+  register: host_nodes
 """
 
 RETURN = r"""

@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: nvidia_driver_info
 short_description: Read a Proxmox node's NVIDIA driver state and decide what a pinned version needs
+author: provision maintainers
 description:
   - Reads the loaded module's version (C(/proc/driver/nvidia/version)), the installed module's version for the
     running kernel (C(modinfo -F version nvidia)), the DKMS status of C(nvidia), whether nouveau is loaded

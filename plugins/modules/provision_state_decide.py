@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: provision_state_decide
 short_description: Decide which phases are as recorded, and put the host in the groups of those it still needs
+author: provision maintainers
 description:
   - Runs on the controller only (an action plugin); it opens no connection to the host.
   - Digests each phase's inputs with the lookup C(provision.pve_sglang.provision_inputs) (the variables whose names

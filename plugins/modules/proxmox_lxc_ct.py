@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_lxc_ct
 short_description: Create a Proxmox LXC container from a spec when its VMID does not exist (proxmoxer)
+author: provision maintainers
 description:
   - Looks for the VMID in the cluster (C(GET /cluster/resources)). When it is not there, makes sure the OS template
     is on its storage (C(POST /nodes/{node}/storage/{storage}/download-url) with the template's sha256 when a URL is

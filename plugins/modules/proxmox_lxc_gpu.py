@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_lxc_gpu
 short_description: Pass NVIDIA device nodes into a Proxmox LXC container as devN entries (proxmoxer)
+author: provision maintainers
 description:
   - Reads the container config with its digest, keeps unrelated devN/mpN/... entries, puts the NVIDIA
     entries into free slots and writes with the digest, retrying a bounded number of times when PVE answers

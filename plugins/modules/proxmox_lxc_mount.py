@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_lxc_mount
 short_description: Bind-mount a node directory read-only into a Proxmox LXC container as an mpN entry
+author: provision maintainers
 description:
   - >-
     Reads the container config with its digest (pending changes merged in), keeps every other entry, and writes

@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: pve_node_guests
 short_description: Check a Proxmox VE node's guests, quorum and HA state before it reboots (proxmoxer)
+author: provision maintainers
 description:
   - Lists the node's VMs and containers (C(GET /nodes/{node}/qemu) and C(/lxc)), reads whether it is in a cluster
     and that cluster's quorum (C(GET /cluster/status)), and on a cluster which guests HA manages

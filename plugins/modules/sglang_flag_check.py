@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_flag_check
 short_description: Fail on flags the pinned SGLang release does not have, before anything is rendered
+author: provision maintainers
 description:
   - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see
     plugins/module_utils/sglang_flags.py), looking for the wheel in I(wheel_dirs) and downloading it
@@ -20,6 +21,15 @@ options:
     required: true
     description: where to look for the release's wheel; a missing one is downloaded into the first
   index_url: {type: str, description: the package index to download the wheel from (pip's default where unset)}
+"""
+
+EXAMPLES = r"""
+- name: Fail on a server flag SGLang 0.5.23 does not have, on the controller
+  provision.pve_sglang.sglang_flag_check:
+    version: 0.5.23
+    args: [--model-path, /srv/models/qwen, --tp-size, "2", --disable-custom-all-reduce]
+    wheel_dirs: [~/.cache/provision/wheels]
+  delegate_to: localhost
 """
 
 RETURN = r"""

@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_p2p
 short_description: The P2P policy for SGLang's GPUs, decided per link, with its reason and the context it holds in
+author: provision maintainers
 description:
   - Read-only. Reads the container's GPUs and the links between them (C(nvidia-smi topo -m)), the stored GPU
     diagnostic verdict, and combines them with the node's context (module gpu_p2p_node, run on the node).
@@ -28,6 +29,15 @@ options:
     description: Where the GPU diagnostic's verdict is stored in the container.
     type: path
     required: true
+"""
+
+EXAMPLES = r"""
+- name: Decide the P2P policy in the container, from the node's context and the diagnostic's verdict
+  provision.pve_sglang.sglang_p2p:
+    mode: auto
+    node: "{{ node_context.context }}"
+    verdict_file: /var/lib/provision/gpu-diag.json
+  register: p2p
 """
 
 RETURN = r"""

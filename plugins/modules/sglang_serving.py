@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_serving
 short_description: Whether a container's SGLang service serves; optionally wait until it answers again
+author: provision maintainers
 description:
   - Reads the service record the sglang role writes (C(<state_dir>/sglang-service.json)), which names the unit and its
     readiness URL on this host. A container without that record runs no SGLang of provision's, and is not serving.

@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_weights
 short_description: Download a Hugging Face model repo at a pinned commit with huggingface_hub, and verify each file
+author: provision maintainers
 description:
   - Runs in the container with the Python of the venv that holds C(huggingface_hub) (SGLang depends on it).
   - Asks the hub for the repo's files at I(revision) (C(HfApi.model_info) with C(files_metadata=True)), checks that
