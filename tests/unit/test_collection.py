@@ -56,8 +56,8 @@ def test_the_collection_has_the_package_version_and_only_collection_content(inst
     manifest = json.loads((tree / "MANIFEST.json").read_text())
     assert manifest["collection_info"]["version"] == version
     tops = {p.name for p in tree.iterdir()}
-    assert tops == {"CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "meta", "playbooks", "plugins",
-                    "roles"}, tops  # fmt: skip
+    assert tops == {"CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "meta", "playbooks",
+                    "plugins", "roles"}, tops  # fmt: skip
     assert (tree / "roles" / "gpu_diag" / "files" / "gpu_p2p_diag.py").is_file()
     assert (tree / "meta" / "execution-environment.yml").is_file()
 
