@@ -64,6 +64,8 @@ def _extravars(opts: ApplyOptions) -> dict[str, Any]:
         if opts.reboot not in ("auto", "never"):
             raise UsageError(f"--reboot: expected auto or never, got {opts.reboot!r}")
         extra["kernel_cmdline_reboot"] = opts.reboot
+        # a serving container restarted for a pending devN or nesting change is a reboot too: never is never
+        extra["gpu_passthrough_restart"] = opts.reboot
     if opts.full:
         extra["provision_state_skip"] = False
     return extra

@@ -145,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
     p.add_argument("--check", action="store_true", help="report what would change without changing it")
     p.add_argument("--diff", action="store_true", help="show file and config differences")
-    p.add_argument("--reboot", choices=("auto", "never"), help="reboot hosts whose kernel args changed")
+    p.add_argument(
+        "--reboot", choices=("auto", "never"),
+        help="reboot nodes whose kernel args changed, and containers whose devN or nesting change is pending",
+    )  # fmt: skip
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     _full(p)
     _break_lock(p)

@@ -46,3 +46,14 @@ def test_a_run_that_ended_in_error_with_no_host_to_blame_reached_nobody():
     r.hosts = {"a": HostStats(ok=3), "b": HostStats(ok=3)}
     states = host_states(r, ["a", "b"])
     assert states == {"a": "not reached", "b": "not reached"} and _plan_exit(states) == 1
+
+
+def test_reboot_never_holds_for_the_containers_restart_too():
+    """--reboot never reaches the gpu phase's container restart (a serving container is not restarted for a pending
+    devN or nesting change), and --reboot auto the same way; without the flag the inventory decides both."""
+    from provision.apply import ApplyOptions, _extravars
+
+    never = _extravars(ApplyOptions("prod", reboot="never"))
+    assert (never["kernel_cmdline_reboot"], never["gpu_passthrough_restart"]) == ("never", "never")
+    assert _extravars(ApplyOptions("prod", reboot="auto"))["gpu_passthrough_restart"] == "auto"
+    assert "gpu_passthrough_restart" not in _extravars(ApplyOptions("prod"))
