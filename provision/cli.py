@@ -282,7 +282,19 @@ def _load(args: argparse.Namespace, err: Console):
     inv = inventory.load(args.inventory, _vault(args), args.host_key_checking)
     present.print_warnings(err, inv.warnings)
     args.secrets = secrets.values(inv)
+    _runs_dir_outside(getattr(args, "runs_dir", None), inv.path)
     return inv
+
+
+def _runs_dir_outside(runs_dir: Path | None, inventory: Path) -> None:
+    """Run records hold what a run said about its hosts: never inside the inventory, where Ansible would read them
+    as inventory sources and a commit of the inventory would carry them."""
+    if runs_dir is None:
+        return
+    inv_dir = Path(inventory).resolve()
+    inv_dir = inv_dir if inv_dir.is_dir() else inv_dir.parent
+    if Path(runs_dir).resolve().is_relative_to(inv_dir):
+        raise UsageError(f"--runs-dir {runs_dir} is inside the inventory {inv_dir}: keep run records outside it")
 
 
 def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> Outcome:

@@ -85,6 +85,7 @@ FLAGS = [
     ("runs-dir-is-a-file", ["apply", "-i", "INV", "--yes", "--runs-dir", "FILE"]),
     ("apply-without-yes-and-no-terminal", ["apply", "-i", "INV"]),
     ("flag-abbreviation", ["plan", "-i", "INV", "--lim", "pve1"]),
+    ("runs-dir-inside-the-inventory", ["plan", "-i", "INV", "--runs-dir", "INV/runs"]),
     ("rollback-without-yes-and-no-terminal", ["rollback", "-i", "INV", "--limit", "pve1"]),
     ("junit-unwritable", ["verify", "-i", "INV", "--junit", "/nonexistent-dir/verify.xml"]),
     ("session-tokens-abc", ["capacity", "-i", "INV", "--session-tokens", "abc"]),
@@ -182,7 +183,7 @@ def test_bad_flag(workdir, capsys, argv):
     (workdir / "dangling").symlink_to(workdir / "nowhere")
     (workdir / "limit-file").write_text("pve1\nct1\ntypo\n")
     names = {"INV": workdir / "inv", "FILE": workdir / "a-file", "DANGLING": workdir / "dangling",
-             "@LIMITFILE": "@limit-file"}  # fmt: skip
+             "@LIMITFILE": "@limit-file", "INV/runs": workdir / "inv" / "runs"}  # fmt: skip
     argv = [str(names.get(a, a)) for a in argv]
     runs = workdir / "runs"
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
