@@ -294,7 +294,10 @@ def _runs_dir_outside(runs_dir: Path | None, inventory: Path) -> None:
     inv_dir = Path(inventory).resolve()
     inv_dir = inv_dir if inv_dir.is_dir() else inv_dir.parent
     if Path(runs_dir).resolve().is_relative_to(inv_dir):
-        raise UsageError(f"--runs-dir {runs_dir} is inside the inventory {inv_dir}: keep run records outside it")
+        raise UsageError(
+            f"the runs dir {runs_dir} is inside the inventory {inv_dir}: keep run records outside it (--runs-dir, or "
+            "PROVISION_RUNS_DIR)"
+        )
 
 
 def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
