@@ -291,3 +291,14 @@ def test_a_pinned_hf_source_and_a_node_directory_are_valid(tmp_path):
         (tmp_path / str(n)).mkdir()
         root = make(tmp_path / str(n), GOOD_HOSTS, {"gpu_containers": f"sglang_model_source: {source}\n"})
         assert inventory.load(root).gpu_containers
+
+
+def test_vault_options_reach_an_ansible_command_without_arguments_as_its_identity_list(tmp_path):
+    """verify's testinfra checks run `ansible` with no command-line vault options: the same vault ids reach it through
+    ANSIBLE_VAULT_IDENTITY_LIST, a password file as the id `default@FILE`, as ansible's CLI makes of
+    --vault-password-file."""
+    password = tmp_path / "vault-pass"
+    password.write_text("s3cret\n")
+    opts = inventory.VaultOptions((password,), ("prod@prompt",))
+    assert opts.environment() == {"ANSIBLE_VAULT_IDENTITY_LIST": f"default@{password},prod@prompt"}
+    assert inventory.VaultOptions().environment() == {}
