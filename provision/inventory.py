@@ -675,7 +675,7 @@ def unverified_tls_warnings(inv: Inventory) -> list[str]:
     return _per_source(found)
 
 
-# Variables an earlier release read and this one ignores, with what replaced each (#18: one state directory)
+# Variables an earlier release read and this one ignores, with what replaced each (one state directory for every role)
 REMOVED_VARIABLES = {
     name: "provision_state_dir (roles/provision_common), one state directory for every role"
     for name in ("kernel_cmdline_state_dir", "gpu_diag_state_dir", "sglang_state_dir", "sglang_bench_state_dir")

@@ -1,4 +1,4 @@
-"""The fault matrix (issue #16): one row per injected fault, each naming the test that injects it.
+"""The fault matrix: one row per injected fault, each naming the test that injects it.
 
 docs/reliability.md is this table rendered (`table()`) with its counts (`counts()`);
 tests/unit/test_reliability_doc.py checks that the document matches and that every row's test exists.
@@ -197,7 +197,7 @@ CITED = [
         "tests/lab/test_e_verify.py::test_p2p_is_decided_for_the_next_boot_and_guarded_at_start", True, True),
 ]  # fmt: skip
 
-# Faults the issue names that no test injects yet (docs/reliability.md lists them apart from the table).
+# Faults in the matrix's scope that no test injects yet (docs/reliability.md lists them apart from the table).
 NOT_YET = [
     "the container stopped mid-install of the gpu phase's NVIDIA userspace (the sglang phase's venv has a lab test)",
 ]
