@@ -590,6 +590,19 @@ def _check_model_source(host: Host) -> list[tuple[str, str, str]]:
     return [(host.where("sglang_model_source"), host.name, f"sglang_model_source: {p}") for p in problems]
 
 
+def _check_driver_pin(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for a node whose driver is pinned without the installer's sha256: the driver phase
+    runs only an installer whose sha256 it knows, and it runs after the kernel phase, which may reboot."""
+    version = host.vars.get("nvidia_driver_version")
+    if PROXMOX_HOSTS not in host.groups or is_template(version) or not module_util("nvidia_driver").pinned(version):
+        return []
+    if host.vars.get("nvidia_driver_installer_sha256"):
+        return []
+    return [(host.where("nvidia_driver_version"), host.name, f"nvidia_driver_version is pinned ({version}) but "
+             "nvidia_driver_installer_sha256 is not set: the driver phase runs only an installer whose sha256 it "
+             "knows; set it, or unset the pin to keep the node's driver")]  # fmt: skip
+
+
 # variables with rules of their own here, stricter than their argument spec's type: checked once, by those
 CHECKED_BY_OWN_RULES = frozenset({*VARIABLE_TYPES, "proxmox_vmid", "proxmox_ct_spec", "sglang_model_source"})
 
@@ -639,6 +652,7 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     problems += _per_source(
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
     )
+    problems += _per_source([p for host in hosts for p in _check_driver_pin(host)])
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)

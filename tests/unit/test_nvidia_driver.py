@@ -287,9 +287,20 @@ def test_inventory_check_accepts_no_pin(tmp_path, pin):
 
 
 def test_inventory_check_refuses_a_pin_that_is_set_but_below_the_floor_in_one_line(tmp_path):
-    found = problems(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": 'nvidia_driver_version: "575.57.08"\n'}))
+    node_vars = f'nvidia_driver_version: "575.57.08"\nnvidia_driver_installer_sha256: "{"a" * 64}"\n'
+    found = problems(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
     assert len(found) == 1 and "\n" not in found[0], found
     assert "host pve1: nvidia_driver_version: expected an NVIDIA driver version such as 580.95.05" in found[0]
+
+
+def test_inventory_check_refuses_a_pin_without_the_installers_sha256(tmp_path):
+    """The driver phase refuses it too, but only after the kernel phase, which may reboot the node."""
+    found = problems(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": 'nvidia_driver_version: "580.95.05"\n'}))
+    assert found == [
+        f"{tmp_path}/inv/group_vars/proxmox_hosts.yml:1: host pve1: nvidia_driver_version is pinned (580.95.05) but "
+        "nvidia_driver_installer_sha256 is not set: the driver phase runs only an installer whose sha256 it knows; "
+        "set it, or unset the pin to keep the node's driver"
+    ]
 
 
 def test_the_gpu_phase_checks_the_node_against_the_same_floor():
