@@ -148,7 +148,7 @@ def test_api_lifecycle_drives_the_container_and_prestart_refuses_a_missing_path(
 
 
 def test_api_create_makes_a_container_and_delete_removes_it(lab, tmp_path):
-    """CT 150 through the API as `provision apply` will create one (#14): created stopped with root's key from
+    """CT 150 through the API as `provision apply` creates a missing one: created stopped with root's key from
     `ssh-public-keys` and host keys made at create; started, reached over ssh with that key and a host key read
     from its rootfs on this side (never learnt on first use); a delete refused while it runs; stopped and deleted,
     nothing of it is left."""

@@ -246,7 +246,7 @@ PLAN = "Plan the merge, writing nothing"
 
 
 def test_sigint_in_the_kernel_phase_leaves_no_process_and_an_interrupted_record(hosts, runs, tmp_path):
-    """Acceptance (#16): SIGINT while the first node runs the kernel phase (the reboot the earlier test left pending
+    """SIGINT while the first node runs the kernel phase (the reboot the earlier test left pending
     is due). The run exits 130, no process of it is left, its record is `interrupted` and names the node's last task
     and what that leaves; no node rebooted or changed, and no host lock is left. The next test's apply is the re-run
     that converges."""
@@ -341,7 +341,7 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
 
 
 def test_a_trial_boot_that_hangs_comes_back_on_the_old_line_and_stops_the_rollout(hosts, runs, lab):
-    """Acceptance (#16): apply a new argument to both nodes. Whichever node goes first is frozen (qemu `stop`) once
+    """apply a new argument to both nodes. Whichever node goes first is frozen (qemu `stop`) once
     the kernel of its trial boot prints the new line on the serial console (its bootloader has taken the one-shot
     by then), then reset (qemu `system_reset`) and let run: it boots its default entry, the old line. apply fails on
     it with one line; its default boot configuration is as before, the other node's untouched and not rebooted.

@@ -260,7 +260,7 @@ PASS_NODES = "Pass the GPU device nodes into the container through the Proxmox A
 
 
 def test_sigint_while_the_api_writes_the_entries_then_a_rerun_converges(lab, inv, runs, tmp_path):
-    """#16, SIGINT in the gpu phase: while the API module writes the devN entries that were dropped underneath.
+    """SIGINT in the gpu phase: while the API module writes the devN entries that were dropped underneath.
     Exit 130, no process of the run left (the module runs on the controller), the record `interrupted` naming the
     task and what it leaves, no host lock; the re-run writes every entry and the nodes are inside."""
     rc, _, err = apply(inv, runs, "--tags", "gpu")  # from whatever the tests above left (entries dropped)

@@ -111,7 +111,7 @@ INSTALL = "Install SGLang into its venv"
 
 
 def test_sigint_while_the_service_restarts_then_a_rerun_serves_again(ct, lab_inventory, runs, tmp_path):
-    """#16, SIGINT in the sglang phase: while the service restarts for a changed unit. Exit 130, no process of the
+    """SIGINT in the sglang phase: while the service restarts for a changed unit. Exit 130, no process of the
     run left, the record `interrupted` naming the task and what it leaves, no host lock; the re-run serves."""
     changed = {"sglang_p2p": "off", "sglang_tp_size": 2, "sglang_extra_args": ["--enable-metrics"],
                "sglang_timeout_stop_sec": 123}  # fmt: skip
@@ -130,7 +130,7 @@ def test_sigint_while_the_service_restarts_then_a_rerun_serves_again(ct, lab_inv
 
 
 def test_the_container_stopped_mid_install_is_named_and_a_rerun_converges(lab, ct, lab_inventory, runs, tmp_path):
-    """#16's fault matrix: the container stopped (through the API, as `pct stop`) while the phase installs SGLang.
+    """The fault matrix: the container stopped (through the API, as `pct stop`) while the phase installs SGLang.
     The run fails on that host with one line; once the container is started again (as the user would), a re-run
     converges: it installs again and serves."""
     set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS, "sglang_p2p": "off", "sglang_tp_size": 2})

@@ -250,7 +250,7 @@ def test_after_reboot_reboots_each_host_and_everything_passes(lab, converged, ru
 
 
 def test_a_container_that_does_not_serve_again_stops_the_rolling_reboot(lab, converged, runs):
-    """#16: a container that served before its node's reboot and does not after it stops the rolling reboot there.
+    """A container that served before its node's reboot and does not after it stops the rolling reboot there.
     CT 101's unit disabled inside (the container starts with its node, SGLang does not), `verify --after-reboot` fails
     on pve-grub naming sglang-01 once kernel_cmdline_serving_timeout has passed, and pve-sdboot, the next node, does
     not reboot (playbooks/reboot.yml: serial 1, any_errors_fatal)."""

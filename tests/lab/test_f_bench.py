@@ -20,7 +20,7 @@ LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 API_KEY = "bench-key-" + "5be1c0de"
-# the service listens on IPv6 loopback here (#18): readiness, the bench client and the fault window reach it on [::1]
+# the service listens on IPv6 loopback here: readiness, the bench client and the fault window reach it on [::1]
 KEY = {
     "sglang_api_key": "{{ lookup('ansible.builtin.env', 'SGLANG_API_KEY') }}",
     "sglang_p2p": "off",

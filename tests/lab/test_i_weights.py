@@ -1,4 +1,4 @@
-"""The model weights from a Hugging Face source (#14): the sglang phase downloads a pinned, gated repo from the
+"""The model weights from a Hugging Face source: the sglang phase downloads a pinned, gated repo from the
 lab's hub (provision/lab/hfhub.py, reached by the container on its link's host side through sglang_hf_endpoint)
 with the real huggingface_hub client in the service venv, verifies each file, and a re-run changes nothing."""
 

@@ -1,4 +1,4 @@
-"""#14, the container: `provision apply` creates a CT that does not exist from its `proxmox_ct_spec`, through the
+"""The container: `provision apply` creates a CT that does not exist from its `proxmox_ct_spec`, through the
 lab's API (fakepve drives a real nspawn body, provision/lab/ctbody.py), learns its ssh host key on its node (the
 nodes' `pct` stand-in), converges it, and a second apply changes nothing; an existing CT that differs from its spec
 is reported and left as it is; a CT that serves another host key than the one its node reads is refused.

@@ -1,8 +1,8 @@
-"""#14 from a bare host, and the driver phase on a node that has no NVIDIA driver (`provision lab up --bare --hosts 1`:
+"""A bare host to a verified endpoint, and the driver phase on a node that has no NVIDIA driver (`provision lab up --bare --hosts 1`:
 no driver on the node, no CT 101, no weights; the inventory names sglang-01 as CT 101 to create from its
 proxmox_ct_spec, its weights from the lab's hub).
 
-One bare node, the GRUB one: #14 is one bare host to an endpoint, and a second node (systemd-boot) cost this module
+One bare node, the GRUB one: the acceptance is one bare host to an endpoint, and a second node (systemd-boot) cost this module
 about 3 minutes of CI, in its trial boot and its serial driver install, for nothing the driver phase does differently
 there (the role has no bootloader step; update-initramfs's own hooks sync an ESP). The kernel phase's systemd-boot
 path is the normal lab's (test_b); `provision lab up --bare` keeps two nodes (docs/lab.md).
@@ -86,7 +86,7 @@ def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, t
     assert envelope["hosts"] == dict.fromkeys(NODES, "changes pending")
     for name in NODES:
         assert node_state(bare.vm(name))["blacklist"] == ""
-        # each step check mode cannot run is listed as a change (#14 review): the initramfs rebuild, the installer
+        # each step check mode cannot run is listed as a change: the initramfs rebuild, the installer
         pending = envelope["result"]["would_change"][name]
         assert "Report the initramfs to be rebuilt without nouveau (check mode)" in pending, pending
         assert "Report the NVIDIA installer to be run (check mode)" in pending, pending
@@ -110,7 +110,7 @@ def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare,
 
 
 def test_one_apply_takes_the_bare_host_to_a_verified_endpoint(bare, inventory, tmp_path, capsys):
-    """#14's acceptance, on the lab as `lab up --bare` left it (the plan and the refused sha256 before changed nothing):
+    """The bare-host acceptance, on the lab as `lab up --bare` left it (the plan and the refused sha256 before changed nothing):
     `provision apply --inventory lab --yes` with no --limit and no --tags, then `provision verify`, then a second apply
     that changes nothing on any host. Prints each step's time (docs/lab.md)."""
     token = bare.hf_token_file.read_text().strip()
@@ -147,7 +147,7 @@ def test_one_apply_takes_the_bare_host_to_a_verified_endpoint(bare, inventory, t
     assert {h: s["changed"] for h, s in second["hosts"].items()} == dict.fromkeys([*NODES, CONTAINER_NAME], 0)
     with capsys.disabled():  # shown without -s: the figures go into docs/lab.md
         steps = ", ".join(f"{step} {seconds:.0f} s" for step, seconds in took.items())
-        print(f"\n#14 from bare: {steps}; lab up --bare: {bare.state().get('timings')}", flush=True)
+        print(f"\nbare host to endpoint: {steps}; lab up --bare: {bare.state().get('timings')}", flush=True)
 
 
 def test_the_driver_phase_run_again_in_full_changes_nothing(bare, inventory, tmp_path):
@@ -161,7 +161,7 @@ def test_the_driver_phase_run_again_in_full_changes_nothing(bare, inventory, tmp
 
 
 def test_a_node_without_a_pin_is_not_managed_and_the_phase_says_so(bare, inventory, tmp_path):
-    """No nvidia_driver_version for the node, after the apply installed one (#14 review): the phase reads it, reports
+    """No nvidia_driver_version for the node, after the apply installed one: the phase reads it, reports
     one line and changes nothing; inventory check accepts it."""
     set_host_vars(inventory, "pve-grub", {"nvidia_driver_version": ""})
     try:
@@ -178,7 +178,7 @@ def test_a_node_without_a_pin_is_not_managed_and_the_phase_says_so(bare, invento
 
 
 def test_an_upgrade_that_may_not_reboot_stops_before_anything_changes(bare, inventory, tmp_path):
-    """--reboot never, a new pin beside the loaded module (#14 review): one line, and the node as it was: the old
+    """--reboot never, a new pin beside the loaded module: one line, and the node as it was: the old
     module loaded and in DKMS, nvidia-persistenced still running, nothing downloaded, no reboot."""
     vm = bare.vm("pve-grub")
     new = wheelhouse.build_fake_nvidia_installer(tmp_path, UPGRADE)
