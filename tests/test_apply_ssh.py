@@ -461,7 +461,7 @@ def _plant_lock(target, controller: str) -> None:
 
 
 def test_no_key_in_any_record_console_or_json_whatever_its_spelling(ssh_lab, tmp_path):
-    """The acceptance test of #16's secrets: the keys reach the hosts and come back in job events, check reasons
+    """The acceptance test of secrets: the keys reach the hosts and come back in job events, check reasons
     and a failure message; no file of any run record, no console line and no --json holds either key in any
     spelling (tests/leaks.py). Commands: apply, plan, verify (its container checks fail: no SGLang here) and an
     apply that fails on a host lock whose holder text quotes the keys, with and without --json."""
@@ -570,7 +570,7 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
     assert vproc.returncode == 0, vproc.stdout[-2000:]
 
 
-# Locks and interrupts (#16). The slow inventory's python waits at a gate before the verify phase's first task
+# Locks and interrupts. The slow inventory's python waits at a gate before the verify phase's first task
 # (a Mitogen connection's interpreter); the facts script's read, lock, renewal and release pass straight through.
 SLOW_PYTHON = """#!/bin/sh
 case "$3" in read|lock|renew|release) exec /usr/bin/python3 "$@";; esac

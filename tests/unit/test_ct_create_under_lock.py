@@ -1,4 +1,4 @@
-"""A container is created (roles/proxmox_ct) under its node's host lock (#14 review): playbooks/site.yml run
+"""A container is created (roles/proxmox_ct) under its node's host lock: playbooks/site.yml run
 through ansible-playbook on this machine, which plays both the node (pve1) and the container (ct1) over local
 connections, with the run's lock request as `provision apply` passes it (provision_lock). The API is fakepve (PVE's
 schema, in this process), and it looks at the node's lock.json at the moment the create request arrives; the node's

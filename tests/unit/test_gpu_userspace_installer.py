@@ -1,5 +1,5 @@
 """The NVIDIA userspace installer runs as root only from a root-only directory and only when its sha256 is the
-inventory's (#16 Files): the role's userspace tasks through ansible-playbook on this machine, the installer a shell
+inventory's: the role's userspace tasks through ansible-playbook on this machine, the installer a shell
 script that leaves a mark where it ran. Runs as root (CI does), as the role's root-owned directory needs."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_by_default_the_container_installs_the_nodes_own_file_from_the_nodes_sou
 def test_a_local_source_missing_in_the_container_is_named_with_the_variable_and_runs_nothing(tmp_path, setup):
     """An offline site's node reads its installer from a path on the node (nvidia_driver_installer): by default the
     container's source is that path, which the container does not see. One line names the variable, the path and the
-    node it came from, and nothing is copied or run (#14: the container's default installer on an offline site)."""
+    node it came from, and nothing is copied or run (the container's default installer on an offline site)."""
     missing = str(tmp_path / "mirror-on-the-node" / f"NVIDIA-Linux-x86_64-{VERSION}.run")
     assert run_with_node(tmp_path, setup, missing) == (
         f"localhost: gpu_passthrough_userspace_installer is {missing}, which is not a file on localhost; it is "

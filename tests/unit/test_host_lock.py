@@ -163,7 +163,7 @@ def test_the_raw_command_reads_and_locks_in_one_process(tmp_path):
     assert os.listdir(state) == []
 
 
-# Renewal (#16): the running apply re-stamps the leases of the host locks it holds (provision/locks.py LeaseRenewal,
+# Renewal: the running apply re-stamps the leases of the host locks it holds (provision/locks.py LeaseRenewal,
 # roles/provision_state/tasks/renew.yml). Clock: NOW is when the lock was taken, lease 3600 s.
 LEASE = 3600
 

@@ -172,7 +172,7 @@ def test_describe_is_the_scripts_own():
     assert holder.describe() == f"run {holder.run_id} (pid {holder.pid} on {holder.controller}, since {holder.since})"
 
 
-# The lock set: the run's hosts and the nodes of its containers (#16).
+# The lock set: the run's hosts and the nodes of its containers.
 HOSTS = """\
 all:
   children:

@@ -73,7 +73,7 @@ def test_check_mode_writes_nothing(module, served):
     assert result["changed"] is True and served.ct.config == before
 
 
-# ---------------------------------------------------------------- check mode predicts what apply does (#14 review)
+# ---------------------------------------------------------------- check mode predicts what apply does
 
 
 def outcome(result: dict) -> dict:

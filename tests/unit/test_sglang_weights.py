@@ -171,7 +171,7 @@ def test_too_little_space_fails_before_downloading(hub, tmp_path, monkeypatch):
     assert "free" in result["msg"] and not [r for r in hub.requests if "/resolve/" in r["path"]]
 
 
-# ---------------------------------------------------------------- a change of revision (#14 review)
+# ---------------------------------------------------------------- a change of revision
 
 
 def revisions(hub):
