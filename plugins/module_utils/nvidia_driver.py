@@ -17,7 +17,7 @@ Sources, read, not copied:
   error is logged as a line starting `ERROR: `), install-from-cwd.c (a failed install ends with the error
   "Installation has failed.  Please see the file '<log>' ...", which says nothing of why).
 - NVIDIA's downloads of its data center drivers: https://us.download.nvidia.com/tesla/<version>/
-  NVIDIA-Linux-x86_64-<version>.run (the base URL the driver phase has used since #14).
+  NVIDIA-Linux-x86_64-<version>.run (the driver phase's default base URL).
 - `dkms status` lines: dkms 3.x `nvidia/580.95.05, 6.8.12-4-pve, x86_64: installed` (and `nvidia/580.95.05: added`
   before a build); dkms 2.x `nvidia, 580.95.05, 6.8.12-4-pve, x86_64: installed`.
 """

@@ -1,11 +1,11 @@
 """A bare host to a verified endpoint, and the driver phase on a node that has no NVIDIA driver
-(`provision lab up --bare --hosts 1`: no driver on the node, no CT 101, no weights; the inventory names sglang-01 as CT 101 to create from its
-proxmox_ct_spec, its weights from the lab's hub).
+(`provision lab up --bare --hosts 1`: no driver on the node, no CT 101, no weights; the inventory names sglang-01 as
+CT 101 to create from its proxmox_ct_spec, its weights from the lab's hub).
 
-One bare node, the GRUB one: the acceptance is one bare host to an endpoint, and a second node (systemd-boot) cost this
-module about 3 minutes of CI, in its trial boot and its serial driver install, for nothing the driver phase does differently
-there (the role has no bootloader step; update-initramfs's own hooks sync an ESP). The kernel phase's systemd-boot
-path is the normal lab's (test_b); `provision lab up --bare` keeps two nodes (docs/lab.md).
+One bare node, the GRUB one: the acceptance is one bare host to an endpoint, and a second node (systemd-boot) cost
+this module about 3 minutes of CI, in its trial boot and its serial driver install, for nothing the driver phase does
+differently there (the role has no bootloader step; update-initramfs's own hooks sync an ESP). The kernel phase's
+systemd-boot path is the normal lab's (test_b); `provision lab up --bare` keeps two nodes (docs/lab.md).
 
 One apply with no --limit and no --tags takes the bare lab to a verified endpoint (the driver on the node, CT 101
 created and running, the weights checked against the hub, SGLang answering), verify passes, and a second apply changes
@@ -111,8 +111,8 @@ def test_a_wrong_sha256_stops_before_anything_is_installed_naming_the_file(bare,
 
 def test_one_apply_takes_the_bare_host_to_a_verified_endpoint(bare, inventory, tmp_path, capsys):
     """The bare-host acceptance, on the lab as `lab up --bare` left it (the plan and the refused sha256 before changed
-    nothing): `provision apply --inventory lab --yes` with no --limit and no --tags, then `provision verify`, then a second apply
-    that changes nothing on any host. Prints each step's time (docs/lab.md)."""
+    nothing): `provision apply --inventory lab --yes` with no --limit and no --tags, then `provision verify`, then a
+    second apply that changes nothing on any host. Prints each step's time (docs/lab.md)."""
     token = bare.hf_token_file.read_text().strip()
     took: dict[str, float] = {}
     start = time.monotonic()
