@@ -57,6 +57,7 @@ def _answer(target, name: str) -> tuple[int, str]:
 
 def test_service_enabled(host, target):
     """The SGLang unit starts at boot (testinfra: host.service)."""
+    _sglang(target)  # the sglang phase's record, or the reason there is none
     name = target.json(SERVICE_STATE)["service"]
     assert host.service(name).is_enabled, f"the {name} unit is not enabled: it will not come back after a reboot"
 
@@ -71,6 +72,7 @@ def test_service_active(target):
 
 def test_service_listening(host, target):
     """The server listens on its configured address and port (testinfra: host.socket; a wildcard address counts)."""
+    _sglang(target)  # the sglang phase's record, or the reason there is none
     state = target.json(SERVICE_STATE)
     where = f"[{state['host']}]:{state['port']}" if ":" in state["host"] else f"{state['host']}:{state['port']}"
     assert host.socket(f"tcp://{where}").is_listening, f"nothing listens on {where}"
