@@ -4,7 +4,9 @@ Every host is read once, all hosts at once, by playbooks/verify_probe.yml throug
 the same Ansible connection as apply (templated `ansible_host`, `ansible_password`, become, a
 bastion in ssh_args, vaulted connection variables). What each host returned, handed back as the
 run's stats (`readings`), goes to one file; one pytest process (the plugin `checks/plugin.py`) then decides each
-check per host from it without connecting anywhere; the JUnit XML it writes becomes the report's checks.
+check per host from it, but for the checks that ask the host through testinfra's `host` (its ansible backend, in the
+run's Ansible environment: `runner.adhoc_environment`), and the user's own check files in the inventory's
+`checks/`; the JUnit XML it writes becomes the report's checks.
 Each container's capacity is computed from the same reading (`capacity_of`, provision/capacity.py), which
 is all `provision capacity` asks for (`capacity_report`). A host that cannot be read shows up as failed
 checks naming the reason (the connection error, or the probe's own).
