@@ -75,7 +75,8 @@ def test_service_listening(host, target):
     _sglang(target)  # the sglang phase's record, or the reason there is none
     state = target.json(SERVICE_STATE)
     where = f"[{state['host']}]:{state['port']}" if ":" in state["host"] else f"{state['host']}:{state['port']}"
-    assert host.socket(f"tcp://{where}").is_listening, f"nothing listens on {where}"
+    # testinfra's socket spec takes an IPv6 address bare (`tcp://::1:30000`: the port after the last colon)
+    assert host.socket(f"tcp://{state['host']}:{state['port']}").is_listening, f"nothing listens on {where}"
 
 
 def test_health_answers(target):

@@ -463,3 +463,30 @@ def test_the_kernel_booted_next_must_have_the_nvidia_module(tmp_path):
         "install its headers (apt install proxmox-headers-6.14.8-2-pve; proxmox-default-headers brings every future "
         "kernel's), then dkms autoinstall -k 6.14.8-2-pve, before the node reboots"
     ))  # fmt: skip
+
+
+def test_the_listening_check_takes_an_ipv6_address_as_sglang_host_does(tmp_path):
+    """sglang_host ::1 (the bench lab's): the check asks testinfra for the IPv6 socket and passes while it listens."""
+    import socket as socket_mod
+
+    from provision import runner
+
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_containers": {"hosts": {"ct1": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))  # fmt: skip
+    listener = socket_mod.socket(socket_mod.AF_INET6)
+    listener.bind(("::1", 0))
+    listener.listen()
+    state = {"service": "sglang", "host": "::1", "port": listener.getsockname()[1]}
+    probe = {"boot_id": "b", "state_dir": "/srv/state", "files": {support.SERVICE_STATE: json.dumps(state)},
+             "sglang": {"service": {}}}  # fmt: skip
+    spec = tmp_path / "hosts.json"
+    spec.write_text(json.dumps({"hosts": {"ct1": ["test_common.py", "test_container.py"]}, "nodes": {},
+                                "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}}}))  # fmt: skip
+    try:
+        with runner.adhoc_environment(1) as env:
+            checks = verify._run_checks(["ct1"], spec, tmp_path, "service_listening", env, inv)
+    finally:
+        listener.close()
+    assert [(c.name, c.passed, c.reason) for c in checks] == [("test_service_listening", True, "")]
