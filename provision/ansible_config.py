@@ -16,8 +16,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from provision.errors import UsageError
-
 # (setting, connection plugin or None for a base setting) -> the environment variable provision sets
 SSH = "ssh"
 FORKS = ("DEFAULT_FORKS", None)
@@ -89,12 +87,8 @@ def plugin_definitions() -> dict[str, dict]:
 def config_manager(path: Path | None) -> Any:
     """Ansible's ConfigManager over the user's file, with the connection plugins' settings known."""
     from ansible.config.manager import ConfigManager
-    from ansible.errors import AnsibleOptionsError
 
-    try:
-        manager = ConfigManager(str(path) if path else None)
-    except AnsibleOptionsError as exc:  # a file Ansible cannot read: the user's to fix, named
-        raise UsageError(f"{path}: Ansible cannot read this ansible.cfg: {' '.join(str(exc).split())}") from None
+    manager = ConfigManager(str(path) if path else None)
     for name, definitions in plugin_definitions().items():
         manager.initialize_plugin_configuration_definitions("connection", name, definitions)
     return manager

@@ -559,9 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         errors, outcome = ["stdout was closed before the output was written"], Outcome(EXIT_FAILED)
         _stdout_gone()
     except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
-        if _ansible_config_error(exc):  # an ansible.cfg Ansible cannot read, found when ansible is first imported
-            errors, outcome = [_ansible_config_error(exc)], Outcome(EXIT_USAGE)
-            return _finish(argv, want_json, args, errors, outcome)
+        unreadable = _ansible_config_error(exc)  # an ansible.cfg Ansible cannot read: the user's to fix, named
+        if unreadable:
+            return _finish(argv, want_json, args, [unreadable], Outcome(EXIT_USAGE))
         if os.environ.get("PROVISION_DEBUG"):
             raise
         detail = f"{type(exc).__name__}: {exc}"

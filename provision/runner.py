@@ -346,16 +346,25 @@ def adhoc_environment(host_count: int, host_key_checking: bool = True, vault: Va
     checks. Its directory (ssh's control sockets, Ansible's temp) and every process started with it are gone on
     exit, as after a playbook run. Provision's Mitogen strategy is left out: an ad-hoc command pays its start-up
     (twice the command's time) for one task; a strategy the user's ansible.cfg names still applies."""
-    pdd = Path(tempfile.mkdtemp(prefix=watchdog.PREFIX))  # 0700
-    try:
-        with watchdog.watched(pdd):
-            env = _environment(pdd, host_count, host_key_checking)
-            for setting in (ansible_config.STRATEGY, ansible_config.STRATEGY_PLUGINS):
-                env.pop(ansible_config.ENV[setting], None)
-            yield {**env, **(vault or VaultOptions()).environment()}
-    finally:
-        interrupts.stop_run(str(pdd))
-        shutil.rmtree(pdd, ignore_errors=True)
+    with private_data_dir() as pdd:
+        env = _environment(pdd, host_count, host_key_checking)
+        for setting in (ansible_config.STRATEGY, ansible_config.STRATEGY_PLUGINS):
+            env.pop(ansible_config.ENV[setting], None)
+        yield {**env, **(vault or VaultOptions()).environment()}
+
+
+@contextlib.contextmanager
+def private_data_dir():
+    """A run's private data dir (0700, in $TMPDIR), under a watchdog: should provision die without a word, the
+    watchdog stops the run's processes and removes it. On exit every process of the run is stopped (what a cancel
+    left, and ssh's ControlPersist masters) and the dir removed."""
+    pdd = Path(tempfile.mkdtemp(prefix=watchdog.PREFIX))
+    with watchdog.watched(pdd):
+        try:
+            yield pdd
+        finally:
+            interrupts.stop_run(str(pdd))
+            shutil.rmtree(pdd, ignore_errors=True)
 
 
 def _prepare(pdd: Path) -> None:
@@ -440,11 +449,9 @@ def run_playbook(
     if not config.playbook_path.is_file():
         raise ProvisionError(f"{config.playbook_path}: packaged playbook not found")
     watchdog.sweep()  # the private data dirs of runs killed with their watchdog
-    pdd = Path(tempfile.mkdtemp(prefix=watchdog.PREFIX))  # 0700
-    started = (time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds"))
-    collector = EventCollector(on_update=progress.update if progress else None)
-    # should provision die without a word, the watchdog stops the run's processes and removes its private data dir
-    with watchdog.watched(pdd):
+    with private_data_dir() as pdd:
+        started = (time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds"))
+        collector = EventCollector(on_update=progress.update if progress else None)
         try:
             args = config.runner_args(pdd)
             if progress:
@@ -455,10 +462,8 @@ def run_playbook(
                 raise Interrupted(f"interrupted by {trap.name}: run record {record.path}", trap.signum)
             return result
         finally:
-            interrupts.stop_run(str(pdd))  # what a cancel left, and ssh's ControlPersist masters
             if progress:
                 progress.stop()
-            shutil.rmtree(pdd, ignore_errors=True)
 
 
 def _run(args: dict[str, Any], collector: EventCollector, cancel=None) -> tuple[Any, interrupts.SignalTrap]:

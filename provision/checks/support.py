@@ -19,7 +19,7 @@ SMOKE_MAX_TOKENS = 2048
 # others may hold secrets), through Ansible, so templates, vault and precedence are Ansible's
 HOST_VARS = ("verify_smoke_question", "verify_smoke_expect", "verify_session_tokens", "nvidia_driver_version")
 
-# the inventory the checks' testinfra `host` fixture reaches hosts through (conftest.py), set by provision verify
+# the inventory the checks' testinfra `host` fixture reaches hosts through (plugin.py), set by provision verify
 INVENTORY_ENV = "PROVISION_VERIFY_INVENTORY"
 
 # the records the checks read, by their names in the state directory

@@ -118,11 +118,10 @@ def test_the_kernel_booted_next_has_the_nvidia_module(target):
     if not nvidia_driver.pinned(target.vars.get("nvidia_driver_version")):
         return
     release = next_kernel(target)
-    dkms = target.command(DKMS_STATUS)
-    built = nvidia_driver.parse_dkms_status(dkms["stdout"])
+    built = nvidia_driver.parse_dkms_status(target.command(DKMS_STATUS)["stdout"])
+    seen = "; ".join(sorted({f"{e['kernel']} {e['state']}" for e in built})) or "none"
     assert any(e["kernel"] == release and e["state"] == "installed" for e in built), (
-        f"the kernel the node boots next, {release}, has no NVIDIA module ("
-        + (f"dkms status: {'; '.join(sorted({e['kernel'] + ' ' + e['state'] for e in built})) or 'none'}")
-        + f"): install its headers (apt install proxmox-headers-{release}; proxmox-default-headers brings every "
-        f"future kernel's), then dkms autoinstall -k {release}, before the node reboots"
+        f"the kernel the node boots next, {release}, has no NVIDIA module (dkms status: {seen}): install its headers "
+        f"(apt install proxmox-headers-{release}; proxmox-default-headers brings every future kernel's), then "
+        f"dkms autoinstall -k {release}, before the node reboots"
     )
