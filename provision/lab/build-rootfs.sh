@@ -17,6 +17,13 @@ rm -rf "$OUT.tmp"
 PACKAGES=systemd-sysv,udev,dbus,linux-image-amd64,grub-pc,systemd-boot,openssh-server,python3,python3-apt
 PACKAGES+=,python3-venv,python3-pip,iproute2,sudo,kmod,procps,ca-certificates,less,zstd,e2fsprogs,dosfstools
 PACKAGES+=,pciutils,curl
+# What the sglang role installs into a GPU container at run time (roles/sglang/defaults sglang_runtime_packages:
+# Triton's C compiler and the headers of the service's Python): downloaded, not installed, into a local apt
+# repository that is the lab's only apt source, so a container made from this rootfs lacks them until apt installs
+# them, as one made from PVE's minimal template does. Its Packages index is what apt-ftparchive writes: each .deb's
+# control fields, then Filename, Size and SHA256.
+export CT_RUNTIME_PACKAGES="gcc libc6-dev python3-dev"
+export LAB_APT_INDEX='cd /srv/lab-apt && rm -rf partial lock && for d in *.deb; do dpkg-deb -f "$d"; printf "Filename: ./%s\nSize: %s\nSHA256: %s\n\n" "$d" "$(stat -c %s "$d")" "$(sha256sum "$d" | cut -d" " -f1)"; done > Packages'
 mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   --include="$PACKAGES" \
   --skip=essential/unlink \
@@ -26,6 +33,9 @@ mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   --customize-hook="sync-out /var/cache/apt/archives $CACHE" \
   --customize-hook='printf "\nvirtio_pci\nvirtio_blk\next4\n" >> "$1"/etc/initramfs-tools/modules && echo MODULES=list > "$1"/etc/initramfs-tools/conf.d/lab-modules.conf' \
   --customize-hook='rm "$1"/usr/sbin/update-initramfs && chroot "$1" dpkg-divert --local --rename --remove /usr/sbin/update-initramfs && chroot "$1" update-initramfs -c -k all' \
+  --customize-hook='mkdir -p "$1"/srv/lab-apt/partial && chroot "$1" apt-get install --download-only --no-install-recommends -y -o Dir::Cache::Archives=/srv/lab-apt/ $CT_RUNTIME_PACKAGES' \
+  --customize-hook='chroot "$1" sh -c "$LAB_APT_INDEX"' \
+  --customize-hook='echo "deb [trusted=yes] file:/srv/lab-apt ./" > "$1"/etc/apt/sources.list' \
   --customize-hook='for t in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer e2scrub_reap.service dpkg-db-backup.timer fstrim.timer; do chroot "$1" systemctl mask $t; done' \
   --customize-hook='chroot "$1" systemctl enable systemd-networkd' \
   --customize-hook='rm -f "$1"/etc/ssh/ssh_host_*' \

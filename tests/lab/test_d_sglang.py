@@ -94,6 +94,34 @@ def test_second_apply_changes_nothing_and_does_not_restart(ct, lab_inventory, ru
     assert show(ct, "ExecMainStartTimestampMonotonic") == started
 
 
+def journal_until(ct, since: str, text: str, timeout: float = 60) -> str:
+    """The service's journal since `since` (epoch seconds on the CT) once it holds `text`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = ct.ssh(f"journalctl -u sglang --since @{since} -o cat").stdout
+        if text in out or time.monotonic() > deadline:
+            return out
+        time.sleep(1)
+
+
+def test_triton_needs_the_compiler_and_headers_the_role_installs(ct, lab_inventory, runs):
+    """The container is made from the lab's template, which has neither a C compiler nor Python.h, and whose only
+    apt source is a local mirror. The stand-in builds a C launcher at its first generate as Triton does: with the
+    headers package removed (and Triton's cache emptied) it fails naming Python.h, with the compiler removed it
+    fails as Triton does without one; apply installs both again and the server serves."""
+    vars_ = {"sglang_p2p": "off", "sglang_tp_size": 2}
+    for package, missing in (("libpython3.11-dev", "Python.h: No such file or directory"),
+                             ("gcc", "RuntimeError: Failed to find C compiler")):  # fmt: skip
+        since = ct.ssh("date +%s").stdout.strip()
+        removed = ct.ssh(f"apt-get remove -y {package} && rm -rf /var/lib/sglang/.triton && systemctl restart sglang")
+        assert removed.returncode == 0, removed.stderr
+        assert missing in journal_until(ct, since, missing), f"{package} removed, yet no '{missing}'"
+    rc, result, err = converge(lab_inventory, runs, vars_)
+    assert rc == 0, err[-3000:]
+    assert ct.ssh("test -x /usr/bin/gcc && test -f /usr/include/python3.11/Python.h").returncode == 0
+    assert get(ct, "/health_generate", key=None)[0] == 200
+
+
 def test_changing_one_flag_restarts_exactly_once(ct, lab_inventory, runs):
     since = ct.ssh("date +%s").stdout.strip()
     time.sleep(1)

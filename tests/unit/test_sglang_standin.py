@@ -67,14 +67,16 @@ def bound(port: int) -> bool:
 
 class Standin:
     def __init__(self, site: Path, tmp: Path, *args: str, startup_s: float = 0.5, token_delay_s: float = 0.002,
-                 think_tokens: int = 0):  # fmt: skip
+                 think_tokens: int = 0, env: dict | None = None):  # fmt: skip
         self.port = free_port()
         config = tmp / "secrets.yaml"
         config.write_text(json.dumps({"api-key": KEY}) + "\n")
         self.log = (tmp / "standin.log").open("w+")
         env = {**os.environ, "PYTHONPATH": str(site), "SGLANG_LABSERVER_STARTUP_S": str(startup_s),
                "SGLANG_LABSERVER_TOKEN_DELAY_S": str(token_delay_s),
-               "SGLANG_LABSERVER_THINK_TOKENS": str(think_tokens)}  # fmt: skip
+               "SGLANG_LABSERVER_THINK_TOKENS": str(think_tokens), "TRITON_CACHE_DIR": str(tmp / "triton"),
+               **(env or {})}  # fmt: skip
+        env.pop("CC", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_labserver.launch_server", "--model-path", "/m", "--port", str(self.port),
              "--config", str(config), *args],
@@ -299,3 +301,28 @@ def test_an_ipv6_host_is_bound_on_an_ipv6_socket_and_logged_in_brackets(standin)
             time.sleep(0.1)
     assert f"Uvicorn running on http://[::1]:{s.port} (Press CTRL+C to quit)" in s.output()
     assert not bound(s.port), "an IPv6 host must not be served on 127.0.0.1"
+
+
+def test_the_first_generate_builds_the_launcher_with_cc_and_a_later_start_takes_it_from_the_cache(standin, tmp_path):
+    """Triton's launcher (triton/runtime/build.py): compiled against Python.h at the first kernel launch, kept in
+    TRITON_CACHE_DIR under the sha256 of its source, loaded from there by the next start."""
+    first = standin()
+    first.wait_ready()
+    built = list((tmp_path / "triton").glob("*/cuda_utils*.so"))
+    assert len(built) == 1, first.output()
+    stamp = built[0].stat().st_mtime_ns
+    first.stop()
+    second = standin()
+    second.wait_ready()
+    assert built[0].stat().st_mtime_ns == stamp
+
+
+def test_without_a_c_compiler_the_first_generate_takes_the_server_down_naming_it(standin, tmp_path):
+    """No $CC, no gcc or clang on PATH: Triton's RuntimeError in the scheduler, which SIGQUITs the parent."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    s = standin(env={"PATH": str(bare)})
+    assert s.proc.wait(30) == -signal.SIGKILL
+    out = s.output()
+    assert "Scheduler hit an exception" in out
+    assert "RuntimeError: Failed to find C compiler. Please specify via CC environment variable." in out

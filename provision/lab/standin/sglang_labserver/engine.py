@@ -30,8 +30,11 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
+
+from sglang_labserver import triton_launcher
 
 TOKEN_DELAY_S = float(os.environ.get("SGLANG_LABSERVER_TOKEN_DELAY_S", "0.002"))
 WATCHDOG_INTERVAL_S = 1.0  # utils/watchdog.py l.180
@@ -54,10 +57,13 @@ def run_scheduler_process(requests, to_detokenizer) -> None:
     """A continuous-batching loop: each step emits one token for every running request."""
     _set_process_name("sglang::schedul")
     running: dict[str, list] = {}  # rid -> [words, next index]
+    launcher = None
     try:
         while True:
             if not running:
                 _scheduler_handle(requests.recv(), running)
+            if launcher is None and running:  # the first forward pass launches the first Triton kernel
+                launcher = _triton_launcher_or_quit()
             while requests.poll():
                 _scheduler_handle(requests.recv(), running)
             step = []
@@ -72,6 +78,17 @@ def run_scheduler_process(requests, to_detokenizer) -> None:
             to_detokenizer.send(step)
     except (EOFError, SystemExit):  # the parent is gone, or asked us to exit (ShutdownReq)
         return
+
+
+def _triton_launcher_or_quit():
+    """The launcher Triton builds at its first kernel launch. A failure goes as in scheduler.py
+    `run_scheduler_process`: the traceback is logged, then SIGQUIT to the parent, which kills the tree."""
+    try:
+        return triton_launcher.load()
+    except Exception:
+        log(f"Scheduler hit an exception: {traceback.format_exc()}")
+        os.kill(os.getppid(), signal.SIGQUIT)
+        raise SystemExit(1) from None
 
 
 def _scheduler_handle(msg: tuple, running: dict) -> None:

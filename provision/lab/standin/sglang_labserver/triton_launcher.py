@@ -1,0 +1,87 @@
+"""What Triton does in the container at the first kernel launch: it builds its C launcher.
+
+Triton 3.x (the release torch pins for SGLang 0.5.23), `triton/runtime/build.py` and the CUDA backend's
+`driver.py` (`compile_module_from_src`):
+- the compiler is `$CC`, else `gcc`, else `clang` on PATH (`get_cc`); with none, `RuntimeError("Failed to find C
+  compiler. Please specify via CC environment variable.")`;
+- the headers are the running Python's (`sysconfig.get_paths(scheme)["include"]`, `posix_local` read as
+  `posix_prefix`): a venv's interpreter points at the system's `/usr/include/python3.X`, which only the distribution's
+  `python3-dev` provides;
+- `cc main.c -O3 -shared -fPIC -Wno-psabi -o <so> -I<include>` runs through `subprocess.check_call`, so a missing
+  header is the compiler's own "fatal error: Python.h: No such file or directory" and a `CalledProcessError`;
+- the module is kept in Triton's cache (`$TRITON_CACHE_DIR`, else `~/.triton/cache`) under the sha256 of its
+  source, and loaded from there; a later start finds it and builds nothing.
+
+The launcher here is a tiny extension of the same shape (it includes `Python.h` and defines `PyInit_<name>`); the
+real one also links `-lcuda`, which the lab's containers have no library for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+
+NAME = "cuda_utils"
+SOURCE = """#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *launch(PyObject *self, PyObject *args) { Py_RETURN_NONE; }
+
+static PyMethodDef methods[] = {{"launch", launch, METH_VARARGS, "launch a kernel"}, {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cuda_utils", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_cuda_utils(void) { return PyModule_Create(&module); }
+"""
+
+
+def get_cc() -> str:
+    cc = os.environ.get("CC")
+    if cc is None:
+        cc = shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+    return cc
+
+
+def python_include() -> str:
+    scheme = sysconfig.get_default_scheme()
+    if scheme == "posix_local":
+        scheme = "posix_prefix"
+    return sysconfig.get_paths(scheme=scheme)["include"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def build(src_path: str, out_dir: str) -> str:
+    so = os.path.join(out_dir, NAME + sysconfig.get_config_var("EXT_SUFFIX"))
+    cmd = [get_cc(), src_path, "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", so, f"-I{python_include()}"]
+    subprocess.check_call(cmd)
+    return so
+
+
+def load():
+    """The launcher module: from the cache, else built now and put there."""
+    key = hashlib.sha256(SOURCE.encode()).hexdigest()
+    cached = cache_dir() / key / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not cached.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "main.c")
+            Path(src).write_text(SOURCE)
+            so = build(src, tmp)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            part = cached.with_suffix(".tmp")
+            shutil.copyfile(so, part)
+            part.replace(cached)
+    spec = importlib.util.spec_from_file_location(NAME, cached)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
