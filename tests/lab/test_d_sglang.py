@@ -116,7 +116,7 @@ def test_triton_needs_the_compiler_and_headers_the_role_installs(ct, lab_invento
         removed = ct.ssh(f"apt-get remove -y {package} && rm -rf /var/lib/sglang/.triton && systemctl restart sglang")
         assert removed.returncode == 0, removed.stderr
         assert missing in journal_until(ct, since, missing), f"{package} removed, yet no '{missing}'"
-    rc, result, err = converge(lab_inventory, runs, vars_)
+    rc, _, err = converge(lab_inventory, runs, vars_)
     assert rc == 0, err[-3000:]
     assert ct.ssh("test -x /usr/bin/gcc && test -f /usr/include/python3.11/Python.h").returncode == 0
     assert get(ct, "/health_generate", key=None)[0] == 200
