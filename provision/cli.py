@@ -549,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         errors = outcome.errors
     except InventoryError as exc:
         errors, outcome = exc.problems, Outcome(EXIT_USAGE)
+        args.secrets = exc.secrets
     except Interrupted as exc:  # the run record is written; the envelope carries its summary
         errors, outcome = [str(exc)], Outcome(exc.exit_code, exc.result, exc.hosts)
     except ProvisionError as exc:
@@ -573,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
 def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: list[str], outcome: Outcome) -> int:
     """The error lines on stderr and, with --json, the one envelope on stdout; a stdout closed by its reader ends
     the output there, with the command's own exit code."""
-    redactor = secrets.Redactor(getattr(args, "secrets", ()))  # what the inventory's load found
+    # the environment's secrets, and what the inventory's load found (also when it failed)
+    redactor = secrets.Redactor(secrets.values() | set(getattr(args, "secrets", ())))
     errors = [redactor.text(_one_line(line)) for line in errors]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)

@@ -34,8 +34,9 @@ class UsageError(ProvisionError):
 class InventoryError(UsageError):
     """One or more problems in an inventory. `problems` holds one line per problem."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], secrets: frozenset[str] = frozenset()):
         self.problems = problems
+        self.secrets = secrets  # the inventory's secrets as far as it could be read: the lines are scrubbed of them
         super().__init__("\n".join(problems))
 
 

@@ -47,6 +47,8 @@ EXAMPLE_NAME = "example"
 # A host name Ansible accepts but no ssh, shell or file path should get: whitespace or control characters.
 _BAD_HOST_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
 RENDERED_INTO = "it would be written into a systemd unit, a GRUB file or the kernel command line"
+# A flag's argument that names no file may be the secret itself, typed where its file was expected
+NOT_ECHOED = "the argument is not shown: it names no file, and may be the password itself"
 _HOST_KEY_OFF_ARGS = re.compile(
     r"StrictHostKeyChecking[= ]+(no|off|false|accept-new)\b|UserKnownHostsFile[= ]+/dev/null", re.I
 )
@@ -287,14 +289,19 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
         )
     for f in files:
         if not os.access(f, os.R_OK) or not Path(f).is_file():
-            raise UsageError(f"--vault-password-file {f}: no such readable file")
+            raise UsageError(f"--vault-password-file: no such readable file ({NOT_ECHOED})")
+    for vault_id in ids:
+        label, _, source = vault_id.rpartition("@")
+        if not Path(source).exists():
+            raise UsageError(f"--vault-id {label}@…: no such password file or script ({NOT_ECHOED})")
     try:
         with captured_warnings():  # each bad source is also raised: say it once
             found = CLI.setup_vault_secrets(
                 loader, vault_ids=ids, vault_password_files=files, auto_prompt=False, initialize_context=False
             )
     except Exception as exc:
-        raise UsageError(f"--vault-id {' '.join(ids)}: {one_line(getattr(exc, 'message', None) or exc)}") from None
+        labels = " ".join(i.rpartition("@")[0] or "default" for i in ids)
+        raise UsageError(f"--vault-id {labels}: {one_line(getattr(exc, 'message', None) or exc)}") from None
     loader.set_vault_secrets(found)
     try:  # ansible-core 2.19+: inline !vault values decrypt through this process-wide context
         from ansible.parsing.vault import VaultSecretsContext
@@ -397,9 +404,14 @@ VARIABLE_TYPES.update(
 )
 
 
+def _kind(value: Any) -> type:
+    """The YAML type a value was written as, without Ansible's tagged types (`_AnsibleTaggedInt` is an int)."""
+    return next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)), type(value))
+
+
 def _describe(value: Any) -> str:
     """`'110' (str)`: the value as the user wrote it, without Ansible's tagged types."""
-    kind = next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)), type(value))
+    kind = _kind(value)
     plain = kind(value) if kind in (int, float, str, list, dict) else value
     return f"{plain!r} ({kind.__name__})"
 
@@ -450,7 +462,7 @@ def _check_types(host: Host) -> list[tuple[str, str, str]]:
         value = host.vars.get(name)
         if value is None or is_template(value) or from_vault(value) or check(value):
             continue
-        got = f"a value of type {type(value).__name__}" if name in secrets.declared_secrets() else _describe(value)
+        got = f"a value of type {_kind(value).__name__}" if name in secrets.declared_secrets() else _describe(value)
         found.append((host.where(name), host.name, f"{name}: expected {expected}, got {got}"))
     return found
 
@@ -461,7 +473,7 @@ def _per_source(found: list[tuple[str, str, str]]) -> list[str]:
     for where, host, problem in found:
         hosts.setdefault((where, problem), []).append(host)
     return [
-        f"{where}: host{'s' if len(names) > 1 else ''} {', '.join(sorted(names))}: {problem}"
+        f"{where}: host{'s' if len(set(names)) > 1 else ''} {', '.join(sorted(set(names)))}: {problem}"
         for (where, problem), names in hosts.items()
     ]
 
@@ -731,7 +743,7 @@ def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_c
     inv.host_key_checking = host_key_checking
     problems = validate(inv, host_key_checking)
     if problems:
-        raise InventoryError(problems)
+        raise InventoryError(problems, frozenset(secrets.values(inv)))
     inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
-    inv.warnings += unknown_variable_warnings(inv)
+    inv.warnings += unknown_variable_warnings(inv) + secrets.weak_warnings(inv)
     return inv

@@ -7,7 +7,11 @@ The secret set (`values`), one rule for every command:
   own templating on the controller, so that a value read through `lookup('ansible.builtin.env', NAME)`
   is known whatever NAME is;
 - every value that came out of a vault, whatever its variable is called (nested ones leaf by leaf).
-Values shorter than MIN_LEN characters are never secrets (they would scrub every "1").
+A value too short (under STRONG_LEN characters) or too common to be masked by substring is not masked: masking
+"admin" in every "sysadmin" would tell every reader of a log what it is. It is named in a warning instead
+(`weak_warnings`): Ansible's no_log is then all that keeps it out of the output. Common means a word of the
+inventory (a host, group or variable name contains it), of provision's own names, or of a short list of the
+passwords people type first.
 
 The redactor (`Redactor`) replaces every secret in each spelling logs, URLs, shell commands and JSON
 give it (`forms`): as written; JSON-escaped; Python's repr; URL-encoded (quote, quote_plus); shell-quoted
@@ -34,7 +38,13 @@ import yaml
 from provision.paths import roles_dir
 
 REDACTED = "********"
-MIN_LEN = 4
+MIN_LEN = 4  # no spelling of a secret shorter than this is replaced (a base64 fragment of two characters)
+STRONG_LEN = 8
+# Where a secret occurs inside one of these, masking it would show it. Besides the inventory's own names.
+COMMON_WORDS = frozenset({
+    "provision", "proxmox", "sglang", "nvidia", "ansible", "vault", "password", "passw0rd", "secret", "changeme",
+    "admin", "administrator", "letmein", "welcome", "qwerty", "123456789", "1234567890", "root", "toor",
+})  # fmt: skip
 # Environment variables whose values are secrets wherever they appear.
 # A secret-looking environment name: one of these words between underscores (HF_TOKEN, PROXMOX_PASSWORD,
 # MY_API_KEY), never a part of a longer word (TOKENIZERS_PARALLELISM) nor VAULT alone (VAULT_FORMAT).
@@ -68,14 +78,50 @@ def secret_names() -> frozenset[str]:
 
 
 def values(inv: Any = None) -> set[str]:
-    """The secret set: secret-looking environment values, and with an inventory its secrets (module doc)."""
+    """The secret set: secret-looking environment values, and with an inventory its secrets (module doc); those
+    too weak to mask left out."""
     found = {v for k, v in os.environ.items() if _SECRET_ENV.search(k)}
     if inv is not None:
-        found |= set(_inventory_values(inv))
-    return {v for v in found if isinstance(v, str) and len(v) >= MIN_LEN and v.lower() not in _NEVER_SECRET}
+        found |= {text for _, _, text in _inventory_secrets(inv)}
+    words = vocabulary(inv)
+    return {v for v in found if isinstance(v, str) and not weakness(v, words)}
 
 
-def _inventory_values(inv: Any) -> Iterator[str]:
+def vocabulary(inv: Any = None) -> frozenset[str]:
+    """The names a secret must not occur in to be masked: provision's, and the inventory's hosts, groups, vars."""
+    words = set(COMMON_WORDS) | secret_names()
+    if inv is not None:
+        words |= set(inv.hosts) | set(inv.groups) | {name for host in inv.hosts.values() for name in host.vars}
+    return frozenset(w.lower() for w in words)
+
+
+def weakness(secret: str, words: frozenset[str]) -> str:
+    """Why a secret cannot be masked by substring ('' where it can)."""
+    if len(secret) < STRONG_LEN:
+        return f"too short to be masked ({len(secret)} characters; {STRONG_LEN} or more are)"
+    low = secret.lower()
+    if low in _NEVER_SECRET or any(low in w for w in words):  # which name is not said: that would narrow it down
+        return "too common to be masked (a common password, or part of a host, group or variable name)"
+    return ""
+
+
+def weak_warnings(inv: Any) -> list[str]:
+    """One line per inventory secret that is not masked, naming where it is set and why (module doc)."""
+    words, seen, lines = vocabulary(inv), set(), []
+    for host, name, text in _inventory_secrets(inv):
+        why = weakness(text, words)
+        where = host.where(name)
+        if why and (where, name) not in seen:
+            seen.add((where, name))
+            lines.append(
+                f"{where}: {name}: its value is {why}, so provision does not mask it in logs, records or errors "
+                "(Ansible's no_log still hides it in task output): use a longer, random one"
+            )
+    return lines
+
+
+def _inventory_secrets(inv: Any) -> Iterator[tuple[Any, str, str]]:
+    """(host, variable, text) for every secret leaf of the inventory, templates rendered as Ansible will."""
     from provision.inventory import captured_warnings, from_vault, is_template
 
     names = secret_names()
@@ -88,7 +134,7 @@ def _inventory_values(inv: Any) -> Iterator[str]:
                         if text and is_template(text):
                             text = _render(inv, host, leaf)
                         if text:
-                            yield text
+                            yield host, name, text
 
 
 def _leaves(value: Any) -> Iterator[Any]:
@@ -155,20 +201,29 @@ def forms(secret: str) -> set[str]:
     return {f for f in found if len(f) >= MIN_LEN}
 
 
+# Secrets recognised by their shape, whichever variable or argument they were pasted into: the secret part of a
+# whole PVE API token (USER@REALM!TOKENID=UUID, as `pveum user token add` prints it and PVEAPIToken= sends it) and a
+# Hugging Face access token (hf_ and 34 letters or digits).
+TOKEN_SHAPES = (
+    (re.compile(r"([\w.-]+@[\w.-]+![\w.-]+=)[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}"), rf"\1{REDACTED}"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
+)
+
+
 class Redactor:
-    """Replaces every form of every secret it holds by REDACTED: in text, in JSON-able values (strings only),
-    in every file under a directory."""
+    """Replaces every form of every secret it holds, and every token-shaped string (TOKEN_SHAPES), by REDACTED: in
+    text, in JSON-able values (strings only), in every file under a directory."""
 
     def __init__(self, secrets: Iterable[str] = ()):
         self.secrets = frozenset(s for s in secrets if isinstance(s, str) and len(s) >= MIN_LEN)
         spellings = sorted({f for s in self.secrets for f in forms(s)}, key=lambda f: (-len(f), f))
         self._pattern = re.compile("|".join(map(re.escape, spellings))) if spellings else None
 
-    def __bool__(self) -> bool:
-        return self._pattern is not None
-
     def text(self, text: str) -> str:
-        return self._pattern.sub(REDACTED, text) if self._pattern else text
+        text = self._pattern.sub(REDACTED, text) if self._pattern else text
+        for shape, replacement in TOKEN_SHAPES:
+            text = shape.sub(replacement, text)
+        return text
 
     def obj(self, value: Any) -> Any:
         """A JSON-able value with every secret replaced in its strings (keys and numbers untouched)."""
@@ -183,7 +238,7 @@ class Redactor:
     def tree(self, root: Path) -> int:
         """Replace every secret in every file under root (links left alone). Returns the files changed."""
         changed = 0
-        for path in root.rglob("*") if self else ():
+        for path in root.rglob("*"):
             if not path.is_file() or path.is_symlink():
                 continue
             try:

@@ -24,6 +24,12 @@ from tests.unit.test_inventory import GOOD_HOSTS
 GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
 CT2 = "        ct2:\n          proxmox_host: pve1\n          proxmox_vmid: 110\n"
 GV = "group_vars/all.yml"
+# Secrets pasted where they do not belong: none may be printed, whatever the error
+PVE_TOKEN_SECRET = "3f2a9c1e-7b4d-4e8f-9a21-" + "6c5d8e0f1b2a"
+PVE_TOKEN = f"root@pam!provision={PVE_TOKEN_SECRET}"
+HF_TOKEN = "hf_" + "Qm7RkT2xWp9LzA4cVb8NyE3dHf6Js1Ug5K"
+VAULT_PASSWORD = "S3cretVault" + "Pw-x1"
+NEVER_PRINTED = ("98765432", PVE_TOKEN_SECRET, HF_TOKEN, VAULT_PASSWORD)
 
 
 def _deep(levels: int) -> str:
@@ -76,6 +82,8 @@ INVENTORIES = [
     ("host-key-checking-off-as-a-word", {"hosts.yml": GOOD, GV: "ansible_host_key_checking: 'off'\n"}),
     ("accept-new-host-keys", {"hosts.yml": GOOD, GV: "ansible_ssh_extra_args: -o StrictHostKeyChecking=accept-new"}),
     ("secret-of-the-wrong-type", {"hosts.yml": GOOD, GV: "proxmox_api_password: 98765432\n"}),
+    ("whole-pve-token-in-token-id", {"hosts.yml": GOOD, GV: f"proxmox_api_token_id: '{PVE_TOKEN}'\n"}),
+    ("hf-token-in-a-port", {"hosts.yml": GOOD, GV: f"proxmox_api_port: {HF_TOKEN}\n"}),
     ("collection-plugin-not-installed", {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"}),
 ]  # fmt: skip
 
@@ -116,6 +124,9 @@ FLAGS = [
     ("diag-unknown-flag", ["diag", "-i", "INV", "--frob"]),
     ("vault-id-prompt", ["plan", "-i", "INV", "--vault-id", "dev@prompt"]),
     ("runs-dir-dangling-link", ["plan", "-i", "INV", "--runs-dir", "DANGLING"]),
+    ("vault-password-given-as-its-file", ["plan", "-i", "INV", "--vault-password-file", VAULT_PASSWORD]),
+    ("vault-password-given-as-a-vault-id", ["plan", "-i", "INV", "--vault-id", f"prod@{VAULT_PASSWORD}"]),
+    ("whole-pve-token-as-the-inventory", ["inventory", "check", "-i", PVE_TOKEN]),
 ]
 
 
@@ -159,7 +170,8 @@ def _assert_usage_error(argv: list[str], capsys, runs: Path, one_line: bool = Tr
     assert code == 2 and envelope["exit_code"] == 2 and envelope["ok"] is False
     assert envelope["errors"] == [line.removeprefix("error: ") for line in err_json]
     assert not runs.exists(), "a run record was made for a bad input"
-    assert "98765432" not in "\n".join(err) + out, "a secret's value was printed"
+    shown = "\n".join(err + err_json) + out
+    assert not [secret for secret in NEVER_PRINTED if secret in shown], f"a secret was printed: {shown}"
 
 
 @pytest.fixture

@@ -186,3 +186,30 @@ def test_a_secret_with_a_newline_is_scrubbed_from_the_one_line_a_failure_shows()
     message = _failure_message({"msg": f"login failed with {secret} for root@pam"})
     assert "\n" not in message
     assert Redactor([secret]).text(message) == f"login failed with {REDACTED} for root@pam"
+
+
+def test_a_token_pasted_anywhere_is_scrubbed_by_its_shape_and_ids_that_are_no_secret_stay():
+    pve_secret, hf = "3f2a9c1e-7b4d-4e8f-9a21-" + "6c5d8e0f1b2a", "hf_" + "Qm7RkT2xWp9LzA4cVb8NyE3dHf6Js1Ug5K"
+    boot_id = "0d6f3c2a-1b2c-4d5e-8f90-a1b2c3d4e5f6"
+    text = f"got 'root@pam!provision={pve_secret}', token {hf}; boot {boot_id}"
+    assert Redactor().text(text) == f"got 'root@pam!provision={REDACTED}', token {REDACTED}; boot {boot_id}"
+
+
+@pytest.mark.parametrize(
+    ("password", "why"),
+    [("hunter2", "too short to be masked (7 characters"), ("Password", "too common"), ("gpu_containers", "too common"),
+     ("widget_no", "too common")],
+)  # fmt: skip
+def test_a_secret_too_short_or_too_common_is_named_in_a_warning_and_not_masked(tmp_path, monkeypatch, password, why):
+    """Masking such a value everywhere it occurs (every 'password' or host name of a log) would tell the reader what
+    it is: the warning names the variable and where it is set, never the value."""
+    monkeypatch.setenv("WIDGET_SIZE", "key-from-an-odd-env-name")
+    monkeypatch.setenv("SHIP_COLOUR", password)
+    root = tmp_path / "inv"
+    root.mkdir()
+    (root / "hosts.yml").write_text(HOSTS)
+    inv = inventory.load(root)
+    weak = [w for w in inv.warnings if "ansible_ssh_pass: its value is" in w]
+    assert len(weak) == 1 and why in weak[0] and "hosts.yml:" in weak[0], inv.warnings
+    assert password not in " ".join(inv.warnings)
+    assert password not in secrets.values(inv) and "key-from-an-odd-env-name" in secrets.values(inv)
