@@ -1,5 +1,7 @@
 """The one exception type for errors a user can fix, and the exit codes the CLI uses."""
 
+import re
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # a host failed or was unreachable, or a check did not pass
 EXIT_USAGE = 2  # bad flags or a bad inventory: nothing was contacted
@@ -9,10 +11,16 @@ EXIT_PENDING = 4  # provision plan: changes are pending (nothing was changed)
 EXIT_SIGNAL_BASE = 128
 
 
+# ansible-core 2.19 names the types of the values it read by their internal tagged classes
+_TAGGED_TYPE = re.compile(r"<class '(?:[\w.]+\.)?_AnsibleTagged(\w+)'>|(?<=')_AnsibleTagged(\w+)(?=')")
+
+
 def one_line(text: object, limit: int | None = None) -> str:
     """A message as one line: whitespace (newlines, a host's wrapped output) folded, bytes that are not text (a
-    binary file's) shown escaped; cut at `limit` characters when one is given."""
+    binary file's) shown escaped, Ansible's tagged types by their YAML names (`_AnsibleTaggedList` is a list);
+    cut at `limit` characters when one is given."""
     line = " ".join(str(text).encode("utf-8", "backslashreplace").decode("utf-8").split())
+    line = _TAGGED_TYPE.sub(lambda m: (m[1] or m[2]).lower(), line)
     return line[:limit] if limit else line
 
 

@@ -10,7 +10,7 @@ the rows below cite tests that need sshd targets or the lab.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -24,6 +24,7 @@ class Row:
     test: str  # pytest node id
     clear: bool  # the run survived: it succeeded, or failed with one clear line the test checks
     converged: bool  # the test shows a re-run (or the same run) converging
+    kind: str = ""  # the class of fault (rows(): by where it comes from, where the row does not say)
 
 
 SSH = "tests/test_apply_ssh.py::"
@@ -205,12 +206,16 @@ NOT_YET = [
 
 def rows() -> list[Row]:
     """Every row: the fast tests' own (PVE API, kernel regeneration, the trial boot's commit), then the cited ones."""
+    from tests.unit.test_bad_inputs import FAULT_ROWS as hostile
     from tests.unit.test_kernel_cmdline_faults import FAULT_ROWS as kernel
     from tests.unit.test_kernel_cmdline_trial import FAULT_ROWS as trial
     from tests.unit.test_proxmox_lxc_gpu_faults import FAULT_ROWS as api
     from tests.unit.test_pve_node_guests import FAULT_ROWS as before_reboot
 
-    return [*api, *kernel, *trial, *before_reboot, *CITED]
+    sources = [(api, "hard fault: the PVE API"), (kernel, "hard fault: kernel line regeneration"),
+               (trial, "hard fault: the trial boot"), (before_reboot, "hard fault: the check before a reboot"),
+               (CITED, "hard fault: runs, locks, hosts and services"), (hostile, "")]  # fmt: skip
+    return [row if row.kind else replace(row, kind=kind) for found, kind in sources for row in found]
 
 
 def counts(table: list[Row]) -> dict[str, int]:
@@ -223,10 +228,10 @@ def counts(table: list[Row]) -> dict[str, int]:
 
 def table(table: list[Row]) -> str:
     """The Markdown table of docs/reliability.md."""
-    lines = ["| # | fault | phase | what the user sees | host state after | re-run converges? | test |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| # | class | fault | phase | what the user sees | host state after | re-run converges? | test |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for n, r in enumerate(table, 1):
-        cells = [str(n), r.fault, r.phase, r.sees, r.after, r.converges, f"`{r.test}`"]
+        cells = [str(n), r.kind, r.fault, r.phase, r.sees, r.after, r.converges, f"`{r.test}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -234,7 +239,7 @@ def table(table: list[Row]) -> str:
 def rewrite(doc: Path) -> None:
     """Put the table and the counts into `doc` in place of the ones it has (its other text stays)."""
     text, rendered = doc.read_text(), rows()
-    text = re.sub(r"(?m)^\| # \| fault .*\n(^\|.*\n)*", lambda _: table(rendered), text, count=1)
+    text = re.sub(r"(?m)^\| # \| (?:class \| )?fault .*\n(^\|.*\n)*", lambda _: table(rendered), text, count=1)
     for name, value in counts(rendered).items():
         text = re.sub(rf"(?m)^- {re.escape(name)}: \*\*\d+\*\*$", f"- {name}: **{value}**", text, count=1)
     doc.write_text(text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import yaml
 
 from provision import cli
 from tests.conftest import CONTAINER_VARS, vault_encrypt
+from tests.faults import NOT_SHOWN, Row
 from tests.unit.test_inventory import GOOD_HOSTS
 
 GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
@@ -130,6 +132,204 @@ FLAGS = [
 ]
 
 
+# What the user sees for each case: its one error line, `…` for what varies (the test's directory), and the
+# class of hostile input it belongs to (docs/reliability.md).
+SEES = {
+    "children-as-list": ("the inventory as Ansible reads it",
+        "…: Invalid \"children\" entry for \"all\" group, requires a dictionary, found \"list\" instead."),
+    "integer-group-key": ("the inventory as Ansible reads it",
+        "…: Unable to add group 123: Invalid group name supplied, expected a string but got int for 123"),
+    "deep-nesting-5000": ("the inventory as Ansible reads it",
+        "…:1000: YAML parsing failed: Colons in unquoted values must be followed by a non-space character."),
+    "vars-as-list": ("the inventory as Ansible reads it",
+        "…: Invalid \"vars\" entry for \"gpu_containers\" group, requires a dictionary, found \"list\" "
+        "instead."),
+    "host-name-with-newline": ("the inventory as Ansible reads it",
+        "…: host 'ct\\n1': a host name may not contain whitespace or control characters"),
+    "host-name-with-space": ("the inventory as Ansible reads it",
+        "…: host 'ct 1': a host name may not contain whitespace or control characters"),
+    "top-level-list": ("the inventory as Ansible reads it",
+        "…: YAML inventory has invalid structure, it should be a dictionary, got: list"),
+    "empty-file": ("the inventory as Ansible reads it", "…: no hosts: Ansible read it as an empty inventory"),
+    "yaml-syntax-error": ("the inventory as Ansible reads it",
+        "…:12: YAML parsing failed: While parsing a flow sequence did not find expected ',' or ']'."),
+    "hosts-as-list": ("the inventory as Ansible reads it",
+        "…:6: YAML parsing failed: Mapping values are not allowed in this context."),
+    "unknown-group-key": ("the inventory as Ansible reads it",
+        "…: Skipping unexpected key (host) in group (proxmox_hosts), only \"vars\", \"children\" and "
+        "\"hosts\" are valid"),
+    "ini-unclosed-section": ("the inventory as Ansible reads it",
+        "…: Failed to parse inventory: not enough values to unpack (expected 3, got 2)"),
+    "ini-range-without-end": ("the inventory as Ansible reads it",
+        "…: Failed to parse inventory: host range must specify end value"),
+    "ini-bad-assignment": ("the inventory as Ansible reads it",
+        "…: Failed to parse inventory: Expected key=value host variable assignment, got: ansible_port"),
+    "binary-file": ("the inventory as Ansible reads it",
+        "…: Failed to parse inventory: Error parsing host definition "
+        "'!\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[…"),
+    "unknown-inventory-plugin": ("the inventory as Ansible reads it",
+        "…: inventory config '…' specifies unknown plugin 'nosuch.col.plug'"),
+    "vmid-string": ("values checked before the run",
+        "…:11: host ct1: proxmox_vmid: expected an integer, got '110' (str)"),
+    "vmid-float": ("values checked before the run",
+        "…:11: host ct1: proxmox_vmid: expected an integer, got 110.5 (float)"),
+    "vmid-bool": ("values checked before the run", "…: host ct1: proxmox_vmid: expected an integer, got True (bool)"),
+    "vmid-too-small": ("values checked before the run",
+        "…:11: host ct1: proxmox_vmid: 99 is out of range 100..999999999"),
+    "vmid-duplicate": ("values checked before the run",
+        "…:14: host ct2: proxmox_vmid: 110 is already used by ct1 on node pve1"),
+    "vmid-missing": ("values checked before the run", "…:9: host ct1: proxmox_vmid: missing (the container's VMID)"),
+    "node-unknown": ("values checked before the run",
+        "…:10: host ct1: proxmox_host: 'pve9' is not a host in proxmox_hosts"),
+    "node-missing": ("values checked before the run", "…:9: host ct1: proxmox_host: missing (name its PVE node)"),
+    "host-in-both-groups": ("values checked before the run",
+        "…: host ct1: is in both proxmox_hosts and gpu_containers"),
+    "port-as-string": ("values checked before the run",
+        "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '8006' (str)"),
+    "validate-certs-string": ("values checked before the run",
+        "…:1: hosts ct1, pve1: proxmox_api_validate_certs: expected true or false, got 'no' (str)"),
+    "api-user-without-realm": ("values checked before the run",
+        "…:1: hosts ct1, pve1: proxmox_api_user: expected a PVE user with its realm, e.g. root@pam, got "
+        "'root' (str)"),
+    "wrong-type-from-parent-group": ("values checked before the run",
+        "…:1: host ct1: proxmox_api_port: expected an integer port from 1 to 65535, got [8006] (list)"),
+    "group-vars-syntax-error": ("the inventory as Ansible reads it",
+        "…:2: YAML parsing failed: Colons in unquoted values must be followed by a non-space character."),
+    "group-vars-is-a-list": ("the inventory as Ansible reads it",
+        "…: Could not process '…': failed to combine variables, expected dicts but got a 'dict' and a "
+        "'list'."),
+    "host-vars-syntax-error": ("the inventory as Ansible reads it",
+        "…:2: YAML parsing failed: While parsing a flow node did not find expected node content."),
+    "vaulted-file-without-password": ("secrets",
+        "…: cannot decrypt: Attempting to decrypt but no vault secrets found. (pass --vault-password-file "
+        "or --vault-id)"),
+    "host-key-checking-off-in-inventory": ("trust",
+        "…: hosts ct1, pve1: ansible_host_key_checking turns host key checking off; provision keeps it on: "
+        "remove that setting, or pass --no-host-key-checking to accept any host key"),
+    "strict-host-key-checking-off-in-args": ("trust",
+        "…:1: hosts ct1, pve1: ssh_args turns ssh host key checking off; provision keeps it on: remove "
+        "that setting, or pass --no-host-key-checking to accept any host key"),
+    "ssh-host-key-checking-var-off": ("trust",
+        "…: hosts ct1, pve1: ansible_ssh_host_key_checking turns host key checking off; provision keeps it "
+        "on: remove that setting, or pass --no-host-key-checking to accept any host key"),
+    "host-key-checking-off-as-a-word": ("trust",
+        "…:1: hosts ct1, pve1: ansible_host_key_checking turns host key checking off; provision keeps it "
+        "on: remove that setting, or pass --no-host-key-checking to accept any host key"),
+    "accept-new-host-keys": ("trust",
+        "…:1: hosts ct1, pve1: ssh_extra_args turns ssh host key checking off; provision keeps it on: "
+        "remove that setting, or pass --no-host-key-checking to accept any host key"),
+    "secret-of-the-wrong-type": ("secrets",
+        "…:1: hosts ct1, pve1: proxmox_api_password: expected a string (from vault or the environment), "
+        "got a value of type int"),
+    "whole-pve-token-in-token-id": ("secrets",
+        "…:1: hosts ct1, pve1: proxmox_api_token_id: expected the token name only, e.g. provision (the "
+        "user comes from proxmox_api_user), got 'root@pam!provision=********' (str)"),
+    "hf-token-in-a-port": ("secrets",
+        "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '********' "
+        "(str)"),
+    "collection-plugin-not-installed": ("the inventory as Ansible reads it",
+        "…: inventory config '…' specifies unknown plugin 'community.proxmox.proxmox'"),
+    "inventory-name-not-found": ("files on the controller",
+        "inventory 'nosuch' not found: looked for ./nosuch and ./inventory/nosuch/ in … pass a path, or "
+        "--inventory example for the packaged example"),
+    "inventory-path-missing": ("files on the controller", "./no/such/dir: inventory not found"),
+    "runs-dir-is-a-file": ("files on the controller", "provision apply: argument --runs-dir: … is not a directory"),
+    "apply-without-yes-and-no-terminal": ("the command line",
+        "apply changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)"),
+    "flag-abbreviation": ("the command line", "provision: unrecognized arguments: --lim pve1"),
+    "runs-dir-inside-the-inventory": ("files on the controller",
+        "the runs dir … is inside the inventory …: keep run records outside it (--runs-dir, or "
+        "PROVISION_RUNS_DIR)"),
+    "rollback-without-yes-and-no-terminal": ("the command line",
+        "rollback changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)"),
+    "junit-unwritable": ("files on the controller",
+        "provision verify: argument --junit: /nonexistent-dir does not exist"),
+    "session-tokens-abc": ("the command line",
+        "--session-tokens 'abc': expected token counts separated by commas, e.g. 32768,131072"),
+    "concurrency-zero": ("the command line", "--concurrency '0': every level must be 1 or more"),
+    "concurrency-letters": ("the command line",
+        "--concurrency 'a,b': expected comma-separated whole numbers, e.g. 1,4,16"),
+    "threshold-too-big": ("the command line", "--threshold must be between 0 and 1 (got 2.0)"),
+    "input-len-negative": ("the command line", "--input-len must be 1 or more (got -1)"),
+    "input-len-text": ("the command line", "provision bench: argument --input-len: invalid int value: 'many'"),
+    "baseline-missing": ("files on the controller",
+        "--baseline /nonexistent.json: cannot read it: No such file or directory"),
+    "unknown-tag": ("scope", "--tags: unknown phase(s) nosuch; choose from kernel, driver, gpu, sglang, verify"),
+    "bad-reboot-choice": ("the command line",
+        "provision apply: argument --reboot: invalid choice: 'sometimes' (choose from 'auto', 'never')"),
+    "unknown-flag": ("the command line", "provision: unrecognized arguments: --frobnicate"),
+    "missing-inventory": ("the command line", "provision plan: the following arguments are required: --inventory/-i"),
+    "vault-password-file-missing": ("secrets",
+        "--vault-password-file: no such readable file (the argument is not shown: it names no file, and "
+        "may be the password itself)"),
+    "vault-id-file-missing": ("secrets",
+        "--vault-id dev@…: no such password file or script (the argument is not shown: it names no file, "
+        "and may be the password itself)"),
+    "limit-matches-nothing": ("scope",
+        "--limit nosuch matches no host in proxmox_hosts or gpu_containers of …: nothing runs until every "
+        "part of it names a host"),
+    "limit-empty": ("scope",
+        "provision apply: argument --limit/-l: is empty: it would reach every host of the inventory; name "
+        "the hosts, or leave --limit out"),
+    "limit-blank": ("scope",
+        "provision verify: argument --limit/-l: is empty: it would reach every host of the inventory; name "
+        "the hosts, or leave --limit out"),
+    "limit-part-matches-nothing": ("scope",
+        "--limit pve1,typo: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs "
+        "until every part of it names a host"),
+    "limit-exclusion-matches-nothing": ("scope",
+        "--limit all:!typo: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs "
+        "until every part of it names a host"),
+    "limit-file-missing": ("scope", "--limit @…: cannot read the limit file: No such file or directory"),
+    "limit-file-line-matches-nothing": ("scope",
+        "--limit @…: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs until "
+        "every part of it names a host"),
+    "tags-empty": ("scope",
+        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or "
+        "leave it out"),
+    "tags-only-commas": ("scope",
+        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or "
+        "leave it out"),
+    "rollback-without-limit": ("scope",
+        "rollback needs --limit HOST: roll back the nodes you mean, by name or pattern"),
+    "unknown-command": ("the command line",
+        "provision: argument COMMAND: invalid choice: 'frobnicate' (choose from 'apply', 'rollback', "
+        "'plan', 'verify', 'capacity', 'diag', 'bench', 'lab', 'inventory')"),
+    "lab-hosts-3": ("the command line", "provision lab up: argument --hosts: invalid choice: 3 (choose from 1, 2)"),
+    "diag-unknown-flag": ("the command line", "provision: unrecognized arguments: --frob"),
+    "vault-id-prompt": ("secrets",
+        "--vault-id dev@prompt: provision cannot prompt for a vault password (its runs have no terminal); "
+        "give a password file or script instead"),
+    "runs-dir-dangling-link": ("files on the controller",
+        "--runs-dir …: cannot create a run record there: File exists"),
+    "vault-password-given-as-its-file": ("secrets",
+        "--vault-password-file: no such readable file (the argument is not shown: it names no file, and "
+        "may be the password itself)"),
+    "vault-password-given-as-a-vault-id": ("secrets",
+        "--vault-id prod@…: no such password file or script (the argument is not shown: it names no file, "
+        "and may be the password itself)"),
+    "whole-pve-token-as-the-inventory": ("secrets",
+        "inventory 'root@pam!provision=********' not found: looked for ./root@pam!provision=******** and "
+        "./inventory/root@pam!pro…"),
+}  # fmt: skip
+
+NOT_CONTACTED = "nothing contacted, no run record"
+
+
+def _row(case: str, test: str) -> Row:
+    kind, sees = SEES[case]
+    return Row(case.replace("-", " "), "before any run", f"`error: {sees}`, exit 2 (the same in `--json`)",
+               NOT_CONTACTED, NOT_SHOWN, f"tests/unit/test_bad_inputs.py::{test}[{case}]", True, False,
+               "hostile input: " + kind)  # fmt: skip
+
+
+FAULT_ROWS = [_row(c[0], "test_bad_inventory") for c in INVENTORIES] + [_row(c[0], "test_bad_flag") for c in FLAGS]
+
+
+def _pattern(sees: str) -> re.Pattern:
+    return re.compile("error: " + ".+?".join(re.escape(part) for part in sees.split("…")))
+
+
 def _write(root: Path, files: dict[str, str | bytes]) -> None:
     """The inventory's files; its containers get the model path the roles require (tests/conftest.py) unless the
     case writes their group_vars itself."""
@@ -159,11 +359,12 @@ def _run(argv: list[str], capsys) -> tuple[int, list[str], str]:
     return code, captured.err.strip().splitlines(), captured.out
 
 
-def _assert_usage_error(argv: list[str], capsys, runs: Path, one_line: bool = True) -> None:
+def _assert_usage_error(argv: list[str], capsys, runs: Path, one_line: bool = True, sees: str = "") -> None:
     code, err, _ = _run(argv, capsys)
     assert code == 2, (argv, err)
     assert err and all(line.startswith("error: ") for line in err), err
     assert not one_line or len(err) == 1, err
+    assert not sees or _pattern(sees).fullmatch(err[0]), (sees, err)
     assert "Traceback" not in "\n".join(err)
     code, err_json, out = _run([*argv, "--json"], capsys)
     envelope = json.loads(out)
@@ -180,16 +381,17 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize(("files"), [c[1] for c in INVENTORIES], ids=[c[0] for c in INVENTORIES])
-def test_bad_inventory(workdir, capsys, files):
-    root = workdir / "inv"
+@pytest.mark.parametrize(("case", "files"), INVENTORIES, ids=[c[0] for c in INVENTORIES])
+def test_bad_inventory(workdir, capsys, case, files):
+    root, sees = workdir / "inv", SEES[case][1]
     _write(root, files)
-    _assert_usage_error(["inventory", "check", "-i", str(root)], capsys, workdir / "runs")
-    _assert_usage_error(["plan", "-i", str(root), "--runs-dir", str(workdir / "runs")], capsys, workdir / "runs")
+    _assert_usage_error(["inventory", "check", "-i", str(root)], capsys, workdir / "runs", sees=sees)
+    _assert_usage_error(["plan", "-i", str(root), "--runs-dir", str(workdir / "runs")], capsys, workdir / "runs",
+                        sees=sees)  # fmt: skip
 
 
-@pytest.mark.parametrize(("argv"), [c[1] for c in FLAGS], ids=[c[0] for c in FLAGS])
-def test_bad_flag(workdir, capsys, argv):
+@pytest.mark.parametrize(("case", "argv"), FLAGS, ids=[c[0] for c in FLAGS])
+def test_bad_flag(workdir, capsys, case, argv):
     _write(workdir / "inv", {"hosts.yml": GOOD})
     (workdir / "a-file").write_text("x")
     (workdir / "dangling").symlink_to(workdir / "nowhere")
@@ -200,7 +402,7 @@ def test_bad_flag(workdir, capsys, argv):
     runs = workdir / "runs"
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
         argv += ["--runs-dir", str(runs)]
-    _assert_usage_error(argv, capsys, runs)
+    _assert_usage_error(argv, capsys, runs, sees=SEES[case][1])
 
 
 def test_an_ansible_cfg_ansible_cannot_read_is_a_usage_error_naming_it(tmp_path):
