@@ -108,7 +108,9 @@ def test_triton_needs_the_compiler_and_headers_the_role_installs(ct, lab_invento
     """The container is made from the lab's template, which has neither a C compiler nor Python.h, and whose only
     apt source is a local mirror. The stand-in builds a C launcher at its first generate as Triton does: with the
     headers package removed (and Triton's cache emptied) it fails naming Python.h, with the compiler removed it
-    fails as Triton does without one; apply installs both again and the server serves."""
+    fails as Triton does without one. An apply told to install nothing stops once the server has exited
+    sglang_ready_exits times, with Triton's line, instead of waiting out sglang_ready_timeout; the real apply
+    installs both again and the server serves."""
     vars_ = {"sglang_p2p": "off", "sglang_tp_size": 2}
     for package, missing in (("libpython3.11-dev", "Python.h: No such file or directory"),
                              ("gcc", "RuntimeError: Failed to find C compiler")):  # fmt: skip
@@ -116,6 +118,11 @@ def test_triton_needs_the_compiler_and_headers_the_role_installs(ct, lab_invento
         removed = ct.ssh(f"apt-get remove -y {package} && rm -rf /var/lib/sglang/.triton && systemctl restart sglang")
         assert removed.returncode == 0, removed.stderr
         assert missing in journal_until(ct, since, missing), f"{package} removed, yet no '{missing}'"
+    start = time.monotonic()
+    rc, result, _ = converge(lab_inventory, runs, {**vars_, "sglang_runtime_packages": []})
+    message = " ".join(f["message"] for f in result["failures"])
+    assert rc == 1 and "sglang exited 3 times (sglang_ready_exits) before it became ready" in message, message
+    assert "Failed to find C compiler" in message and time.monotonic() - start < 150
     rc, _, err = converge(lab_inventory, runs, vars_)
     assert rc == 0, err[-3000:]
     assert ct.ssh("test -x /usr/bin/gcc && test -f /usr/include/python3.11/Python.h").returncode == 0
