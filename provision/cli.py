@@ -2,17 +2,21 @@
 
 Exit codes: 0 every host succeeded (`plan`: nothing would change); 1 a host failed or was
 unreachable, or another run holds a lock; 2 usage or inventory error (nothing was contacted); 3 `bench`
-found a regression against its baseline; 4 `plan`: changes are pending; 130 / 143 SIGINT / SIGTERM stopped
-the run (its record written). `--json` prints one envelope for every command, errors included (docs/json.md).
+found a regression against its baseline; 4 `plan`: changes are pending; 130 / 143 / 129 SIGINT / SIGTERM /
+SIGHUP stopped the command (a run's record written). `--json` prints one envelope for every command, errors
+included (docs/json.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ from provision.errors import (
     Interrupted,
     InventoryError,
     ProvisionError,
+    Signalled,
     UsageError,
 )
 from provision.record import DEFAULT_RUNS_DIR
@@ -539,6 +544,22 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    with _signals_end_the_command():
+        try:
+            return _main(argv)
+        except Signalled as exc:  # in the moment between the command's end and its output
+            return _finish(argv, "--json" in argv, argparse.Namespace(), [_stopped_by(exc)], _signal_outcome(exc))
+
+
+def _stopped_by(exc: Signalled) -> str:
+    return f"stopped by {signal.Signals(exc.signum).name} before any host was changed"
+
+
+def _signal_outcome(exc: Signalled) -> Outcome:
+    return Outcome(EXIT_SIGNAL_BASE + exc.signum)
+
+
+def _main(argv: list[str]) -> int:
     want_json = "--json" in argv
     out, err = _console(stderr=False), _console(stderr=True)
     errors: list[str] = []
@@ -556,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         errors, outcome = [" ".join(str(exc).split("\n"))], Outcome(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C outside a run (a run traps it: Interrupted)
         errors, outcome = ["interrupted"], Outcome(EXIT_SIGNAL_BASE + signal.SIGINT)
+    except Signalled as exc:  # SIGTERM or SIGHUP outside a run
+        errors, outcome = [_stopped_by(exc)], _signal_outcome(exc)
     except BrokenPipeError:  # the reader of stdout went away: say so on stderr, and write no more there
         errors, outcome = ["stdout was closed before the output was written"], Outcome(EXIT_FAILED)
         _stdout_gone()
@@ -571,9 +594,34 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(argv, want_json, args, errors, outcome)
 
 
+@contextlib.contextmanager
+def _signals_end_the_command() -> Iterator[None]:
+    """SIGTERM and SIGHUP outside a run end the command as SIGINT does (a run's own trap takes them while it runs),
+    so that it still prints its line and envelope and exits 128 + the signal's number. The handlers the caller had
+    are back afterwards (main() also runs inside other Python programs and tests)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_signalled(signum: int, frame: object) -> None:
+        raise Signalled(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, raise_signalled)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: list[str], outcome: Outcome) -> int:
     """The error lines on stderr and, with --json, the one envelope on stdout; a stdout closed by its reader ends
-    the output there, with the command's own exit code."""
+    the output there, with the command's own exit code. A signal that comes while they are written is let go: the
+    command is ending with its own code, and half an envelope would be no JSON at all."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     # the environment's secrets, and what the inventory's load found (also when it failed)
     redactor = secrets.Redactor(secrets.values() | set(getattr(args, "secrets", ())))
     errors = [redactor.text(_one_line(line)) for line in errors]

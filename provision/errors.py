@@ -7,7 +7,7 @@ EXIT_FAILED = 1  # a host failed or was unreachable, or a check did not pass
 EXIT_USAGE = 2  # bad flags or a bad inventory: nothing was contacted
 EXIT_REGRESSION = 3  # provision bench: a level fell below the baseline by more than the threshold
 EXIT_PENDING = 4  # provision plan: changes are pending (nothing was changed)
-# SIGINT or SIGTERM stopped a run: 128 + the signal's number, as a shell reports it (130, 143)
+# SIGINT, SIGTERM or SIGHUP stopped the command: 128 + the signal's number, as a shell reports it (130, 143, 129)
 EXIT_SIGNAL_BASE = 128
 
 
@@ -46,6 +46,15 @@ class InventoryError(UsageError):
         self.problems = problems
         self.secrets = secrets  # the inventory's secrets as far as it could be read: the lines are scrubbed of them
         super().__init__("\n".join(problems))
+
+
+class Signalled(BaseException):
+    """SIGTERM or SIGHUP outside a run (a run traps them: Interrupted), raised where the main thread is, as Python
+    raises KeyboardInterrupt for SIGINT: every `finally` runs, and the CLI still prints its line and envelope."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class Interrupted(ProvisionError):

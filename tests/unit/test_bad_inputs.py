@@ -7,14 +7,18 @@ that got as far as connecting would hang or fail with exit 1, not 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -22,6 +26,7 @@ from provision import cli
 from tests.conftest import CONTAINER_VARS, vault_encrypt
 from tests.faults import NOT_SHOWN, Row
 from tests.unit.test_inventory import GOOD_HOSTS
+from tests.unit.test_json_envelope import SCHEMA
 
 GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
 CT2 = "        ct2:\n          proxmox_host: pve1\n          proxmox_vmid: 110\n"
@@ -525,3 +530,35 @@ def test_collection_inventory_plugin_is_loaded(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert proc.returncode == 0 and "(1 proxmox_hosts, 1 gpu_containers)" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code(tmp_path, signum):
+    """While the inventory loads (an inventory script that takes its time), before any run: one stderr line, one
+    JSON document, exit 128 + the signal's number; with the default handlers it died without a word."""
+    root = tmp_path / "inv"
+    root.mkdir()
+    script = root / "slow.py"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(20)\nprint('{{}}')\n")
+    script.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "provision.cli", "inventory", "check", "-i", str(root), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not _children(proc.pid) and time.monotonic() < deadline:  # the script runs: the load is under way
+        time.sleep(0.1)
+    children = _children(proc.pid)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    for child in children:  # the inventory script, left sleeping by the provision that ran it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
+    line = f"stopped by {signal.Signals(signum).name} before any host was changed"
+    assert proc.returncode == 128 + signum, err
+    assert err.strip().splitlines() == [f"error: {line}"], err
+    envelope = json.loads(out)
+    jsonschema.validate(envelope, SCHEMA)
+    assert envelope["exit_code"] == 128 + signum and envelope["errors"] == [line]
+
+
+def _children(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
