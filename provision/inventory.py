@@ -654,6 +654,39 @@ def unknown_variable_warnings(inv: Inventory) -> list[str]:
     return _per_source(found)
 
 
+def _check_connection(host: Host) -> list[tuple[str, str, str]]:
+    """A managed host must be reached, not run here: `local` would run a node's or container's tasks (and its
+    reboot) on the controller itself."""
+    if host.vars.get("ansible_connection") not in ("local", "ansible.builtin.local"):
+        return []
+    why = "would run its tasks, reboots included, on this controller: remove it, provision reaches its hosts over ssh"
+    return [(host.where("ansible_connection"), host.name, f"ansible_connection: local {why}")]
+
+
+# Ansible's vars plugin (host_group_vars) reads these names, with or without one of these extensions
+VARS_DIRS = ("group_vars", "host_vars")
+VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")
+
+
+def vars_file_warnings(inv: Inventory) -> list[str]:
+    """group_vars and host_vars entries Ansible reads for no host: named for no group or host of the inventory
+    (a typo, or a group of another inventory: their variables, secrets among them, never apply), links that lead
+    nowhere."""
+    base = inv.path if inv.path.is_dir() else inv.path.parent
+    known = {"group_vars": set(inv.groups) | {"all"}, "host_vars": set(inv.hosts)}
+    warnings = []
+    for kind in VARS_DIRS:
+        entries = sorted((base / kind).iterdir()) if (base / kind).is_dir() else []
+        for entry in entries:
+            name = next((entry.name[: -len(x)] for x in VARS_EXTENSIONS[1:] if entry.name.endswith(x)), entry.name)
+            if entry.is_symlink() and not entry.exists():
+                warnings.append(f"{entry}: a link to nothing ({os.readlink(entry)}): no variables are read from it")
+            elif not entry.name.startswith(".") and name not in known[kind]:
+                what = kind.split("_")[0]
+                warnings.append(f"{entry}: no {what} of the inventory is called {name!r}: its variables reach no host")
+    return warnings
+
+
 def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     """Return one line per problem; an empty list means the inventory is usable."""
     problems = _check_groups(inv)
@@ -665,6 +698,7 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
     )
     problems += _per_source([p for host in hosts for p in _check_driver_pin(host)])
+    problems += _per_source([p for host in hosts for p in _check_connection(host)])
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)
@@ -745,5 +779,5 @@ def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_c
     if problems:
         raise InventoryError(problems, frozenset(secrets.values(inv)))
     inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
-    inv.warnings += unknown_variable_warnings(inv) + secrets.weak_warnings(inv)
+    inv.warnings += unknown_variable_warnings(inv) + secrets.weak_warnings(inv) + vars_file_warnings(inv)
     return inv

@@ -91,6 +91,7 @@ INVENTORIES = [
     ("secret-of-the-wrong-type", {"hosts.yml": GOOD, GV: "proxmox_api_password: 98765432\n"}),
     ("whole-pve-token-in-token-id", {"hosts.yml": GOOD, GV: f"proxmox_api_token_id: '{PVE_TOKEN}'\n"}),
     ("hf-token-in-a-port", {"hosts.yml": GOOD, GV: f"proxmox_api_port: {HF_TOKEN}\n"}),
+    ("local-connection-in-a-managed-group", {"hosts.yml": GOOD, "host_vars/pve1.yml": "ansible_connection: local\n"}),
     ("collection-plugin-not-installed", {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"}),
 ]  # fmt: skip
 
@@ -232,6 +233,9 @@ SEES = {
     "hf-token-in-a-port": ("secrets",
         "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '********' "
         "(str)"),
+    "local-connection-in-a-managed-group": ("values checked before the run",
+        "…:1: host pve1: ansible_connection: local would run its tasks, reboots included, on this controller: remove "
+        "it, provision reaches its hosts over ssh"),
     "collection-plugin-not-installed": ("the inventory as Ansible reads it",
         "…: inventory config '…' specifies unknown plugin 'community.proxmox.proxmox'"),
     "inventory-name-not-found": ("files on the controller",

@@ -154,13 +154,32 @@ def test_plain_text_secret_warns(tmp_path):
 
 
 def test_a_state_dir_variable_of_an_earlier_release_is_warned_about_not_ignored(tmp_path):
-    """#18 made one provision_state_dir; an inventory that still moves sglang_state_dir would otherwise lose it
-    without a word."""
+    """One provision_state_dir serves every role; an inventory that still moves sglang_state_dir, as an earlier
+    release read it, would otherwise lose it without a word."""
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_state_dir: /srv/state\n"})
     (warning,) = inventory.load(root).warnings
     assert warning.endswith("host ct1: sglang_state_dir is no longer read: set provision_state_dir "
                             "(roles/provision_common), one state directory for every role"), warning  # fmt: skip
     assert "gpu_containers" in warning.split(": host")[0], "the warning names the file that sets it"
+
+
+def test_vars_files_that_reach_no_host_are_warned_about_by_file(tmp_path):
+    """A group_vars file named for no group (a typo: its secrets would never apply) and a host_vars link to nothing:
+    Ansible reads them without a word."""
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_container": 'sglang_api_key: \'{{ lookup("env", "K") }}\'\n'})
+    (root / "host_vars").mkdir()
+    (root / "host_vars" / "ct1.yml").symlink_to(tmp_path / "nowhere.yml")
+    (root / "host_vars" / "pve1.yml").write_text("x: 1\n")
+    warnings = inventory.load(root).warnings
+    assert (
+        f"{root}/group_vars/gpu_container.yml: no group of the inventory is called 'gpu_container': its "
+        "variables reach no host" in warnings
+    ), warnings
+    assert (
+        f"{root}/host_vars/ct1.yml: a link to nothing ({tmp_path}/nowhere.yml): no variables are read from it"
+        in warnings
+    ), warnings
+    assert not [w for w in warnings if "pve1" in w or "/group_vars/all" in w]
 
 
 def test_cli_broken_inventory_exits_2_without_connecting(tmp_path):

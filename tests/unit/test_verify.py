@@ -158,6 +158,8 @@ def test_the_probe_playbook_renders_only_the_named_variables(tmp_path, monkeypat
     """Through the real playbook, on this machine (local connection): a templated smoke question is rendered
     and asked, and no other variable (a secret here) reaches the run's events."""
     monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
+    # the probe runs on this machine: the refusal of a local connection is a row of tests/unit/test_bad_inputs.py
+    monkeypatch.setattr(verify.inventory_mod, "_check_connection", lambda host: [])
     local = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
     hosts = {
         "node1": {**local, "proxmox_api_password": "hunter2-" + "never-rendered"},
