@@ -6,11 +6,18 @@
 - systemd-boot through proxmox-boot-tool: the kernel pinned with `proxmox-boot-tool kernel pin`
   (/etc/kernel/proxmox-boot-pin), else the newest in /boot (proxmox-boot-tool's default entry);
 - else the running one.
+
+`on_this_node` reads those files here, for a module that runs on the node.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+
+GRUB_CFG = "/boot/grub/grub.cfg"
+PBT_PIN = "/etc/kernel/proxmox-boot-pin"
 
 _GRUB_LINUX = re.compile(r"^\s*linux\s+\S*vmlinuz-(\S+)", re.M)
 
@@ -36,3 +43,30 @@ def next_kernel(bootloader: str | None, grub_cfg: str | None, pin: str | None, v
         if pinned or newest:
             return pinned or newest
     return running
+
+
+def bootloader_from_status(tool_present: bool, rc: int = 0, out: str = "") -> tuple[str, str]:
+    """(bootloader, how it was told) as the PVE docs and proxmox-boot-tool do: `proxmox-boot-tool status` exits 0
+    and lists an ESP 'configured with: uefi' -> systemd-boot; exit 2 (no uuids file), only 'grub', or no tool ->
+    GRUB."""
+    if not tool_present:
+        return "grub", "proxmox-boot-tool not installed"
+    if rc == 0 and "configured with: uefi" in out:
+        return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
+    if rc == 2:
+        return "grub", "proxmox-boot-tool status: no ESPs managed (exit 2)"
+    return "grub", "proxmox-boot-tool status: ESPs use grub"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def on_this_node(bootloader: str | None) -> str:
+    """The kernel release this node boots next, from its own files."""
+    vmlinuz = [os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")]
+    return next_kernel(bootloader, _read(GRUB_CFG), _read(PBT_PIN), vmlinuz, os.uname().release)

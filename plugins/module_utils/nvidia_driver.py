@@ -149,7 +149,10 @@ def decide(wanted: str, report: dict) -> dict:
       reboot loads the wanted one (so whether the node may reboot is settled before anything is stopped);
     - reboot_for_nouveau: nouveau is loaded, so the node reboots (after the blacklist) before the installer runs,
       which refuses to install while nouveau is in use;
-    - current: nothing to do."""
+    - current: nothing to do for the running kernel;
+    - build_next: the node boots another kernel next (report's next_kernel) and DKMS has not installed the wanted
+      module for it (its headers were missing when it was installed): without it the node reboots without a GPU
+      driver."""
     if not pinned(wanted):
         return _unmanaged(report)
     kernel = report.get("kernel", "")
@@ -162,16 +165,21 @@ def decide(wanted: str, report: dict) -> dict:
     reboot_for_nouveau = bool(report.get("nouveau_loaded")) and loaded is None
     current = installed_ok and loaded == wanted
     reason = _reason(wanted, report, registered)
+    following = report.get("next_kernel") or kernel
+    build_next = following != kernel and not dkms_installed(report.get("dkms") or [], wanted, following)
+    if build_next:
+        reason += f"; the kernel the node boots next, {following}, has no module: build it with DKMS"
     return {"managed": True, "install": install, "upgrade": upgrade, "load": load,
             "unload": loaded is not None and not current, "may_reboot": loaded not in (None, wanted),
-            "reboot_for_nouveau": reboot_for_nouveau, "current": current, "reason": reason}  # fmt: skip
+            "reboot_for_nouveau": reboot_for_nouveau, "current": current, "build_next": build_next,
+            "reason": reason}  # fmt: skip
 
 
 def _unmanaged(report: dict) -> dict:
     loaded = report.get("loaded")
     running = f"NVIDIA module {loaded} loaded" if loaded else "no NVIDIA module loaded"
     reason = f"driver not managed (nvidia_driver_version is not set), skipped: {running}"
-    nothing = ("managed", "install", "upgrade", "load", "unload", "may_reboot", "reboot_for_nouveau")
+    nothing = ("managed", "install", "upgrade", "load", "unload", "may_reboot", "reboot_for_nouveau", "build_next")
     return {**dict.fromkeys(nothing, False), "current": True, "reason": reason}
 
 

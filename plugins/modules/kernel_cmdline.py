@@ -149,7 +149,10 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, kernel_findings
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import next_kernel
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import (
+    bootloader_from_status,
+    on_this_node,
+)
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
     assigned_word,
     assignments,
@@ -188,17 +191,12 @@ ACTIONS = ("configure", "verify_generated", "restore", "running", "findings", "m
 
 # ------------------------------------------------------------------ detection
 def detect_bootloader(module):
-    """As the PVE docs and proxmox-boot-tool do: `proxmox-boot-tool status` exits 0 and lists an ESP
-    'configured with: uefi' -> systemd-boot; exit 2 (no uuids file), only 'grub', or no tool -> GRUB."""
+    """(bootloader, how it was told), from `proxmox-boot-tool status` (module_utils/boot_kernel.py)."""
     tool = module.get_bin_path("proxmox-boot-tool")
     if tool is None:
-        return "grub", "proxmox-boot-tool not installed"
+        return bootloader_from_status(False)
     rc, out, _ = module.run_command([tool, "status"])
-    if rc == 0 and "configured with: uefi" in out:
-        return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
-    if rc == 2:
-        return "grub", "proxmox-boot-tool status: no ESPs managed (exit 2)"
-    return "grub", "proxmox-boot-tool status: ESPs use grub"
+    return bootloader_from_status(True, rc, out)
 
 
 # ------------------------------------------------------------------ GRUB files
@@ -782,9 +780,8 @@ def read_text(path):
 
 
 def next_boot_release(bootloader):
-    """The kernel release the node boots next (module_utils/boot_kernel.py next_kernel, read here)."""
-    vmlinuz = [os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")]
-    return next_kernel(bootloader, read_text(GRUB_CFG), read_text(PBT_PIN), vmlinuz, os.uname().release)
+    """The kernel release the node boots next (module_utils/boot_kernel.py)."""
+    return on_this_node(bootloader)
 
 
 def snp_before_reboot(bootloader, planned_line):

@@ -81,6 +81,11 @@ report:
   returned: always
   contains:
     kernel: {description: the running kernel (uname -r), type: str}
+    next_kernel:
+      description:
+        - The kernel the node boots next (GRUB's default entry, or proxmox-boot-tool's pinned or newest kernel;
+          plugins/module_utils/boot_kernel.py), which DKMS must have built the module for before the node reboots.
+      type: str
     loaded: {description: the loaded module's version, or null, type: str}
     installed: {description: the installed module's version for the running kernel, or null, type: str}
     dkms: {description: "the DKMS entries of nvidia, [{version, kernel, arch, state}]", type: list}
@@ -89,8 +94,9 @@ report:
     module_users: {description: the loaded nvidia module's use count, type: int}
 decision:
   description:
-    - What the pinned version needs - managed, install, upgrade, load, unload, may_reboot, reboot_for_nouveau, current
-      and reason (plugins/module_utils/nvidia_driver.py C(decide)).
+    - What the pinned version needs - managed, install, upgrade, load, unload, may_reboot, reboot_for_nouveau, current,
+      build_next (the module is to be built for the kernel the node boots next) and reason
+      (plugins/module_utils/nvidia_driver.py C(decide)).
   type: dict
   returned: always
 after_install:
@@ -119,6 +125,7 @@ import os
 from datetime import datetime
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_kernel
 from ansible_collections.provision.pve_sglang.plugins.module_utils import nvidia_driver as rules
 
 
@@ -147,6 +154,12 @@ def _module_users(proc_modules: str, name: str) -> int:
     return 0
 
 
+def _bootloader(module) -> str:
+    tool = module.get_bin_path("proxmox-boot-tool")
+    rc, out, _ = module.run_command([tool, "status"]) if tool else (0, "", "")
+    return boot_kernel.bootloader_from_status(tool is not None, rc, out)[0]
+
+
 def read_report(module) -> dict:
     kernel = os.uname().release
     proc_modules = _read("/proc/modules") or ""
@@ -154,6 +167,7 @@ def read_report(module) -> dict:
     dkms = rules.parse_dkms_status(_run(module, ["dkms", "status", "-m", "nvidia"]) or "")
     return {
         "kernel": kernel,
+        "next_kernel": boot_kernel.on_this_node(_bootloader(module)),
         "loaded": rules.module_version(_read("/proc/driver/nvidia/version")),
         "installed": rules.installed_version(modinfo, dkms, kernel),
         "dkms": dkms,

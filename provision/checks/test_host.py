@@ -121,7 +121,7 @@ def test_the_kernel_booted_next_has_the_nvidia_module(target):
     built = nvidia_driver.parse_dkms_status(target.command(DKMS_STATUS)["stdout"])
     seen = "; ".join(sorted({f"{e['kernel']} {e['state']}" for e in built})) or "none"
     assert any(e["kernel"] == release and e["state"] == "installed" for e in built), (
-        f"the kernel the node boots next, {release}, has no NVIDIA module (dkms status: {seen}): install its headers "
-        f"(apt install proxmox-headers-{release}; proxmox-default-headers brings every future kernel's), then "
-        f"dkms autoinstall -k {release}, before the node reboots"
+        f"the kernel the node boots next, {release}, has no NVIDIA module (dkms status: {seen}): run provision apply "
+        f"before the node reboots (the driver phase installs proxmox-headers-{release} and builds the module with "
+        "DKMS; proxmox-default-headers brings every future kernel's headers)"
     )

@@ -92,6 +92,18 @@ def test_the_pinned_driver_installed_with_dkms_and_loaded_is_current():
     assert d["current"] and not d["install"] and not d["load"] and not d["upgrade"]
 
 
+def test_the_kernel_the_node_boots_next_needs_its_own_module():
+    """Current for the running kernel, but a kernel update left the next boot's kernel without the module."""
+    following = "6.14.8-2-pve"
+    d = rules.decide(WANTED, {**report(WANTED, WANTED, dkms()), "next_kernel": following})
+    assert d["current"] and d["build_next"]
+    assert d["reason"].endswith(f"; the kernel the node boots next, {following}, has no module: build it with DKMS")
+    built = dkms() + dkms(kernel=following)
+    assert not rules.decide(WANTED, {**report(WANTED, WANTED, built), "next_kernel": following})["build_next"]
+    assert not rules.decide(WANTED, {**report(WANTED, WANTED, dkms()), "next_kernel": KERNEL})["build_next"]
+    assert not rules.decide("", {**report(), "next_kernel": following})["build_next"], "an unmanaged driver"
+
+
 def test_another_version_is_an_upgrade():
     d = rules.decide(WANTED, report("580.65.06", "580.65.06", dkms("580.65.06")))
     assert (d["install"], d["upgrade"], d["current"]) == (True, True, False)

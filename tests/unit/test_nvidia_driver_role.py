@@ -156,6 +156,12 @@ def namespace_node(tmp_path: Path):
         'if [ "$1" = -r ]; then echo "modprobe: FATAL: Module nvidia is in use." >&2; exit 1; fi\n'
         "exec /usr/local/lib/lab/fake-nvidia.sh\n"
     )
+    # its own /boot (empty at first: it boots the running kernel next) and /lib/modules (no kernel headers)
+    boot, upper, work = (tmp_path / "ns" / name for name in ("boot", "lib-upper", "lib-work"))
+    for path in (boot, upper, work):
+        path.mkdir()
+    ns.setup += f" && mount --bind {boot} /boot && mount -t overlay overlay -o lowerdir=/usr/lib,upperdir={upper},"
+    ns.setup += f"workdir={work} /usr/lib && mkdir -p /usr/lib/modules"
     ns.setup += (
         f" && install -m 0755 {stubs}/* /usr/local/sbin/"
         " && mkdir -p /etc/modprobe.d"  # kmod's, on every PVE node
@@ -219,6 +225,37 @@ def test_a_bare_machine_gets_the_driver_and_a_second_run_changes_nothing(tmp_pat
     second = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)
     assert second["failed"] is None, runs[-1][-3000:]
     assert second["reason"].endswith("installed, registered with DKMS and loaded")
+    assert changed_tasks(runs[-1]) == [], runs[-1][-3000:]
+
+
+NEXT = "6.99.1-1-pve"  # a kernel update's, newer than whatever this machine runs
+
+
+@NAMESPACE
+def test_a_kernel_installed_without_its_headers_gets_the_module_before_the_node_boots_it(tmp_path):
+    """The node boots a newer kernel next (GRUB's default entry after a kernel update) whose headers were not
+    installed, so DKMS built no module for it: the phase stops naming that kernel and DKMS's own words. With its
+    headers there, the phase builds and installs the pinned driver for it (the running kernel's untouched), and a
+    second run changes nothing."""
+    sh, runs = namespace_node(tmp_path)
+    extra = pinned(tmp_path, VERSION)
+    assert run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"] is None, runs[-1][-3000:]
+    grub_cfg = f"menuentry pve {{\\n  linux /boot/vmlinuz-{NEXT} root=/dev/x ro\\n}}\\n"
+    sh.before = f"mkdir -p /boot/grub && printf '{grub_cfg}' > /boot/grub/grub.cfg"
+    failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+    assert failed == (
+        f"localhost: the kernel the node boots next, {NEXT}, has no NVIDIA module and DKMS could not build driver "
+        f"{VERSION} for it: Error! Your kernel headers for kernel {NEXT} cannot be found at /lib/modules/{NEXT}/build "
+        f"or /lib/modules/{NEXT}/source. (install its headers, proxmox-headers-{NEXT}, then run apply again)"
+    ), runs[-1][-3000:]
+    sh.before = f"mkdir -p /lib/modules/{NEXT}/build"
+    assert run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"] is None, runs[-1][-3000:]
+    assert changed_tasks(runs[-1]) == ["Build and install the NVIDIA module for the kernel the node boots next"]
+    machine, running = os.uname().machine, os.uname().release
+    assert section(runs[-1], "dkms").splitlines() == sorted(
+        [f"nvidia/{VERSION}, {running}, {machine}: installed", f"nvidia/{VERSION}, {NEXT}, {machine}: installed"]
+    )
+    assert run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"] is None, runs[-1][-3000:]
     assert changed_tasks(runs[-1]) == [], runs[-1][-3000:]
 
 

@@ -462,8 +462,8 @@ def test_the_kernel_booted_next_must_have_the_nvidia_module(tmp_path):
     assert result["grub_default_old"] == (True, "") and result["built_for_both"] == (True, "")
     assert result["updated"] == (False, (
         "the kernel the node boots next, 6.14.8-2-pve, has no NVIDIA module (dkms status: 6.8.12-4-pve installed): "
-        "install its headers (apt install proxmox-headers-6.14.8-2-pve; proxmox-default-headers brings every future "
-        "kernel's), then dkms autoinstall -k 6.14.8-2-pve, before the node reboots"
+        "run provision apply before the node reboots (the driver phase installs proxmox-headers-6.14.8-2-pve and "
+        "builds the module with DKMS; proxmox-default-headers brings every future kernel's headers)"
     ))  # fmt: skip
 
 
