@@ -21,6 +21,9 @@ import contextlib
 import functools
 import os
 import re
+import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,7 @@ import yaml
 from provision import arg_specs, secrets
 from provision.ansible_config import (
     CONNECTION_PLUGINS,
+    STRICT_KEYS,
     config_manager,
     lookup,
     plugin_definitions,
@@ -546,6 +550,55 @@ def _host_key_findings(manager: Any, host: Host, checking: bool, said: str) -> l
     return found
 
 
+SSH_CONNECTIONS = ("ssh", "ansible.builtin.ssh", "smart")
+
+
+def _ssh_arguments(manager: Any, host: Host, ssh_args_origin: str) -> list[str]:
+    """The options Ansible's ssh connection gives ssh for this host, in its order."""
+    args = [] if ssh_args_origin.startswith("var: ") else shlex.split(STRICT_KEYS)  # provision's word goes first
+    for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
+        value = lookup(manager, (name, "ssh"), host.vars)[0]
+        args += [] if is_template(value) else shlex.split(str(value or ""))
+    return args
+
+
+def _ssh_effective(manager: Any, host: Host) -> tuple[dict[str, str], str]:
+    """ssh's own view of the options it would use for this host (`ssh -G`, its config files included), given the
+    arguments Ansible passes it, and where the first of those come from ({} where ssh cannot tell: no ssh here, a
+    templated address, another connection plugin)."""
+    ssh = shutil.which("ssh")
+    target = host.vars.get("ansible_host") or host.name
+    if not ssh or host.vars.get("ansible_connection", "ssh") not in SSH_CONNECTIONS or is_template(target):
+        return {}, ""
+    origin = lookup(manager, ("ssh_args", "ssh"), host.vars)[1]
+    port, user = host.vars.get("ansible_port"), host.vars.get("ansible_user")
+    argv = [ssh, "-G", *_ssh_arguments(manager, host, origin), *(["-p", str(port)] if port else []),
+            *(["-l", str(user)] if user else []), str(target)]  # fmt: skip
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}, ""
+    options = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    where = _setting_source(host, origin) if origin.startswith("var: ") else "ssh configuration"
+    return (options if proc.returncode == 0 else {}), where
+
+
+def _ssh_config_findings(manager: Any, host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) where ssh's effective options (its config files included: ~/.ssh/config,
+    /etc/ssh/ssh_config.d/, a -F file) would trust an unknown host key, or could verify none."""
+    options, where = _ssh_effective(manager, host)
+    found = []
+    strict = options.get("stricthostkeychecking", "true")
+    if strict in ("false", "accept-new"):  # "ask" asks nobody in a run: an unknown key is refused
+        found.append((where, host.name, f"ssh's configuration says StrictHostKeyChecking {strict} (ssh -G), and the "
+                      "inventory's ssh_args replace the ones where provision says StrictHostKeyChecking=yes (add "
+                      "-o StrictHostKeyChecking=yes to them)"))  # fmt: skip
+    if options and set(options.get("userknownhostsfile", "").split()) <= {"/dev/null"}:
+        found.append((where, host.name, "ssh's configuration says UserKnownHostsFile /dev/null (ssh -G): no host "
+                      "key can be verified"))  # fmt: skip
+    return found
+
+
 def host_key_checking_problems(inv: Inventory, checking: bool = True) -> list[str]:
     """Where the user's ansible.cfg, environment or inventory would trust an unknown ssh host key.
     With checking on (the default) every such setting is a problem; with --no-host-key-checking only
@@ -561,6 +614,8 @@ def host_key_checking_problems(inv: Inventory, checking: bool = True) -> list[st
     found = [f for host in hosts for f in _host_key_findings(manager, host, checking, origin)]
     if not checking:
         return _per_source([f for f in found if "--no-host-key-checking" in f[2]])
+    said = {f[1] for f in found}  # what the settings' text already shows is not asked of ssh again
+    found += [f for host in hosts if host.name not in said for f in _ssh_config_findings(manager, host)]
     hint = "; provision keeps it on: remove that setting, or pass --no-host-key-checking to accept any host key"
     return [p + hint for p in problems + _per_source(found)]
 

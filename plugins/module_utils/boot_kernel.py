@@ -66,7 +66,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def on_this_node(bootloader: str | None) -> str:
+def on_this_node(bootloader: str | None, grub_cfg: str = GRUB_CFG, pin: str = PBT_PIN) -> str:
     """The kernel release this node boots next, from its own files."""
     vmlinuz = [os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")]
-    return next_kernel(bootloader, _read(GRUB_CFG), _read(PBT_PIN), vmlinuz, os.uname().release)
+    return next_kernel(bootloader, _read(grub_cfg), _read(pin), vmlinuz, os.uname().release)

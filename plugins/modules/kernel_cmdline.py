@@ -781,7 +781,7 @@ def read_text(path):
 
 def next_boot_release(bootloader):
     """The kernel release the node boots next (module_utils/boot_kernel.py)."""
-    return on_this_node(bootloader)
+    return on_this_node(bootloader, GRUB_CFG, PBT_PIN)
 
 
 def snp_before_reboot(bootloader, planned_line):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -161,6 +162,38 @@ def test_a_state_dir_variable_of_an_earlier_release_is_warned_about_not_ignored(
     assert warning.endswith("host ct1: sglang_state_dir is no longer read: set provision_state_dir "
                             "(roles/provision_common), one state directory for every role"), warning  # fmt: skip
     assert "gpu_containers" in warning.split(": host")[0], "the warning names the file that sets it"
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="needs ssh (its -G)")
+def test_the_ssh_configuration_is_read_as_ssh_reads_it_not_as_argument_text(tmp_path):
+    """An ssh config file (here through -F; ~/.ssh/config and /etc/ssh/ssh_config.d/ count the same) that accepts new
+    keys is harmless while provision's StrictHostKeyChecking=yes comes first, and a problem once the inventory's own
+    ssh_args replace the ones provision sets; one that keeps known_hosts in /dev/null could verify no key."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  StrictHostKeyChecking accept-new\n")
+    for case in "abc":
+        (tmp_path / case).mkdir()
+    common = f"ansible_ssh_common_args: -F {config}\n"
+    assert problems_or_none(make(tmp_path / "a", GOOD_HOSTS, {"all": common})) == []
+    (found,) = problems_or_none(
+        make(tmp_path / "b", GOOD_HOSTS, {"all": common + "ansible_ssh_args: -o Compression=no\n"})
+    )
+    assert (
+        "group_vars/all.yml:2: hosts ct1, pve1: ssh's configuration says StrictHostKeyChecking accept-new (ssh -G)"
+        in found
+    ), found
+    config.write_text("Host *\n  UserKnownHostsFile /dev/null\n")
+    (found,) = problems_or_none(make(tmp_path / "c", GOOD_HOSTS, {"all": common}))
+    assert found.startswith("ssh configuration: hosts ct1, pve1: ssh's configuration says UserKnownHostsFile "
+                            "/dev/null (ssh -G): no host key can be verified"), found  # fmt: skip
+
+
+def problems_or_none(root: Path) -> list[str]:
+    try:
+        inventory.load(root)
+    except InventoryError as exc:
+        return exc.problems
+    return []
 
 
 def test_vars_files_that_reach_no_host_are_warned_about_by_file(tmp_path):
