@@ -544,14 +544,15 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with _signals_end_the_command():
+    with _signals_end_the_command() as late:
         try:
-            return _main(argv)
+            return _main(argv, late)
         except Signalled as exc:  # in the moment between the command's end and its output
             return _finish(argv, "--json" in argv, argparse.Namespace(), [_stopped_by(exc)], _signal_outcome(exc))
 
 
 def _stopped_by(exc: Signalled) -> str:
+    _stop_children()
     return f"stopped by {signal.Signals(exc.signum).name} before any host was changed"
 
 
@@ -559,7 +560,32 @@ def _signal_outcome(exc: Signalled) -> Outcome:
     return Outcome(EXIT_SIGNAL_BASE + exc.signum)
 
 
-def _main(argv: list[str]) -> int:
+def _stop_children() -> None:
+    """SIGTERM to every process this one started that is still there (an inventory or vault password script that
+    Ansible runs while the inventory loads): they end with the command."""
+    pending, seen = [str(os.getpid())], set()
+    while pending:
+        pid = pending.pop()
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                pending += [c for c in (task / "children").read_text().split() if c not in seen]
+        if pid != str(os.getpid()) and pid not in seen:
+            seen.add(pid)
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGTERM)
+
+
+def _after_late_signal(late: list[int], errors: list[str], outcome: Outcome) -> tuple[list[str], Outcome]:
+    """A signal that came once a run had begun, but outside its trap (while its record was written, its locks given
+    back): the command ended as it would have, and now says so, with 128 + the signal."""
+    if not late or outcome.exit_code >= EXIT_SIGNAL_BASE:
+        return errors, outcome
+    name = signal.Signals(late[0]).name
+    line = f"{name} came as the run was ending: it ended, its record is written and its host locks given back"
+    return [*errors, line], Outcome(EXIT_SIGNAL_BASE + late[0], outcome.result, outcome.hosts, outcome.errors)
+
+
+def _main(argv: list[str], late: list[int]) -> int:
     want_json = "--json" in argv
     out, err = _console(stderr=False), _console(stderr=True)
     errors: list[str] = []
@@ -576,6 +602,7 @@ def _main(argv: list[str]) -> int:
     except ProvisionError as exc:
         errors, outcome = [" ".join(str(exc).split("\n"))], Outcome(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C outside a run (a run traps it: Interrupted)
+        _stop_children()
         errors, outcome = ["interrupted"], Outcome(EXIT_SIGNAL_BASE + signal.SIGINT)
     except Signalled as exc:  # SIGTERM or SIGHUP outside a run
         errors, outcome = [_stopped_by(exc)], _signal_outcome(exc)
@@ -591,37 +618,49 @@ def _main(argv: list[str]) -> int:
         detail = f"{type(exc).__name__}: {exc}"
         errors = [f"internal error: {detail} (PROVISION_DEBUG=1 shows the traceback)"]
         outcome = Outcome(EXIT_FAILED)
-    return _finish(argv, want_json, args, errors, outcome)
+    return _finish(argv, want_json, args, *_after_late_signal(late, errors, outcome))
 
 
 @contextlib.contextmanager
-def _signals_end_the_command() -> Iterator[None]:
-    """SIGTERM and SIGHUP outside a run end the command as SIGINT does (a run's own trap takes them while it runs),
-    so that it still prints its line and envelope and exits 128 + the signal's number. The handlers the caller had
-    are back afterwards (main() also runs inside other Python programs and tests)."""
+def _signals_end_the_command() -> Iterator[list[int]]:
+    """SIGINT, SIGTERM and SIGHUP before any run end the command at once (KeyboardInterrupt, Signalled), so that it
+    still prints its line and envelope and exits 128 + the signal's number. Once a run has begun, its own trap takes
+    them while it runs; one that comes outside the trap (the run's record being written, its locks given back) is
+    only noted in the yielded list, so that nothing of that clean-up is cut short. The handlers the caller had are
+    back afterwards (main() also runs inside other Python programs and tests)."""
+    late: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield late
         return
+    from provision import interrupts
 
-    def raise_signalled(signum: int, frame: object) -> None:
-        raise Signalled(signum)
+    before = interrupts.traps_entered
+
+    def handler(signum: int, frame: object) -> None:
+        if interrupts.traps_entered > before:
+            late.append(signum)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:
+            raise Signalled(signum)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, raise_signalled)
+    for signum in previous:
+        signal.signal(signum, handler)
     try:
-        yield
+        yield late
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
 
 
 def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: list[str], outcome: Outcome) -> int:
     """The error lines on stderr and, with --json, the one envelope on stdout; a stdout closed by its reader ends
     the output there, with the command's own exit code. A signal that comes while they are written is let go: the
     command is ending with its own code, and half an envelope would be no JSON at all."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
     # the environment's secrets, and what the inventory's load found (also when it failed)
     redactor = secrets.Redactor(secrets.values() | set(getattr(args, "secrets", ())))
     errors = [redactor.text(_one_line(line)) for line in errors]

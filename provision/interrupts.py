@@ -27,6 +27,11 @@ from provision.run_processes import GRACE_S, RUN_MARKER, run_processes, stop_run
 __all__ = ["GRACE_S", "RUN_MARKER", "SignalTrap", "left_behind", "run_processes", "stop_run"]
 
 
+# How many traps have been entered in this process: the CLI tells a signal that came before any run (it ends the
+# command at once) from one that came once a run had begun (its trap took it, or its clean-up is under way)
+traps_entered = 0
+
+
 class SignalTrap:
     """While entered (in the main thread), SIGINT and SIGTERM are remembered instead of acted on: the first one
     makes `cancel_callback` stop the run. Nested traps restore the outer one's handlers on exit."""
@@ -40,6 +45,8 @@ class SignalTrap:
         self._stopped = False
 
     def __enter__(self) -> SignalTrap:
+        global traps_entered
+        traps_entered += 1
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._caught) for s in self.SIGNALS}
         return self

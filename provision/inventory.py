@@ -83,12 +83,22 @@ class VaultOptions:
         return {"ANSIBLE_VAULT_IDENTITY_LIST": ",".join(ids)} if ids else {}
 
 
+def _split_vault_id(vault_id: str) -> tuple[str | None, str]:
+    """(label, source) as Ansible splits a vault id (at the first `@`), the source's `~` and `$VARS` expanded."""
+    from ansible.cli import CLI
+    from ansible.utils.path import unfrackpath
+
+    label, source = CLI.split_vault_id(vault_id)
+    expanded = unfrackpath(source, follow=False) if source not in ("prompt", "prompt_ask_vault_pass") else source
+    return label, expanded
+
+
 def _absolute_vault_id(vault_id: str) -> str:
     """`label@source`: a source that is a file here becomes its absolute path (`prompt` stays)."""
-    label, at, source = vault_id.rpartition("@")
-    if source and Path(source).exists():
-        source = str(Path(source).absolute())
-    return f"{label}{at}{source}"
+    label, source = _split_vault_id(vault_id)
+    if not Path(source).exists():
+        return vault_id
+    return f"{label}@{source}" if label is not None else source
 
 
 @dataclass
@@ -295,16 +305,16 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
         if not os.access(f, os.R_OK) or not Path(f).is_file():
             raise UsageError(f"--vault-password-file: no such readable file ({NOT_ECHOED})")
     for vault_id in ids:
-        label, _, source = vault_id.rpartition("@")
+        label, source = _split_vault_id(vault_id)
         if not Path(source).exists():
-            raise UsageError(f"--vault-id {label}@…: no such password file or script ({NOT_ECHOED})")
+            raise UsageError(f"--vault-id {label or 'default'}@…: no such password file or script ({NOT_ECHOED})")
     try:
         with captured_warnings():  # each bad source is also raised: say it once
             found = CLI.setup_vault_secrets(
                 loader, vault_ids=ids, vault_password_files=files, auto_prompt=False, initialize_context=False
             )
     except Exception as exc:
-        labels = " ".join(i.rpartition("@")[0] or "default" for i in ids)
+        labels = " ".join(_split_vault_id(i)[0] or "default" for i in ids)
         raise UsageError(f"--vault-id {labels}: {one_line(getattr(exc, 'message', None) or exc)}") from None
     loader.set_vault_secrets(found)
     try:  # ansible-core 2.19+: inline !vault values decrypt through this process-wide context
@@ -587,15 +597,16 @@ def _ssh_config_findings(manager: Any, host: Host) -> list[tuple[str, str, str]]
     """(where, host, problem) where ssh's effective options (its config files included: ~/.ssh/config,
     /etc/ssh/ssh_config.d/, a -F file) would trust an unknown host key, or could verify none."""
     options, where = _ssh_effective(manager, host)
+    known_hosts = f"{options.get('userknownhostsfile', '')} {options.get('globalknownhostsfile', '')}".split()
     found = []
     strict = options.get("stricthostkeychecking", "true")
     if strict in ("false", "accept-new"):  # "ask" asks nobody in a run: an unknown key is refused
         found.append((where, host.name, f"ssh's configuration says StrictHostKeyChecking {strict} (ssh -G), and the "
                       "inventory's ssh_args replace the ones where provision says StrictHostKeyChecking=yes (add "
                       "-o StrictHostKeyChecking=yes to them)"))  # fmt: skip
-    if options and set(options.get("userknownhostsfile", "").split()) <= {"/dev/null"}:
-        found.append((where, host.name, "ssh's configuration says UserKnownHostsFile /dev/null (ssh -G): no host "
-                      "key can be verified"))  # fmt: skip
+    if known_hosts and set(known_hosts) <= {"/dev/null", "none"}:
+        found.append((where, host.name, "ssh's configuration keeps no known_hosts file (ssh -G: UserKnownHostsFile "
+                      "and GlobalKnownHostsFile /dev/null or none): no host key can be verified"))  # fmt: skip
     return found
 
 

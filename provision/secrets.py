@@ -98,7 +98,7 @@ def vocabulary(inv: Any = None) -> frozenset[str]:
 def weakness(secret: str, words: frozenset[str]) -> str:
     """Why a secret cannot be masked by substring ('' where it can)."""
     if len(secret) < STRONG_LEN:
-        return f"too short to be masked ({len(secret)} characters; {STRONG_LEN} or more are)"
+        return f"too short to be masked (under {STRONG_LEN} characters)"
     low = secret.lower()
     if low in _NEVER_SECRET or any(low in w for w in words):  # which name is not said: that would narrow it down
         return "too common to be masked (a common password, or part of a host, group or variable name)"
@@ -107,8 +107,10 @@ def weakness(secret: str, words: frozenset[str]) -> str:
 
 def weak_warnings(inv: Any) -> list[str]:
     """One line per inventory secret that is not masked, naming where it is set and why (module doc)."""
-    words, seen, lines = vocabulary(inv), set(), []
+    words, seen, lines, names = vocabulary(inv), set(), [], secret_names()
     for host, name, text in _inventory_secrets(inv):
+        if name not in names:  # a value that is secret only for being in a vault (a port, a VMID) is no password
+            continue
         why = weakness(text, words)
         where = host.where(name)
         if why and (where, name) not in seen:

@@ -7,7 +7,6 @@ that got as far as connecting would hang or fail with exit 1, not 2.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -553,9 +552,13 @@ def test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code
     children = _children(proc.pid)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=30)
-    for child in children:  # the inventory script, left sleeping by the provision that ran it
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(child), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while [c for c in children if _alive(c)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [c for c in children if _alive(c)]
+    for child in left:
+        os.kill(int(child), signal.SIGKILL)
+    assert not left, "the inventory script outlived the command"
     line = f"stopped by {signal.Signals(signum).name} before any host was changed"
     assert proc.returncode == 128 + signum, err
     assert err.strip().splitlines() == [f"error: {line}"], err
@@ -564,5 +567,28 @@ def test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code
     assert envelope["exit_code"] == 128 + signum and envelope["errors"] == [line]
 
 
+def _alive(pid: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _children(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+def test_a_signal_once_a_run_began_is_noted_and_its_clean_up_is_not_cut_short(monkeypatch):
+    """Outside the run's own trap, but after it (the record being written, the host locks given back): the command
+    goes on to its end, then says so and exits 128 + the signal."""
+    from provision import interrupts
+
+    with cli._signals_end_the_command() as late:
+        monkeypatch.setattr(interrupts, "traps_entered", interrupts.traps_entered + 1)  # a run began
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here, in this thread: it must not raise
+    assert late == [signal.SIGTERM]
+    errors, outcome = cli._after_late_signal(late, [], cli.Outcome(0))
+    assert outcome.exit_code == 128 + signal.SIGTERM
+    (line,) = errors
+    assert line == "SIGTERM came as the run was ending: it ended, its record is written and its host locks given back"

@@ -171,7 +171,7 @@ def test_the_ssh_configuration_is_read_as_ssh_reads_it_not_as_argument_text(tmp_
     ssh_args replace the ones provision sets; one that keeps known_hosts in /dev/null could verify no key."""
     config = tmp_path / "ssh_config"
     config.write_text("Host *\n  StrictHostKeyChecking accept-new\n")
-    for case in "abc":
+    for case in "abcd":
         (tmp_path / case).mkdir()
     common = f"ansible_ssh_common_args: -F {config}\n"
     assert problems_or_none(make(tmp_path / "a", GOOD_HOSTS, {"all": common})) == []
@@ -184,8 +184,9 @@ def test_the_ssh_configuration_is_read_as_ssh_reads_it_not_as_argument_text(tmp_
     ), found
     config.write_text("Host *\n  UserKnownHostsFile /dev/null\n")
     (found,) = problems_or_none(make(tmp_path / "c", GOOD_HOSTS, {"all": common}))
-    assert found.startswith("ssh configuration: hosts ct1, pve1: ssh's configuration says UserKnownHostsFile "
-                            "/dev/null (ssh -G): no host key can be verified"), found  # fmt: skip
+    assert found.startswith("ssh configuration: hosts ct1, pve1: ssh's configuration keeps no known_hosts file"), found
+    config.write_text("Host *\n  UserKnownHostsFile /dev/null\n  GlobalKnownHostsFile /etc/ssh/ssh_known_hosts\n")
+    assert problems_or_none(make(tmp_path / "d", GOOD_HOSTS, {"all": common})) == [], "the global file verifies"
 
 
 def problems_or_none(root: Path) -> list[str]:

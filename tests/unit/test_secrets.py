@@ -197,8 +197,8 @@ def test_a_token_pasted_anywhere_is_scrubbed_by_its_shape_and_ids_that_are_no_se
 
 @pytest.mark.parametrize(
     ("password", "why"),
-    [("hunter2", "too short to be masked (7 characters"), ("Password", "too common"), ("gpu_containers", "too common"),
-     ("widget_no", "too common")],
+    [("hunter2", "too short to be masked (under 8 characters)"), ("Password", "too common"),
+     ("gpu_containers", "too common"), ("widget_no", "too common")],
 )  # fmt: skip
 def test_a_secret_too_short_or_too_common_is_named_in_a_warning_and_not_masked(tmp_path, monkeypatch, password, why):
     """Masking such a value everywhere it occurs (every 'password' or host name of a log) would tell the reader what
