@@ -289,13 +289,9 @@ def _parse_failure(source: Path, caught: list[tuple[str, BaseException | None]])
     return list(dict.fromkeys(f"{source}: {one_line(m)}" for m in others))
 
 
-def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
-    from ansible import constants as C
-    from ansible.cli import CLI
-
-    ids = list(C.DEFAULT_VAULT_IDENTITY_LIST) + list(vault.ids)
-    files = [str(f) for f in vault.password_files]
-    prompts = [i for i in ids if i.rpartition("@")[2] in ("prompt", "prompt_ask_vault_pass")]
+def _check_vault_sources(ids: list[str], files: list[str]) -> None:
+    """Every vault password source can be read without a terminal; a source that names no file is not echoed."""
+    prompts = [i for i in ids if _split_vault_id(i)[1] in ("prompt", "prompt_ask_vault_pass")]
     if prompts:
         raise UsageError(
             f"--vault-id {prompts[0]}: provision cannot prompt for a vault password (its runs have no terminal); "
@@ -308,6 +304,15 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
         label, source = _split_vault_id(vault_id)
         if not Path(source).exists():
             raise UsageError(f"--vault-id {label or 'default'}@…: no such password file or script ({NOT_ECHOED})")
+
+
+def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
+    from ansible import constants as C
+    from ansible.cli import CLI
+
+    ids = list(C.DEFAULT_VAULT_IDENTITY_LIST) + list(vault.ids)
+    files = [str(f) for f in vault.password_files]
+    _check_vault_sources(ids, files)
     try:
         with captured_warnings():  # each bad source is also raised: say it once
             found = CLI.setup_vault_secrets(

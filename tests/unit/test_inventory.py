@@ -182,7 +182,7 @@ def test_the_ssh_configuration_is_read_as_ssh_reads_it_not_as_argument_text(tmp_
         "group_vars/all.yml:2: hosts ct1, pve1: ssh's configuration says StrictHostKeyChecking accept-new (ssh -G)"
         in found
     ), found
-    config.write_text("Host *\n  UserKnownHostsFile /dev/null\n")
+    config.write_text("Host *\n  UserKnownHostsFile /dev/null\n  GlobalKnownHostsFile none\n")
     (found,) = problems_or_none(make(tmp_path / "c", GOOD_HOSTS, {"all": common}))
     assert found.startswith("ssh configuration: hosts ct1, pve1: ssh's configuration keeps no known_hosts file"), found
     config.write_text("Host *\n  UserKnownHostsFile /dev/null\n  GlobalKnownHostsFile /etc/ssh/ssh_known_hosts\n")
