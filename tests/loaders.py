@@ -20,6 +20,6 @@ def load_file(path: Path) -> ModuleType:
 
 
 def repo_file(relative: str) -> ModuleType:
-    """A file of this checkout by its path in it, e.g. roles/sglang/files/journal_tail.py (a fresh module each call,
+    """A file of this checkout by its path in it, e.g. roles/sglang/files/service_probe.py (a fresh module each call,
     so no test file sees what another did to it)."""
     return load_file(REPO / relative)

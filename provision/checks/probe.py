@@ -81,7 +81,7 @@ def api_key(state):
 
 def scrub(text, secret, placeholder="<redacted>"):
     """text with the secret replaced as logs write it: literal, JSON- and repr-escaped, URL-quoted,
-    base64 (the same spellings as roles/sglang/files/journal_tail.py)."""
+    base64 (the same spellings as roles/sglang/files/service_probe.py)."""
     if not secret:
         return text
     encoded = base64.b64encode(secret.encode()).decode()

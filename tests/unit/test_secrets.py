@@ -165,15 +165,15 @@ def test_environment_secrets_need_a_secret_looking_name():
 
 
 def test_the_sglang_journal_scrubber_on_the_host_and_the_controller_agree():
-    """The host-side scrub (roles/sglang/files/journal_tail.py) knows only the key; whatever it leaves, the
+    """The host-side scrub (roles/sglang/files/service_probe.py) knows only the key; whatever it leaves, the
     controller's redactor takes out too."""
-    journal_tail = repo_file("roles/sglang/files/journal_tail.py")
+    service_probe = repo_file("roles/sglang/files/service_probe.py")
     tail = textwrap.dedent(f"""\
         server_args={{'api_key': {KEY!r}, 'port': 30000}}
         launch_command: --api-key {shlex.quote(KEY)}
         GET /v1/models?key={quote_plus(KEY)}
     """)
-    assert not reveals(Redactor({KEY}).text(journal_tail.scrub(tail, [KEY])), KEY)
+    assert not reveals(Redactor({KEY}).text(service_probe.scrub(tail, [KEY])), KEY)
     assert not reveals(Redactor({KEY}).text(tail), KEY)
 
 

@@ -1,4 +1,4 @@
-"""The journal tails shown on failure lose the API key on the host: the role's journal_tail.py
+"""The journal tails shown on failure lose the API key on the host: the role's service_probe.py
 (readiness failure) and verify's probe (a unit that is not running)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from provision.checks import probe
 from tests.loaders import repo_file
 
-journal_tail = repo_file("roles/sglang/files/journal_tail.py")
+service_probe = repo_file("roles/sglang/files/service_probe.py")
 
 KEY = 'sk-"odd"/key+=\\1'
 # What SGLang 0.5.23 writes (engine.py l.1185: the resolved dict's repr) and what a client might
@@ -25,7 +25,7 @@ TAIL = "\n".join([
 ])  # fmt: skip
 
 
-@pytest.mark.parametrize("scrub", [lambda t, k: journal_tail.scrub(t, [k]), probe.scrub], ids=["role", "probe"])
+@pytest.mark.parametrize("scrub", [lambda t, k: service_probe.scrub(t, [k]), probe.scrub], ids=["role", "probe"])
 def test_every_spelling_of_the_key_is_replaced(scrub):
     out = scrub(TAIL, KEY)
     assert "odd" not in out and base64.b64encode(KEY.encode()).decode().rstrip("=") not in out
@@ -33,13 +33,13 @@ def test_every_spelling_of_the_key_is_replaced(scrub):
 
 
 def test_no_key_file_leaves_the_tail_as_it_is(tmp_path):
-    assert journal_tail.read_key(str(tmp_path / "missing.yaml")) == ""
-    assert journal_tail.scrub(TAIL, [""]) == TAIL
+    assert service_probe.read_key(str(tmp_path / "missing.yaml")) == ""
+    assert service_probe.scrub(TAIL, [""]) == TAIL
     assert probe.scrub(TAIL, None) == TAIL
 
 
 def test_the_key_is_read_from_the_file_the_role_writes(tmp_path):
     path = tmp_path / "secrets.yaml"
     path.write_text(json.dumps({"api-key": KEY}) + "\n")
-    assert journal_tail.read_key(str(path)) == KEY
+    assert service_probe.read_key(str(path)) == KEY
     assert probe.api_key({"api_key_file": str(path)}) == KEY
