@@ -806,6 +806,23 @@ def unverified_tls_warnings(inv: Inventory) -> list[str]:
     return _per_source(found)
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def open_api_warnings(inv: Inventory) -> list[str]:
+    """Where a container serves beyond its own loopback without an API key: whoever reaches the address may use the
+    model (SGLang checks no key when none is set)."""
+    found = []
+    for ct in inv.gpu_containers:
+        listen, key = ct.vars.get("sglang_host", LOOPBACK[0]), ct.vars.get("sglang_api_key") or ""
+        if is_template(listen) or is_template(key) or from_vault(key) or key or str(listen) in LOOPBACK:
+            continue
+        found.append((ct.where("sglang_host"), ct.name, f"sglang_host is {listen} and sglang_api_key is empty: the "
+                      "API answers anyone who can reach that address; set sglang_api_key (from vault or the "
+                      "environment)"))  # fmt: skip
+    return _per_source(found)
+
+
 # Variables an earlier release read and this one ignores, with what replaced each (one state directory for every role)
 REMOVED_VARIABLES = {
     name: "provision_state_dir (roles/provision_common), one state directory for every role"
@@ -851,4 +868,5 @@ def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_c
         raise InventoryError(problems, frozenset(secrets.values(inv)))
     inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
     inv.warnings += unknown_variable_warnings(inv) + secrets.weak_warnings(inv) + vars_file_warnings(inv)
+    inv.warnings += open_api_warnings(inv)
     return inv

@@ -197,6 +197,18 @@ def problems_or_none(root: Path) -> list[str]:
     return []
 
 
+def test_a_container_serving_beyond_loopback_without_an_api_key_is_warned_about(tmp_path):
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_host: 0.0.0.0\nsglang_model_path: /m\n"})
+    (warning,) = [w for w in inventory.load(root).warnings if "sglang_host" in w]
+    assert warning.endswith("gpu_containers.yml:1: host ct1: sglang_host is 0.0.0.0 and sglang_api_key is empty: the "
+                            "API answers anyone who can reach that address; set sglang_api_key (from vault or the "
+                            "environment)"), warning  # fmt: skip
+    key = "sglang_api_key: \"{{ lookup('env', 'K') }}\"\n"
+    (tmp_path / "k").mkdir()
+    keyed = make(tmp_path / "k", GOOD_HOSTS, {"gpu_containers": "sglang_host: 0.0.0.0\nsglang_model_path: /m\n" + key})
+    assert not [w for w in inventory.load(keyed).warnings if "sglang_host" in w]
+
+
 def test_vars_files_that_reach_no_host_are_warned_about_by_file(tmp_path):
     """A group_vars file named for no group (a typo: its secrets would never apply) and a host_vars link to nothing:
     Ansible reads them without a word."""
