@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from provision.paths import playbooks_dir, roles_dir
 COLLECTION = "provision.pve_sglang."
 # the variables a role declares begin with its name, and a few with a shared prefix (roles/provision_common)
 EXTRA_PREFIXES = ("proxmox_api_", "provision_")
+# The specs give integers a type only. Counts and durations (seconds, exits, repeats, GPUs, tokens) start at 1, and
+# a port runs from 1 to 65535: an integer option so named out of that range is refused before the run it would fail.
+_AT_LEAST_ONE = re.compile(r"(_timeout|_sec|_s|_exits|_repeats|_tp_size|_len|_per_concurrency)$")
 
 
 @functools.cache
@@ -131,6 +135,33 @@ def host_problems(
     params = {k: v for k, v in variables.items() if k in options and _checkable(v, is_template, from_vault)}
     result = ArgumentSpecValidator(options).validate(params)
     return [(_named(message, params), message) for message in result.error_messages]
+
+
+@functools.cache
+def int_options() -> frozenset[str]:
+    """Every integer option of every entry point of every role."""
+    return frozenset(
+        option
+        for specs in _specs().values()
+        for entry in specs.values()
+        for option, spec in (entry.get("options") or {}).items()
+        if (spec or {}).get("type") == "int"
+    )
+
+
+def bound_problems(variables: dict, is_template, from_vault) -> list[tuple[str, str]]:
+    """(variable, problem) for each integer option out of its range (_AT_LEAST_ONE, ports)."""
+    found = []
+    for var, value in sorted(variables.items()):
+        if var not in int_options() or not _checkable(value, is_template, from_vault) or type(value) is bool:
+            continue
+        if not isinstance(value, int):
+            continue  # the type is host_problems()'s to say
+        if var.endswith("_port") and not 1 <= value <= 65535:
+            found.append((var, f"{var}: {value} is not a port (1 to 65535)"))
+        elif _AT_LEAST_ONE.search(var) and value < 1:
+            found.append((var, f"{var}: {value} is less than 1 (it counts seconds, tries or items)"))
+    return found
 
 
 def host_unknown(groups: set[str], variables: dict) -> list[tuple[str, str]]:

@@ -693,6 +693,9 @@ CHECKED_BY_OWN_RULES = frozenset({*VARIABLE_TYPES, "proxmox_vmid", "proxmox_ct_s
 def _check_specs(host: Host) -> list[tuple[str, str, str]]:
     """(where, host, problem) against the argument specs of the roles that run on the host (provision/arg_specs.py)."""
     found = arg_specs.host_problems(host.groups, host.vars, is_template, from_vault, CHECKED_BY_OWN_RULES)
+    found += [
+        (v, p) for v, p in arg_specs.bound_problems(host.vars, is_template, from_vault) if v not in CHECKED_BY_OWN_RULES
+    ]
     return [(host.where(var) if var in host.vars else host.where(), host.name, problem) for var, problem in found]
 
 

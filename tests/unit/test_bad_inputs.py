@@ -91,6 +91,8 @@ INVENTORIES = [
     ("whole-pve-token-in-token-id", {"hosts.yml": GOOD, GV: f"proxmox_api_token_id: '{PVE_TOKEN}'\n"}),
     ("hf-token-in-a-port", {"hosts.yml": GOOD, GV: f"proxmox_api_port: {HF_TOKEN}\n"}),
     ("local-connection-in-a-managed-group", {"hosts.yml": GOOD, "host_vars/pve1.yml": "ansible_connection: local\n"}),
+    ("lock-lease-negative", {"hosts.yml": GOOD, GV: "provision_state_lock_lease_s: -1\n"}),
+    ("serving-port-out-of-range", {"hosts.yml": GOOD, "host_vars/ct1.yml": "sglang_port: 70000\n"}),
     ("collection-plugin-not-installed", {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"}),
 ]  # fmt: skip
 
@@ -235,6 +237,10 @@ SEES = {
     "local-connection-in-a-managed-group": ("values checked before the run",
         "…:1: host pve1: ansible_connection: local would run its tasks, reboots included, on this controller: remove "
         "it, provision reaches its hosts over ssh"),
+    "lock-lease-negative": ("values checked before the run",
+        "…:1: hosts ct1, pve1: provision_state_lock_lease_s: -1 is less than 1 (it counts seconds, tries or items)"),
+    "serving-port-out-of-range": ("values checked before the run",
+        "…:1: host ct1: sglang_port: 70000 is not a port (1 to 65535)"),
     "collection-plugin-not-installed": ("the inventory as Ansible reads it",
         "…: inventory config '…' specifies unknown plugin 'community.proxmox.proxmox'"),
     "inventory-name-not-found": ("files on the controller",
