@@ -728,6 +728,34 @@ def unknown_variable_warnings(inv: Inventory) -> list[str]:
     return _per_source(found)
 
 
+# Items a variable's value may hold, counted as Ansible will expand it (each alias again): more is refused before
+# anything that renders or walks it (a unit file, a kernel line, a JSON record) takes minutes or memory over it
+MAX_ITEMS = 10_000
+
+
+def _item_count_over(value: Any, limit: int = MAX_ITEMS) -> bool:
+    stack, count = [value], 0
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _check_size(host: Host) -> list[tuple[str, str, str]]:
+    return [
+        (host.where(name), host.name, f"{name}: its value holds more than {MAX_ITEMS} items once its YAML aliases "
+         "are expanded: nothing provision runs needs that many")
+        for name, value in sorted(host.vars.items())
+        if isinstance(value, dict | list | tuple) and _item_count_over(value)
+    ]  # fmt: skip
+
+
 def _check_connection(host: Host) -> list[tuple[str, str, str]]:
     """A managed host must be reached, not run here: `local` would run a node's or container's tasks (and its
     reboot) on the controller itself."""
@@ -761,18 +789,22 @@ def vars_file_warnings(inv: Inventory) -> list[str]:
     return warnings
 
 
+def _host_problems(hosts: list[Host], checks: tuple) -> list[str]:
+    return [line for check in checks for line in _per_source([p for host in hosts for p in check(host)])]
+
+
 def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     """Return one line per problem; an empty list means the inventory is usable."""
     problems = _check_groups(inv)
     hosts = sorted(inv.hosts.values(), key=lambda h: h.name)
-    problems += _per_source([p for host in hosts for p in _check_types(host)])
-    problems += _per_source([p for host in hosts for p in _check_specs(host)])
-    problems += _per_source([p for host in hosts for p in _check_rendered(host)])
+    too_large = _host_problems(hosts, (_check_size,))
+    if too_large:  # the checks below would walk such a value
+        return problems + too_large
+    problems += _host_problems(hosts, (_check_types, _check_specs, _check_rendered))
     problems += _per_source(
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
     )
-    problems += _per_source([p for host in hosts for p in _check_driver_pin(host)])
-    problems += _per_source([p for host in hosts for p in _check_connection(host)])
+    problems += _host_problems(hosts, (_check_driver_pin, _check_connection))
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)

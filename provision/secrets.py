@@ -140,14 +140,17 @@ def _inventory_secrets(inv: Any) -> Iterator[tuple[Any, str, str]]:
 
 
 def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _leaves(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _leaves(item)
-    elif value is not None:
-        yield value
+    """The scalars of a value, each container visited once: YAML aliases share theirs, so an alias nested in aliases
+    (a billion laughs) costs what its text does, not what it expands to."""
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) not in seen:
+                seen.add(id(item))
+                stack.extend(reversed(list(item.values() if isinstance(item, dict) else item)))
+        elif item is not None:
+            yield item
 
 
 def _text(value: Any) -> str:

@@ -30,6 +30,10 @@ from tests.unit.test_json_envelope import SCHEMA
 GOOD = GOOD_HOSTS  # hosts at 192.0.2.0/24 (TEST-NET-1)
 CT2 = "        ct2:\n          proxmox_host: pve1\n          proxmox_vmid: 110\n"
 GV = "group_vars/all.yml"
+# a billion laughs in one variable: each list holds ten of the one before, so the last expands to 10^5 strings
+ALIAS_BOMB = "sglang_extra_args:\n  - &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  - &a{n} [{', '.join([f'*a{n - 1}'] * 10)}]\n" for n in range(1, 5)
+)
 # Secrets pasted where they do not belong: none may be printed, whatever the error
 PVE_TOKEN_SECRET = "3f2a9c1e-7b4d-4e8f-9a21-" + "6c5d8e0f1b2a"
 PVE_TOKEN = f"root@pam!provision={PVE_TOKEN_SECRET}"
@@ -91,6 +95,7 @@ INVENTORIES = [
     ("whole-pve-token-in-token-id", {"hosts.yml": GOOD, GV: f"proxmox_api_token_id: '{PVE_TOKEN}'\n"}),
     ("hf-token-in-a-port", {"hosts.yml": GOOD, GV: f"proxmox_api_port: {HF_TOKEN}\n"}),
     ("local-connection-in-a-managed-group", {"hosts.yml": GOOD, "host_vars/pve1.yml": "ansible_connection: local\n"}),
+    ("yaml-alias-bomb", {"hosts.yml": GOOD, GV: ALIAS_BOMB}),
     ("lock-lease-negative", {"hosts.yml": GOOD, GV: "provision_state_lock_lease_s: -1\n"}),
     ("serving-port-out-of-range", {"hosts.yml": GOOD, "host_vars/ct1.yml": "sglang_port: 70000\n"}),
     ("collection-plugin-not-installed", {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"}),
@@ -237,6 +242,9 @@ SEES = {
     "local-connection-in-a-managed-group": ("values checked before the run",
         "…:1: host pve1: ansible_connection: local would run its tasks, reboots included, on this controller: remove "
         "it, provision reaches its hosts over ssh"),
+    "yaml-alias-bomb": ("values checked before the run",
+        "…:2: hosts ct1, pve1: sglang_extra_args: its value holds more than 10000 items once its YAML aliases are "
+        "expanded: nothing provision runs needs that many"),
     "lock-lease-negative": ("values checked before the run",
         "…:1: hosts ct1, pve1: provision_state_lock_lease_s: -1 is less than 1 (it counts seconds, tries or items)"),
     "serving-port-out-of-range": ("values checked before the run",
