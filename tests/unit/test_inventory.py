@@ -367,3 +367,9 @@ def test_vault_options_reach_an_ansible_command_without_arguments_as_its_identit
     opts = inventory.VaultOptions((password,), ("prod@prompt",))
     assert opts.environment() == {"ANSIBLE_VAULT_IDENTITY_LIST": f"default@{password},prod@prompt"}
     assert inventory.VaultOptions().environment() == {}
+
+
+def test_the_size_bound_counts_the_inventorys_values_not_ansibles_own():
+    """`groups`, which Ansible gives every host, lists the whole fleet: a fleet of 12,000 hosts is no alias bomb."""
+    host = inventory.Host("pve1", vars={"groups": {"all": [f"pve{i}" for i in range(12_000)]}})
+    assert inventory._check_size(host) == []
