@@ -1,14 +1,15 @@
 """What Triton does in the container at the first kernel launch: it builds its C launcher.
 
-Triton 3.x (the release torch pins for SGLang 0.5.23), `triton/runtime/build.py` and the CUDA backend's
-`driver.py` (`compile_module_from_src`):
+Triton 3.6 (the release torch 2.11 pins for SGLang 0.5.23), `triton/runtime/build.py` and the CUDA backend's
+`driver.py` (`compile_module_from_src`), with the messages Triton 3.6.0 printed on a real H100:
 - the compiler is `$CC`, else `gcc`, else `clang` on PATH (`get_cc`); with none, `RuntimeError("Failed to find C
-  compiler. Please specify via CC environment variable.")`;
+  compiler. Please specify via CC environment variable or set triton.knobs.build.impl.")`;
 - the headers are the running Python's (`sysconfig.get_paths(scheme)["include"]`, `posix_local` read as
   `posix_prefix`): a venv's interpreter points at the system's `/usr/include/python3.X`, which only the distribution's
   `python3-dev` provides;
-- `cc main.c -O3 -shared -fPIC -Wno-psabi -o <so> -I<include>` runs through `subprocess.check_call`, so a missing
-  header is the compiler's own "fatal error: Python.h: No such file or directory" and a `CalledProcessError`;
+- `cc cuda_utils.c -O3 -shared -fPIC -Wno-psabi -o <so> -I<include>` runs through `subprocess.check_call`, so a
+  missing header is the compiler's own "cuda_utils.c:7:10: fatal error: Python.h: No such file or directory" and a
+  `CalledProcessError`;
 - the module is kept in Triton's cache (`$TRITON_CACHE_DIR`, else `~/.triton/cache`) under the sha256 of its
   source, and loaded from there; a later start finds it and builds nothing.
 
@@ -28,7 +29,13 @@ import tempfile
 from pathlib import Path
 
 NAME = "cuda_utils"
-SOURCE = """#define PY_SSIZE_T_CLEAN
+# Python.h on line 7, column 10, where Triton's cuda_utils.c has it (the compiler's message names the place)
+SOURCE = """/* provision lab: a launcher of the shape of Triton's cuda_utils.c */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 static PyObject *launch(PyObject *self, PyObject *args) { Py_RETURN_NONE; }
@@ -46,7 +53,9 @@ def get_cc() -> str:
     if cc is None:
         cc = shutil.which("gcc") or shutil.which("clang")
     if cc is None:
-        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+        raise RuntimeError(
+            "Failed to find C compiler. Please specify via CC environment variable or set triton.knobs.build.impl."
+        )
     return cc
 
 
@@ -74,7 +83,7 @@ def load():
     cached = cache_dir() / key / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
     if not cached.is_file():
         with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "main.c")
+            src = os.path.join(tmp, "cuda_utils.c")
             Path(src).write_text(SOURCE)
             so = build(src, tmp)
             cached.parent.mkdir(parents=True, exist_ok=True)
