@@ -548,11 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _main(argv, late)
         except Signalled as exc:  # in the moment between the command's end and its output
+            _stop_children()
             return _finish(argv, "--json" in argv, argparse.Namespace(), [_stopped_by(exc)], _signal_outcome(exc))
 
 
 def _stopped_by(exc: Signalled) -> str:
-    _stop_children()
     return f"stopped by {signal.Signals(exc.signum).name} before any host was changed"
 
 
@@ -605,6 +605,7 @@ def _main(argv: list[str], late: list[int]) -> int:
         _stop_children()
         errors, outcome = ["interrupted"], Outcome(EXIT_SIGNAL_BASE + signal.SIGINT)
     except Signalled as exc:  # SIGTERM or SIGHUP outside a run
+        _stop_children()
         errors, outcome = [_stopped_by(exc)], _signal_outcome(exc)
     except BrokenPipeError:  # the reader of stdout went away: say so on stderr, and write no more there
         errors, outcome = ["stdout was closed before the output was written"], Outcome(EXIT_FAILED)

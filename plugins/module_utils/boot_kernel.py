@@ -7,7 +7,7 @@
   (/etc/kernel/proxmox-boot-pin), else the newest in /boot (proxmox-boot-tool's default entry);
 - else the running one.
 
-`on_this_node` reads those files here, for a module that runs on the node.
+`detect_bootloader` and `on_this_node` read the node itself, for a module that runs there.
 """
 
 from __future__ import annotations
@@ -45,12 +45,14 @@ def next_kernel(bootloader: str | None, grub_cfg: str | None, pin: str | None, v
     return running
 
 
-def bootloader_from_status(tool_present: bool, rc: int = 0, out: str = "") -> tuple[str, str]:
-    """(bootloader, how it was told) as the PVE docs and proxmox-boot-tool do: `proxmox-boot-tool status` exits 0
-    and lists an ESP 'configured with: uefi' -> systemd-boot; exit 2 (no uuids file), only 'grub', or no tool ->
-    GRUB."""
-    if not tool_present:
+def detect_bootloader(module) -> tuple[str, str]:
+    """(bootloader, how it was told) as the PVE docs and proxmox-boot-tool do, for a module on the node:
+    `proxmox-boot-tool status` exits 0 and lists an ESP 'configured with: uefi' -> systemd-boot; exit 2 (no uuids
+    file), only 'grub', or no tool -> GRUB."""
+    tool = module.get_bin_path("proxmox-boot-tool")
+    if tool is None:
         return "grub", "proxmox-boot-tool not installed"
+    rc, out, _ = module.run_command([tool, "status"])
     if rc == 0 and "configured with: uefi" in out:
         return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
     if rc == 2:

@@ -150,7 +150,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, kernel_findings
 from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import (
-    bootloader_from_status,
+    detect_bootloader,
     on_this_node,
 )
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
@@ -190,15 +190,6 @@ ACTIONS = ("configure", "verify_generated", "restore", "running", "findings", "m
 
 
 # ------------------------------------------------------------------ detection
-def detect_bootloader(module):
-    """(bootloader, how it was told), from `proxmox-boot-tool status` (module_utils/boot_kernel.py)."""
-    tool = module.get_bin_path("proxmox-boot-tool")
-    if tool is None:
-        return bootloader_from_status(False)
-    rc, out, _ = module.run_command([tool, "status"])
-    return bootloader_from_status(True, rc, out)
-
-
 # ------------------------------------------------------------------ GRUB files
 def grub_files():
     return [GRUB_MAIN, *sorted(glob.glob(os.path.join(GRUB_SNIPPETS, "*.cfg")))]

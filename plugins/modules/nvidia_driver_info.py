@@ -154,12 +154,6 @@ def _module_users(proc_modules: str, name: str) -> int:
     return 0
 
 
-def _bootloader(module) -> str:
-    tool = module.get_bin_path("proxmox-boot-tool")
-    rc, out, _ = module.run_command([tool, "status"]) if tool else (0, "", "")
-    return boot_kernel.bootloader_from_status(tool is not None, rc, out)[0]
-
-
 def read_report(module) -> dict:
     kernel = os.uname().release
     proc_modules = _read("/proc/modules") or ""
@@ -167,7 +161,7 @@ def read_report(module) -> dict:
     dkms = rules.parse_dkms_status(_run(module, ["dkms", "status", "-m", "nvidia"]) or "")
     return {
         "kernel": kernel,
-        "next_kernel": boot_kernel.on_this_node(_bootloader(module)),
+        "next_kernel": boot_kernel.on_this_node(boot_kernel.detect_bootloader(module)[0]),
         "loaded": rules.module_version(_read("/proc/driver/nvidia/version")),
         "installed": rules.installed_version(modinfo, dkms, kernel),
         "dkms": dkms,
