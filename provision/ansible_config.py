@@ -94,23 +94,35 @@ def config_manager(path: Path | None) -> Any:
     return manager
 
 
-# Settings of the user's environment or ansible.cfg that would silently narrow what provision runs: the phases are
-# chosen with --tags, and a run that skips some of its tasks would still report itself converged.
-SCOPE_SETTINGS = {("TAGS_RUN", None): "--tags", ("TAGS_SKIP", None): "--tags (the phases to run)"}
+# Settings of the user's environment or ansible.cfg that would silently change what provision runs, each with the
+# test of a value that does and why it is refused. The phases are chosen with --tags, and a run that skips some of
+# its tasks would still report itself converged.
+_NARROWS = "would silently leave tasks of provision's run out: remove it, and choose phases with --tags"
+RUN_SETTINGS = {
+    ("TAGS_RUN", None): (bool, _NARROWS),
+    ("TAGS_SKIP", None): (bool, _NARROWS),
+    ("DEFAULT_KEEP_REMOTE_FILES", None): (
+        bool,
+        "would leave every task's module on the hosts with its arguments, secrets among them: remove it",
+    ),
+    ("DEFAULT_TRANSPORT", None): (
+        lambda value: str(value).removeprefix("ansible.builtin.") == "local",
+        "would run every host's tasks, reboots included, on this controller: remove it, provision reaches its hosts "
+        "over ssh",
+    ),
+}
 
 
 def scope_problems() -> list[str]:
-    """One line per setting of SCOPE_SETTINGS the user's environment or ansible.cfg sets, naming where."""
+    """One line per setting of RUN_SETTINGS the user's environment or ansible.cfg sets to a value it refuses, naming
+    where."""
     manager = config_manager(user_config_file())
     problems = []
-    for setting, instead in SCOPE_SETTINGS.items():
+    for setting, (refused, why) in RUN_SETTINGS.items():
         value, origin = lookup(manager, setting)
-        if origin != "default" and value:
-            said = f"{setting[0].lower()} = {','.join(map(str, value))}"
-            problems.append(
-                f"{origin}: {said} would silently leave tasks of provision's run out: remove it, and choose phases "
-                f"with {instead}"
-            )
+        if origin != "default" and refused(value):
+            shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+            problems.append(f"{origin}: {setting[0].lower()} = {shown} {why}")
     return problems
 
 

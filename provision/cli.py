@@ -544,7 +544,7 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with _signals_end_the_command() as late:
+    with _signals_end_the_command() as late, _stdout_kept_for_the_envelope("--json" in argv):
         try:
             return _main(argv, late)
         except Signalled as exc:  # in the moment between the command's end and its output
@@ -667,6 +667,7 @@ def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: 
     errors = [redactor.text(_one_line(line)) for line in errors]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
+    _give_stdout_back()
     if want_json:
         data = redactor.obj(envelope(_command_name(argv), outcome, errors))
         try:
@@ -675,6 +676,35 @@ def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: 
             print("error: stdout was closed before the JSON envelope was written", file=sys.stderr)
             _stdout_gone()
     return outcome.exit_code
+
+
+_held_stdout: list[int] = []  # the real stdout's descriptor while a --json command runs
+
+
+@contextlib.contextmanager
+def _stdout_kept_for_the_envelope(want_json: bool) -> Iterator[None]:
+    """With --json, stdout carries the envelope and nothing else: while the command runs, whatever this process or
+    its children write to descriptor 1 (Ansible's lines under ANSIBLE_DEBUG, a JUnit file named /dev/stdout, a
+    library's stray print) goes to stderr, and the envelope alone goes to the real stdout (`_finish`)."""
+    if not want_json:
+        yield
+        return
+    sys.stdout.flush()
+    _held_stdout.append(os.dup(1))
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        _give_stdout_back()
+
+
+def _give_stdout_back() -> None:
+    if _held_stdout:
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.flush()
+        held = _held_stdout.pop()
+        os.dup2(held, 1)
+        os.close(held)
 
 
 def _stdout_gone() -> None:

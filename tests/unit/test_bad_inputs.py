@@ -144,6 +144,23 @@ FLAGS = [
 ]
 
 
+# Settings of the user's environment or ./ansible.cfg that would silently change what provision runs:
+# (case, environment variables, ansible.cfg text)
+ENVIRONMENTS = [
+    ("env-skip-tags", {"ANSIBLE_SKIP_TAGS": "sglang"}, None),
+    ("env-run-tags", {"ANSIBLE_RUN_TAGS": "sglang"}, None),
+    ("cfg-skip-tags", {}, "[tags]\nskip = sglang\n"),
+    ("env-keep-remote-files", {"ANSIBLE_KEEP_REMOTE_FILES": "1"}, None),
+    ("cfg-keep-remote-files", {}, "[defaults]\nkeep_remote_files = True\n"),
+    ("env-transport-local", {"ANSIBLE_TRANSPORT": "local"}, None),
+    ("cfg-transport-local", {}, "[defaults]\ntransport = ansible.builtin.local\n"),
+]
+_NARROWS = "would silently leave tasks of provision's run out: remove it, and choose phases with --tags"
+_KEEPS = "would leave every task's module on the hosts with its arguments, secrets among them: remove it"
+_LOCAL = ("would run every host's tasks, reboots included, on this controller: remove it, provision reaches its "
+          "hosts over ssh")  # fmt: skip
+
+
 # What the user sees for each case: its one error line, `…` for what varies (the test's directory), and the
 # class of hostile input it belongs to (docs/reliability.md).
 SEES = {
@@ -333,6 +350,15 @@ SEES = {
     "whole-pve-token-as-the-inventory": ("secrets",
         "inventory 'root@pam!provision=********' not found: looked for ./root@pam!provision=******** and "
         "./inventory/root@pam!pro…"),
+    "env-skip-tags": ("the environment", f"env: ANSIBLE_SKIP_TAGS: tags_skip = sglang {_NARROWS}"),
+    "env-run-tags": ("the environment", f"env: ANSIBLE_RUN_TAGS: tags_run = sglang {_NARROWS}"),
+    "cfg-skip-tags": ("the environment", f"…/ansible.cfg: tags_skip = sglang {_NARROWS}"),
+    "env-keep-remote-files": ("the environment",
+        f"env: ANSIBLE_KEEP_REMOTE_FILES: default_keep_remote_files = True {_KEEPS}"),
+    "cfg-keep-remote-files": ("the environment", f"…/ansible.cfg: default_keep_remote_files = True {_KEEPS}"),
+    "env-transport-local": ("the environment", f"env: ANSIBLE_TRANSPORT: default_transport = local {_LOCAL}"),
+    "cfg-transport-local": ("the environment",
+        f"…/ansible.cfg: default_transport = ansible.builtin.local {_LOCAL}"),
 }  # fmt: skip
 
 NOT_CONTACTED = "nothing contacted, no run record"
@@ -345,7 +371,11 @@ def _row(case: str, test: str) -> Row:
                "hostile input: " + kind)  # fmt: skip
 
 
-FAULT_ROWS = [_row(c[0], "test_bad_inventory") for c in INVENTORIES] + [_row(c[0], "test_bad_flag") for c in FLAGS]
+FAULT_ROWS = (
+    [_row(c[0], "test_bad_inventory") for c in INVENTORIES]
+    + [_row(c[0], "test_bad_flag") for c in FLAGS]
+    + [_row(c[0], "test_environment_that_would_silently_change_the_run") for c in ENVIRONMENTS]
+)
 
 
 def _pattern(sees: str) -> re.Pattern:
@@ -486,22 +516,40 @@ def test_environment_that_turns_host_key_checking_off(workdir, capsys, monkeypat
     assert code == 2 and len(err) == 1 and "ANSIBLE_SSH_HOST_KEY_CHECKING" in err[0] and "host key" in err[0]
 
 
-@pytest.mark.parametrize(
-    ("variable", "cfg"), [("ANSIBLE_SKIP_TAGS", None), ("ANSIBLE_RUN_TAGS", None), (None, "[tags]\nskip = sglang\n")]
-)
-def test_tags_of_the_environment_or_ansible_cfg_that_would_narrow_the_run(workdir, capsys, monkeypatch, variable, cfg):
-    """Ansible would apply them to provision's playbooks: a phase, or part of one, left out with no word, and the
-    run still reported converged. Refused, naming where the setting comes from."""
+@pytest.mark.parametrize(("case", "env", "cfg"), ENVIRONMENTS, ids=[c[0] for c in ENVIRONMENTS])
+def test_environment_that_would_silently_change_the_run(workdir, capsys, monkeypatch, case, env, cfg):
+    """Ansible would apply them to provision's playbooks: a phase, or part of one, left out with no word and the
+    run still reported converged; modules left on the hosts with their secrets; a node's tasks run on the
+    controller. Refused before anything is contacted, naming where the setting comes from."""
     _write(workdir / "inv", {"hosts.yml": GOOD})
     workdir.chmod(0o755)  # Ansible reads no ansible.cfg from a world-writable directory
-    if variable:
-        monkeypatch.setenv(variable, "sglang")
-    else:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if cfg:
         (workdir / "ansible.cfg").write_text(cfg)
-    code, err, _ = _run(["plan", "-i", str(workdir / "inv"), "--runs-dir", str(workdir / "runs")], capsys)
-    where = f"env: {variable}" if variable else str(workdir / "ansible.cfg")
-    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {where}: tags_"), err
-    assert "would silently leave tasks of provision's run out: remove it, and choose phases with --tags" in err[0]
+    _assert_usage_error(["plan", "-i", str(workdir / "inv"), "--runs-dir", str(workdir / "runs")], capsys,
+                        workdir / "runs", sees=SEES[case][1])  # fmt: skip
+
+
+def test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_there(tmp_path):
+    """ANSIBLE_DEBUG makes Ansible print its debug lines on stdout, in provision's own process as it loads the
+    inventory; a JUnit file named /dev/stdout is written there too. With --json, stdout still holds one JSON
+    document, the envelope; the rest goes to stderr."""
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    env = {**os.environ, "ANSIBLE_DEBUG": "1"}
+    proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True, proc.stdout[:500]
+    assert "Loading" in proc.stderr  # Ansible's debug lines, moved to stderr
+    # a node whose ssh port refuses: verify reads nothing, and still writes its JUnit and its envelope
+    refusing = GOOD.replace("ansible_host: 192.0.2.10", "ansible_host: 127.0.0.1\n          ansible_port: 9")
+    _write(tmp_path / "inv", {"hosts.yml": refusing})
+    junit = subprocess.run(
+        [sys.executable, "-m", "provision", "verify", "-i", "inv", "--json", "--junit", "/dev/stdout", "--runs-dir",
+         "runs", "--no-host-key-checking", "--limit", "pve1"], capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert json.loads(junit.stdout)["exit_code"] == junit.returncode == 1, (junit.stdout[:500], junit.stderr[-500:])
+    assert "<testsuite" in junit.stderr
 
 
 STATIC_PLUGIN = '''\
