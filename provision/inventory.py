@@ -235,6 +235,11 @@ def captured_warnings() -> Iterator[list[tuple[str, BaseException | None]]]:
         Display.warning, Display.error_as_warning, Display.deprecated = saved
 
 
+GIVE_THE_VAULT_PASSWORD = (
+    "give the password it was encrypted with: --vault-password-file, --vault-id, or vault_password_file in ansible.cfg"
+)
+
+
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -247,7 +252,7 @@ def _error_line(source: Path, exc: BaseException) -> str:
     message = one_line(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
     where = next(filter(None, (_origin(getattr(e, "obj", None)) for e in _chain(exc))), str(source))
     if "no vault secrets" in message or "Decryption failed" in message:
-        return f"{where}: cannot decrypt: {message} (pass --vault-password-file or --vault-id)"
+        return f"{where}: cannot decrypt: {message} ({GIVE_THE_VAULT_PASSWORD})"
     return f"{where}: {message}"
 
 
@@ -747,6 +752,26 @@ def _item_count_over(value: Any, limit: int = MAX_ITEMS) -> bool:
     return False
 
 
+def _check_vault(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for each variable holding an inline `!vault` value that no vault password given
+    decrypts: named here, before any check or task reads it."""
+    from ansible.errors import AnsibleError
+
+    found = []
+    for name, value in sorted(host.vars.items()):
+        for leaf in secrets.leaves(value):
+            if type(leaf).__name__ != "EncryptedString":
+                continue
+            try:
+                str(leaf)  # decrypts, with the vault secrets the inventory was loaded with
+            except AnsibleError as exc:
+                reason = one_line(str(exc)).rstrip(".")
+                found.append((host.where(name), host.name, f"{name}: cannot decrypt its !vault value: {reason} "
+                              f"({GIVE_THE_VAULT_PASSWORD})"))  # fmt: skip
+                break
+    return found
+
+
 def _check_size(host: Host) -> list[tuple[str, str, str]]:
     return [
         (host.where(name), host.name, f"{name}: its value holds more than {MAX_ITEMS} items once its YAML aliases "
@@ -798,9 +823,9 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     """Return one line per problem; an empty list means the inventory is usable."""
     problems = _check_groups(inv)
     hosts = sorted(inv.hosts.values(), key=lambda h: h.name)
-    too_large = _host_problems(hosts, (_check_size,))
-    if too_large:  # the checks below would walk such a value
-        return problems + too_large
+    unreadable = _host_problems(hosts, (_check_size, _check_vault))
+    if unreadable:  # the checks below would walk such a value, or decrypt it
+        return problems + unreadable
     problems += _host_problems(hosts, (_check_types, _check_specs, _check_rendered))
     problems += _per_source(
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]

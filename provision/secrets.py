@@ -131,7 +131,7 @@ def _inventory_secrets(inv: Any) -> Iterator[tuple[Any, str, str]]:
         for host in inv.hosts.values():
             for name, value in host.vars.items():
                 if name in names or from_vault(value):
-                    for leaf in _leaves(value):
+                    for leaf in leaves(value):
                         text = _text(leaf)
                         if text and is_template(text):
                             text = _render(inv, host, leaf)
@@ -139,7 +139,7 @@ def _inventory_secrets(inv: Any) -> Iterator[tuple[Any, str, str]]:
                             yield host, name, text
 
 
-def _leaves(value: Any) -> Iterator[Any]:
+def leaves(value: Any) -> Iterator[Any]:
     """The scalars of a value, each container visited once: YAML aliases share theirs, so an alias nested in aliases
     (a billion laughs) costs what its text does, not what it expands to."""
     stack, seen = [value], set()

@@ -61,6 +61,13 @@ def vault_encrypt(path: Path, password_file: Path) -> None:
     subprocess.run([vault, "encrypt", "--vault-password-file", password_file, path], check=True, capture_output=True)
 
 
+def vault_encrypt_string(name: str, value: str, password_file: Path | str) -> str:
+    """`name: !vault |` with `value` encrypted by this virtualenv's ansible-vault, as `encrypt_string` prints it."""
+    vault = Path(sys.executable).parent / "ansible-vault"
+    argv = [vault, "encrypt_string", "--vault-password-file", password_file, "--name", name, value]
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
 def run_provision(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
     """Run provision; past `timeout`, interrupt it as a user would (SIGINT: it stops every process of its run,
     provision/interrupts.py) before TimeoutExpired, so that no ansible-playbook of a timed-out test runs on."""

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from provision import cli
-from tests.conftest import CONTAINER_VARS, vault_encrypt
+from provision.inventory import GIVE_THE_VAULT_PASSWORD
+from tests.conftest import CONTAINER_VARS, vault_encrypt, vault_encrypt_string
 from tests.faults import NOT_SHOWN, Row
 from tests.unit.test_inventory import GOOD_HOSTS
 from tests.unit.test_json_envelope import SCHEMA
@@ -86,6 +87,7 @@ INVENTORIES = [
     ("group-vars-is-a-list", {"hosts.yml": GOOD, "group_vars/all.yml": "- a\n- b\n"}),
     ("host-vars-syntax-error", {"hosts.yml": GOOD, "host_vars/ct1.yml": "x: [\n"}),
     ("vaulted-file-without-password", {"hosts.yml": GOOD, "group_vars/all/vault.yml": "VAULT"}),
+    ("inline-vault-without-password", {"hosts.yml": GOOD, "group_vars/all/key.yml": "INLINE_VAULT"}),
     ("host-key-checking-off-in-inventory", {"hosts.yml": GOOD, GV: "ansible_host_key_checking: false\n"}),
     ("strict-host-key-checking-off-in-args", {"hosts.yml": GOOD, GV: "ansible_ssh_args: -o StrictHostKeyChecking=no"}),
     ("ssh-host-key-checking-var-off", {"hosts.yml": GOOD, GV: "ansible_ssh_host_key_checking: false\n"}),
@@ -123,6 +125,7 @@ FLAGS = [
     ("missing-inventory", ["plan"]),
     ("vault-password-file-missing", ["plan", "-i", "INV", "--vault-password-file", "/nonexistent"]),
     ("vault-id-file-missing", ["plan", "-i", "INV", "--vault-id", "dev@/nonexistent"]),
+    ("inline-vault-wrong-password", ["verify", "-i", "VAULTED", "--vault-password-file", "WRONG_PASSWORD"]),
     ("limit-matches-nothing", ["plan", "-i", "INV", "--limit", "nosuch"]),
     ("limit-empty", ["apply", "-i", "INV", "--yes", "--limit", ""]),
     ("limit-blank", ["verify", "-i", "INV", "--limit", " "]),
@@ -230,8 +233,7 @@ SEES = {
     "host-vars-syntax-error": ("the inventory as Ansible reads it",
         "…:2: YAML parsing failed: While parsing a flow node did not find expected node content."),
     "vaulted-file-without-password": ("secrets",
-        "…: cannot decrypt: Attempting to decrypt but no vault secrets found. (pass --vault-password-file "
-        "or --vault-id)"),
+        f"…: cannot decrypt: Attempting to decrypt but no vault secrets found. ({GIVE_THE_VAULT_PASSWORD})"),
     "host-key-checking-off-in-inventory": ("trust",
         "…: hosts ct1, pve1: ansible_host_key_checking turns host key checking off; provision keeps it on: "
         "remove that setting, or pass --no-host-key-checking to accept any host key"),
@@ -298,6 +300,12 @@ SEES = {
         "provision apply: argument --reboot: invalid choice: 'sometimes' (choose from 'auto', 'never')"),
     "unknown-flag": ("the command line", "provision: unrecognized arguments: --frobnicate"),
     "missing-inventory": ("the command line", "provision plan: the following arguments are required: --inventory/-i"),
+    "inline-vault-without-password": ("secrets",
+        "…/group_vars/all/key.yml:1: hosts ct1, pve1: sglang_api_key: cannot decrypt its !vault value: Attempting to "
+        f"decrypt but no vault secrets found ({GIVE_THE_VAULT_PASSWORD})"),
+    "inline-vault-wrong-password": ("secrets",
+        "…/group_vars/all/key.yml:1: hosts ct1, pve1: sglang_api_key: cannot decrypt its !vault value: "
+        f"Decryption failed (no vault secrets were found that could decrypt) ({GIVE_THE_VAULT_PASSWORD})"),
     "vault-password-file-missing": ("secrets",
         "--vault-password-file: no such readable file (the argument is not shown: it names no file, and "
         "may be the password itself)"),
@@ -393,6 +401,8 @@ def _write(root: Path, files: dict[str, str | bytes]) -> None:
         if content == "VAULT":
             path.write_text("v: 1\n")
             vault_encrypt(path, _password_file(root))
+        elif content == "INLINE_VAULT":
+            path.write_text(vault_encrypt_string("sglang_api_key", "inline-key-" + "7c1d9e", _password_file(root)))
         elif isinstance(content, bytes):
             path.write_bytes(content)
         else:
@@ -448,8 +458,12 @@ def test_bad_flag(workdir, capsys, case, argv):
     (workdir / "a-file").write_text("x")
     (workdir / "dangling").symlink_to(workdir / "nowhere")
     (workdir / "limit-file").write_text("pve1\nct1\ntypo\n")
+    if "VAULTED" in argv:  # an inline !vault value, and a password file that holds another password
+        _write(workdir / "vaulted", {"hosts.yml": GOOD, "group_vars/all/key.yml": "INLINE_VAULT"})
+        (workdir / "wrong-password").write_text("not-the-password\n")
     names = {"INV": workdir / "inv", "FILE": workdir / "a-file", "DANGLING": workdir / "dangling",
-             "@LIMITFILE": "@limit-file", "INV/runs": workdir / "inv" / "runs"}  # fmt: skip
+             "@LIMITFILE": "@limit-file", "INV/runs": workdir / "inv" / "runs", "VAULTED": workdir / "vaulted",
+             "WRONG_PASSWORD": workdir / "wrong-password"}  # fmt: skip
     argv = [str(names.get(a, a)) for a in argv]
     runs = workdir / "runs"
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):

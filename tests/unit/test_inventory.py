@@ -13,7 +13,7 @@ import pytest
 
 from provision import inventory, secrets
 from provision.errors import InventoryError
-from tests.conftest import vault_encrypt
+from tests.conftest import vault_encrypt, vault_encrypt_string
 
 GOOD_HOSTS = """\
 all:
@@ -138,13 +138,28 @@ def test_wrong_types_in_group_vars(tmp_path, text, expected):
 
 
 def test_templates_and_vault_values_are_not_type_checked(tmp_path):
+    password = tmp_path / "pass"
+    password.write_text("pw-123456\n")
     root = make(
         tmp_path,
         GOOD_HOSTS.replace("proxmox_vmid: 110", 'proxmox_vmid: "{{ 100 + 10 }}"'),
-        {"all": "proxmox_api_password: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  6162\n"},
+        {"all": vault_encrypt_string("proxmox_api_port", "8006", password)},
     )
-    inv = inventory.load(root)
+    inv = inventory.load(root, inventory.VaultOptions((password,)))
     assert inv.warnings == []
+
+
+def test_an_inline_vault_value_no_password_given_decrypts_is_named_at_load(tmp_path):
+    password = tmp_path / "pass"
+    password.write_text("pw-123456\n")
+    root = make(tmp_path, GOOD_HOSTS, {"all": vault_encrypt_string("proxmox_api_password", "s3cret-pw", password)})
+    with pytest.raises(InventoryError, match=r"all.yml:1: hosts ct1, pve1: proxmox_api_password: cannot decrypt"):
+        inventory.load(root)
+    other = tmp_path / "other"
+    other.write_text("another-password\n")
+    with pytest.raises(InventoryError, match=r"proxmox_api_password: cannot decrypt its !vault value: Decryption"):
+        inventory.load(root, inventory.VaultOptions((other,)))
+    assert "s3cret-pw" in secrets.values(inventory.load(root, inventory.VaultOptions((password,))))
 
 
 def test_plain_text_secret_warns(tmp_path):

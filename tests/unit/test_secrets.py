@@ -194,7 +194,7 @@ def test_a_secret_walked_through_aliases_visits_each_shared_container_once():
     value: list = ["tok-" + "in-a-bomb"]
     for _ in range(9):
         value = [value] * 10
-    assert list(secrets._leaves({"k": value})) == ["tok-in-a-bomb"]
+    assert list(secrets.leaves({"k": value})) == ["tok-in-a-bomb"]
 
 
 def test_a_token_pasted_anywhere_is_scrubbed_by_its_shape_and_ids_that_are_no_secret_stay():
