@@ -136,7 +136,7 @@ def _stats_run(stats: dict):
 
 
 def test_verify_and_diag_records_hold_no_literal_inventory_secret(tmp_path, inv, monkeypatch):
-    """#18: verify and diag keep their records through the same RunRecord as apply, with the inventory's secret
+    """verify and diag keep their records through the same RunRecord as apply, with the inventory's secret
     set: the literal PVE password and the key from an oddly named environment variable, in the probe's and the
     diagnostic's answers, are in no file of either record, nor in what the API returns."""
     from provision import diag, verify
