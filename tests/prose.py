@@ -158,7 +158,8 @@ def _report(paths: list[Path], longest: int) -> None:
         for s in sorted(found, key=lambda s: -s.words)[:longest]:
             print(f"      {s.words:3d} words, line {s.line}: {s.text[:140]}")
     over = sum(s.words > LONGEST_FIRST_READ for s in everything)
-    print(f"{mean(everything):5.1f} words/sentence {len(everything):5d} sentences  all; {over} over {LONGEST_FIRST_READ}")
+    total = f"{mean(everything):5.1f} words/sentence {len(everything):5d} sentences"
+    print(f"{total}  all; {over} over {LONGEST_FIRST_READ}")
 
 
 if __name__ == "__main__":
