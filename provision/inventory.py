@@ -2,7 +2,7 @@
 
 Ansible parses the inventory (INI, YAML, host ranges, `group_vars/` and `host_vars/`, vaulted
 files, inventory plugins) and merges each host's variables with its own precedence, so what is
-checked here is what `ansible-playbook` will see. The contract (README, "Inventory reference"):
+checked here is what `ansible-playbook` will see. The contract (docs/reference.md, "Inventory"):
 - group `proxmox_hosts` holds the PVE nodes, group `gpu_containers` the LXC containers;
 - each container sets `proxmox_host` (a member of `proxmox_hosts`) and `proxmox_vmid`
   (an integer 100..999999999, unique per node);
