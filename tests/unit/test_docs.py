@@ -88,3 +88,23 @@ def test_the_prose_keeps_short_sentences():
 @pytest.mark.parametrize("page", prose.FIRST_READ)
 def test_the_pages_read_first_exist(page):
     assert (ROOT / page).is_file()
+
+
+def _inventory_table() -> dict[str, str]:
+    """name -> type cell of the table under docs/reference.md's `## Inventory`."""
+    text = (ROOT / "docs" / "reference.md").read_text().split("## Inventory\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| `")]
+    return {cells[0].strip().strip("`"): cells[2].strip() for cells in rows if len(cells) >= 4}
+
+
+def test_the_inventory_tables_types_are_the_argument_specs():
+    """Every variable the table lists that a role declares has the type its argument spec gives it."""
+    from provision import arg_specs
+
+    declared = {name: spec.get("type", "str") for options in arg_specs.role_options().values()
+                for name, spec in options.items()}  # fmt: skip
+    table = _inventory_table()
+    assert len(table) >= 15
+    wrong = {name: (cell, declared[name]) for name, cell in table.items() if name in declared and cell != declared[name]}
+    assert wrong == {}, "type in docs/reference.md, type in the argument spec"
+    assert "sglang_model_path" in table and "proxmox_api_password" in table
