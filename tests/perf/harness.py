@@ -10,7 +10,8 @@ starts python3 once. Hosts and their ssh settings come from Ansible's own invent
 (`ansible-inventory --list`). With --cold, the first apply is taken as a cold converge (run it right
 after `provision lab up`) and its task time is split into reboots, installs and the rest. Every
 figure is a median over --repeat runs and is reported as a ratio to the floor measured in the same
-run, because these machines are noisy.
+run, because these machines are noisy. docs/performance.md shows the figures of docs/performance-lab.json and
+docs/performance-fleet.json, rendered by tests/perf/render.py with this module's tables.
 """
 
 from __future__ import annotations
@@ -234,25 +235,29 @@ def fleet(counts: list[int], repeat: int) -> dict:
         k: round((last[k] - first[k]) / (last["containers"] - first["containers"]), 2)
         for k in ("apply_noop_s", "verify_s", "converge_s")
     } if len(points) > 1 else {}  # fmt: skip
-    return {"tags": FLEET_TAGS, "points": points, "growth": growth, "seconds_per_added_host": per_host}
+    return {
+        "tags": FLEET_TAGS, "repeat": repeat, "points": points, "growth": growth, "seconds_per_added_host": per_host,
+    }  # fmt: skip
+
+
+FLEET_COLUMNS = ("floor_s", "ansible_floor_s", "apply_noop_s", "verify_s", "converge_s")
 
 
 def fleet_table(result: dict) -> str:
+    """The fleet's figures per container count, then their growth from the first count to the last."""
+    points = result["points"]
     lines = [
-        "| containers | floor s | Ansible floor s | no-op apply s | verify s | gpu+sglang converge s |",
+        "| containers | floor (s) | Ansible floor (s) | no-op apply (s) | verify (s) | gpu+sglang converge (s) |",
         "|---|---|---|---|---|---|",
     ]
-    for p in result["points"]:
-        lines.append(
-            f"| {p['containers']} | {p['floor_s']} | {p['ansible_floor_s']} | {p['apply_noop_s']} | {p['verify_s']} "
-            f"| {p['converge_s']} |"
-        )
-    g, h = result["growth"], result["seconds_per_added_host"]
-    lines.append(
-        f"\ngrowth first -> last: no-op apply {g['apply_noop_s']}×, verify {g['verify_s']}×, "
-        f"converge {g['converge_s']}×, Ansible floor {g['ansible_floor_s']}×, floor {g['floor_s']}×; "
-        f"per added container: {h}"
-    )
+    lines += ["| " + " | ".join(str(p[k]) for k in ("containers", *FLEET_COLUMNS)) + " |" for p in points]
+    first, last = points[0], points[-1]
+    span = f"{first['containers']} → {last['containers']}"
+    lines.append(f"| growth {span} | " + " | ".join(f"{result['growth'][k]}×" for k in FLEET_COLUMNS) + " |")
+    added = last["containers"] - first["containers"]
+    if added:
+        per = [round((last[k] - first[k]) / added, 2) for k in FLEET_COLUMNS]
+        lines.append("| seconds per added container | " + " | ".join(map(str, per)) + " |")
     return "\n".join(lines)
 
 
@@ -284,36 +289,49 @@ def fleet_chart(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+LAB_ROWS = (
+    ("floor", "floor: one ssh session per host, all at once"),
+    ("apply_noop", "`provision apply`, no-op"),
+    ("verify", "`provision verify`"),
+    ("stock_noop", "same playbooks, stock `ansible-playbook` settings, no-op"),
+    ("full_noop", "`provision apply --full` (every phase's tasks run), no-op"),
+    ("full_linear_noop", "the same, Ansible's linear strategy (no Mitogen)"),
+    ("stock_full_noop", "stock `ansible-playbook` settings, every phase's tasks run, no-op"),
+)
+
+
 def as_table(results: dict) -> str:
-    s, r = results["seconds"], results["ratios"]
+    """One row per figure of the VM-lab run: its median, its samples and its ratio to the floor."""
+    s, samples = results["seconds"], results.get("samples", {})
     floor = s["floor"]
     lines = [
-        f"| what ({results['hosts']} hosts, median of {results['repeat']}) | seconds | × floor |",
-        "|---|---|---|",
-        f"| floor: one ssh session per host, all at once | {floor} | 1.0 |",
-        f"| `provision apply`, no-op | {s['apply_noop']} | {r['apply_noop/floor']} |",
-        f"| `provision verify` | {s['verify']} | {r['verify/floor']} |",
-        f"| same playbooks, stock `ansible-playbook` settings, no-op | {s['stock_noop']} | "
-        f"{round(s['stock_noop'] / floor, 1)} |",
-        f"| `provision apply --full` (every phase's tasks run), no-op | {s['full_noop']} | "
-        f"{round(s['full_noop'] / floor, 1)} |",
-        f"| the same, Ansible's linear strategy (no Mitogen) | {s['full_linear_noop']} | "
-        f"{round(s['full_linear_noop'] / floor, 1)} |",
-        f"| stock `ansible-playbook` settings, every phase's tasks run, no-op | {s['stock_full_noop']} | "
-        f"{round(s['stock_full_noop'] / floor, 1)} |",
+        f"| what ({results['hosts']} hosts, median of {results['repeat']}) | seconds | samples | × floor |",
+        "|---|---|---|---|",
     ]
+    for key, label in LAB_ROWS:
+        runs = ", ".join(map(str, samples.get(key, [])))
+        lines.append(f"| {label} | {s[key]} | {runs} | {round(s[key] / floor, 1)} |")
     if "cold_converge_s" in results:
-        b = results["cold_breakdown_task_s"]
+        b, cold = results["cold_breakdown_task_s"], results["cold_converge_s"]
         lines.append(
             f"| cold converge (task time: reboots {b['reboots']}, installs {b['installs']}, rest {b['rest']}) "
-            f"| {results['cold_converge_s']} | {round(results['cold_converge_s'] / floor, 1)} |"
+            f"| {cold} | | {round(cold / floor, 1)} |"
         )
-    lines.append(
-        f"\nstock / provision no-op, same skip: {r['stock_noop/apply_noop']}×; every task run: "
+    return "\n".join(lines)
+
+
+def stock_ratios(results: dict) -> str:
+    r = results["ratios"]
+    return (
+        f"stock / provision no-op, same skip: {r['stock_noop/apply_noop']}×; every task run: "
         f"{r['stock_full_noop/full_noop']}×; stock with every task run / provision's no-op: "
         f"{r['stock_full_noop/apply_noop']}×"
     )
-    return "\n".join(lines)
+
+
+def write_json(path: Path, result: dict, date: str) -> None:
+    """The figures with the day the run started (UTC), which docs/performance.md shows (tests/perf/render.py)."""
+    path.write_text(json.dumps({"date": date, **result}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,19 +343,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", help="container counts, e.g. 1,4,16: each on a fresh lab (lab up/down)")
     parser.add_argument("--chart", type=Path, help="with --fleet: time against host count, as a PNG")
     args = parser.parse_args(argv)
+    date = time.strftime("%Y-%m-%d", time.gmtime())
     if args.fleet:
         result = fleet([int(n) for n in args.fleet.split(",")], args.repeat)
         print(fleet_table(result))
         if args.chart:
             fleet_chart(result, args.chart)
         if args.json:
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            write_json(args.json, result, date)
         return 0
     with tempfile.TemporaryDirectory(prefix="provision-perf-") as runs:
         results = measure(args.inventory.resolve(), args.repeat, args.cold, Path(runs))
     print(as_table(results))
+    print(stock_ratios(results))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results, date)
     return 0
 
 
