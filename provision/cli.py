@@ -447,10 +447,35 @@ def _progress(err: Console):
     return present.ConsoleProgress(err)
 
 
+class StdoutLost(Exception):
+    """stdout cannot be written: its reader went away, or the file it names is full or failing."""
+
+
+class _Stdout:
+    """sys.stdout for the console, with a failed write raised as StdoutLost: not taken for a bug."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys.stdout, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except OSError as exc:
+            raise StdoutLost(exc.strerror or str(exc)) from exc
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except OSError as exc:
+            raise StdoutLost(exc.strerror or str(exc)) from exc
+
+
 def _console(stderr: bool) -> Console:
     # In logs and pipes, don't wrap at 80 columns: one message stays one line.
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
+    width = None if stream.isatty() else 200
+    return Console(stderr=True, soft_wrap=True, width=width) if stderr else Console(file=_Stdout(), width=width,
+                                                                                  soft_wrap=True)  # fmt: skip
 
 
 def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
@@ -607,8 +632,8 @@ def _main(argv: list[str], late: list[int]) -> int:
     except Signalled as exc:  # SIGTERM or SIGHUP outside a run
         _stop_children()
         errors, outcome = [_stopped_by(exc)], _signal_outcome(exc)
-    except BrokenPipeError:  # the reader of stdout went away: say so on stderr, and write no more there
-        errors, outcome = ["stdout was closed before the output was written"], Outcome(EXIT_FAILED)
+    except (BrokenPipeError, StdoutLost) as exc:  # stdout's reader went away, or its file is full: say so on stderr
+        errors, outcome = [_stdout_lost("the output", exc)], Outcome(EXIT_FAILED)
         _stdout_gone()
     except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
         unreadable = _ansible_config_error(exc)  # an ansible.cfg Ansible cannot read: the user's to fix, named
@@ -672,8 +697,8 @@ def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: 
         data = redactor.obj(envelope(_command_name(argv), outcome, errors))
         try:
             print(json.dumps(data, indent=2, default=str), flush=True)
-        except BrokenPipeError:
-            print("error: stdout was closed before the JSON envelope was written", file=sys.stderr)
+        except OSError as exc:  # its reader went away (EPIPE), or its file is full (ENOSPC)
+            print(f"error: {_stdout_lost('the JSON envelope', exc)}", file=sys.stderr)
             _stdout_gone()
     return outcome.exit_code
 
@@ -705,6 +730,13 @@ def _give_stdout_back() -> None:
         held = _held_stdout.pop()
         os.dup2(held, 1)
         os.close(held)
+
+
+def _stdout_lost(what: str, exc: BaseException) -> str:
+    if isinstance(exc, BrokenPipeError):
+        return f"stdout was closed before {what} was written"
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"stdout could not be written ({reason}): {what} is not there"
 
 
 def _stdout_gone() -> None:

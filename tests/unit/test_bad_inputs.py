@@ -379,11 +379,33 @@ def _row(case: str, test: str) -> Row:
                "hostile input: " + kind)  # fmt: skip
 
 
+# The --json and exit-code contract under a hostile stdout or signal: (fault, what the user sees, test)
+_CONTRACT = [
+    ("stdout closed by its reader before anything is written (`--json`)",
+     "`error: stdout was closed before the JSON envelope was written`, the command's own exit code",
+     "test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_code"),
+    ("stdout on a full file (`/dev/full`), with and without `--json`",
+     "`error: stdout could not be written (No space left on device): … is not there`; the command's own exit code "
+     "with `--json`, 1 without", "test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback"),
+    ("`ANSIBLE_DEBUG=1`, and `--junit /dev/stdout`, with `--json`",
+     "one JSON document on stdout; Ansible's debug lines and the JUnit file on stderr",
+     "test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_there"),
+    ("SIGTERM before any run", "`error: stopped by SIGTERM before any host was changed`, the envelope, exit 143",
+     "test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code[SIGTERM]"),
+    ("SIGHUP before any run", "`error: stopped by SIGHUP before any host was changed`, the envelope, exit 129",
+     "test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code[SIGHUP]"),
+]  # fmt: skip
+
 FAULT_ROWS = (
     [_row(c[0], "test_bad_inventory") for c in INVENTORIES]
     + [_row(c[0], "test_bad_flag") for c in FLAGS]
     + [_row(c[0], "test_environment_that_would_silently_change_the_run") for c in ENVIRONMENTS]
-)
+    + [
+        Row(fault, "before any run", sees, NOT_CONTACTED, NOT_SHOWN, f"tests/unit/test_bad_inputs.py::{test}", True,
+            False, "hostile input: the --json and exit-code contract")
+        for fault, sees, test in _CONTRACT
+    ]
+)  # fmt: skip
 
 
 def _pattern(sees: str) -> re.Pattern:
@@ -496,6 +518,22 @@ def test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_c
         os.close(write)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == ["error: stdout was closed before the JSON envelope was written"]
+
+
+def test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback(tmp_path):
+    """stdout on /dev/full (every write fails with ENOSPC), as a full disk under `--json > out.json` does."""
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    said = {}
+    for json_flag in ([], ["--json"]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", *json_flag],
+                                  stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+        assert "Traceback" not in proc.stderr
+        # the last line: before it, Ansible may warn that it cannot reconfigure a stream it cannot seek (/dev/full)
+        said[bool(json_flag)] = (proc.returncode, proc.stderr.splitlines()[-1:])
+    what = "stdout could not be written (No space left on device): {} is not there"
+    assert said[True] == (0, ["error: " + what.format("the JSON envelope")])  # the command's own code
+    assert said[False] == (1, ["error: " + what.format("the output")])
 
 
 def test_ansible_cfg_that_turns_host_key_checking_off(tmp_path):
