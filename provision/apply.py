@@ -41,7 +41,7 @@ class ApplyOptions:
     host_key_checking: bool = True
     vault: inventory_mod.VaultOptions = field(default_factory=inventory_mod.VaultOptions)
     full: bool = False  # run every phase's tasks, even where its recorded fingerprint still holds
-    break_lock: bool = False  # take every host's lock whoever holds it
+    break_lock: bool = False  # take a host lock another controller's run holds (never a live run of this one)
 
 
 def parse_tags(text: str | None) -> list[str]:

@@ -357,7 +357,8 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
 def _break_lock(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--break-lock", action="store_true",
-        help="take every host's lock whoever holds it, and say whose it was (only when that run is gone)",
+        help="take a host lock another controller's run holds, and say whose it was (only when that run is gone); "
+        "a live run of this controller is never broken",
     )  # fmt: skip
 
 
