@@ -12,12 +12,14 @@ TLS endpoint, a closed port and a real token.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_provision
 from tests.lab.helpers import apply, inside, interrupt_at, pve_api, set_host_vars, wait_task
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
@@ -76,6 +78,21 @@ def runs(tmp_path_factory):
 def inv(lab_inventory):
     yield lab_inventory
     set_host_vars(lab_inventory, "sglang-01", None)
+
+
+def test_plan_on_a_node_whose_boot_unit_never_ran_says_the_entries_wait_for_it(lab, inv, runs):
+    """Check mode writes no unit, so it cannot ask systemd to start one, and the node has no device node for the
+    entries yet: plan lists the gpu phase as pending, says why the entries are not listed, and writes nothing."""
+    node = lab.vm("pve-grub")
+    assert node.ssh("test -e /etc/systemd/system/provision-nvidia-nodes.service").returncode != 0
+    proc = run_provision("plan", "--inventory", str(inv), "--tags", "gpu", "--json", "--runs-dir", str(runs),
+                         timeout=600)  # fmt: skip
+    envelope = json.loads(proc.stdout)
+    assert proc.returncode == 4 and envelope["hosts"]["sglang-01"] == "changes pending", proc.stderr[-3000:]
+    said = " ".join(envelope["result"]["reports"]["sglang-01"])
+    assert "its NVIDIA device nodes are not all made yet (apply makes them with the boot unit)" in said, said
+    assert node.ssh("test -e /etc/systemd/system/provision-nvidia-nodes.service").returncode != 0
+    assert dev_entries(ct_config(lab)["config"]) == {}, "plan wrote devN entries"
 
 
 def test_fresh_container_gets_its_entries_and_the_userspace(lab, inv, runs):
