@@ -97,6 +97,7 @@ def config_manager(path: Path | None) -> Any:
 # Settings of the user's environment or ansible.cfg that would silently change what provision runs, each with the
 # test of a value that does and why it is refused. The phases are chosen with --tags, and a run that skips some of
 # its tasks would still report itself converged.
+LOCAL_CONNECTIONS = ("local", "mitogen_local")  # by their last name: ansible.builtin.local, ansible.legacy.local
 _NARROWS = "would silently leave tasks of provision's run out: remove it, and choose phases with --tags"
 RUN_SETTINGS = {
     ("TAGS_RUN", None): (bool, _NARROWS),
@@ -106,7 +107,7 @@ RUN_SETTINGS = {
         "would leave every task's module on the hosts with its arguments, secrets among them: remove it",
     ),
     ("DEFAULT_TRANSPORT", None): (
-        lambda value: str(value).removeprefix("ansible.builtin.") == "local",
+        lambda value: str(value).rsplit(".", 1)[-1] in LOCAL_CONNECTIONS,
         "would run every host's tasks, reboots included, on this controller: remove it, provision reaches its hosts "
         "over ssh",
     ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 
@@ -459,22 +460,25 @@ class _Stdout:
         return getattr(sys.stdout, name)
 
     def write(self, text: str) -> int:
+        if sys.stdout is None:
+            raise StdoutLost(OSError(errno.EBADF, "stdout is closed"))
         try:
             return sys.stdout.write(text)
         except OSError as exc:
-            raise StdoutLost(exc.strerror or str(exc)) from exc
+            raise StdoutLost(exc) from exc
 
     def flush(self) -> None:
         try:
-            sys.stdout.flush()
+            if sys.stdout is not None:
+                sys.stdout.flush()
         except OSError as exc:
-            raise StdoutLost(exc.strerror or str(exc)) from exc
+            raise StdoutLost(exc) from exc
 
 
 def _console(stderr: bool) -> Console:
     # In logs and pipes, don't wrap at 80 columns: one message stays one line.
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 200
+    width = None if stream is not None and stream.isatty() else 200
     return Console(stderr=True, soft_wrap=True, width=width) if stderr else Console(file=_Stdout(), width=width,
                                                                                   soft_wrap=True)  # fmt: skip
 
@@ -570,12 +574,14 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with _signals_end_the_command() as late, _stdout_kept_for_the_envelope("--json" in argv):
+    if sys.stderr is None:  # started with descriptor 2 closed: error lines have nowhere to go
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
+    with _signals_end_the_command() as late, _envelope_stream("--json" in argv) as stdout:
         try:
-            return _main(argv, late)
+            return _main(argv, late, stdout)
         except Signalled as exc:  # in the moment between the command's end and its output
             _stop_children()
-            return _finish(argv, "--json" in argv, argparse.Namespace(), [_stopped_by(exc)], _signal_outcome(exc))
+            return _finish(argv, stdout, argparse.Namespace(), [_stopped_by(exc)], _signal_outcome(exc))
 
 
 def _stopped_by(exc: Signalled) -> str:
@@ -611,8 +617,7 @@ def _after_late_signal(late: list[int], errors: list[str], outcome: Outcome) -> 
     return [*errors, line], Outcome(EXIT_SIGNAL_BASE + late[0], outcome.result, outcome.hosts, outcome.errors)
 
 
-def _main(argv: list[str], late: list[int]) -> int:
-    want_json = "--json" in argv
+def _main(argv: list[str], late: list[int], stdout: TextIO | None) -> int:
     out, err = _console(stderr=False), _console(stderr=True)
     errors: list[str] = []
     args = argparse.Namespace()
@@ -634,18 +639,21 @@ def _main(argv: list[str], late: list[int]) -> int:
         _stop_children()
         errors, outcome = [_stopped_by(exc)], _signal_outcome(exc)
     except (BrokenPipeError, StdoutLost) as exc:  # stdout's reader went away, or its file is full: say so on stderr
-        errors, outcome = [_stdout_lost("the output", exc)], Outcome(EXIT_FAILED)
+        errors, outcome = (
+            [_stdout_lost("the output", exc.args[0] if isinstance(exc, StdoutLost) else exc)],
+            Outcome(EXIT_FAILED),
+        )
         _stdout_gone()
     except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
         unreadable = _ansible_config_error(exc)  # an ansible.cfg Ansible cannot read: the user's to fix, named
         if unreadable:
-            return _finish(argv, want_json, args, [unreadable], Outcome(EXIT_USAGE))
+            return _finish(argv, stdout, args, [unreadable], Outcome(EXIT_USAGE))
         if os.environ.get("PROVISION_DEBUG"):
             raise
         detail = f"{type(exc).__name__}: {exc}"
         errors = [f"internal error: {detail} (PROVISION_DEBUG=1 shows the traceback)"]
         outcome = Outcome(EXIT_FAILED)
-    return _finish(argv, want_json, args, *_after_late_signal(late, errors, outcome))
+    return _finish(argv, stdout, args, *_after_late_signal(late, errors, outcome))
 
 
 @contextlib.contextmanager
@@ -681,10 +689,13 @@ def _signals_end_the_command() -> Iterator[list[int]]:
             signal.signal(signum, handler_before)
 
 
-def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: list[str], outcome: Outcome) -> int:
-    """The error lines on stderr and, with --json, the one envelope on stdout; a stdout closed by its reader ends
-    the output there, with the command's own exit code. A signal that comes while they are written is let go: the
-    command is ending with its own code, and half an envelope would be no JSON at all."""
+def _finish(
+    argv: list[str], stdout: TextIO | None, args: argparse.Namespace, errors: list[str], outcome: Outcome
+) -> int:
+    """The error lines on stderr and, with --json, the one envelope on `stdout` (the real one: `_envelope_stream`). A
+    stdout closed by its reader ends the output there, with the command's own exit code; one that cannot take it (a
+    full disk) fails the command. A signal that comes while they are written is let go: the command is ending with
+    its own code, and half an envelope would be no JSON at all."""
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
@@ -693,58 +704,106 @@ def _finish(argv: list[str], want_json: bool, args: argparse.Namespace, errors: 
     errors = [redactor.text(_one_line(line)) for line in errors]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
-    _give_stdout_back()
-    if want_json:
-        data = redactor.obj(envelope(_command_name(argv), outcome, errors))
-        try:
-            print(json.dumps(data, indent=2, default=str), flush=True)
-        except OSError as exc:  # its reader went away (EPIPE), or its file is full (ENOSPC)
-            print(f"error: {_stdout_lost('the JSON envelope', exc)}", file=sys.stderr)
-            _stdout_gone()
+    if stdout is None:
+        return outcome.exit_code
+    data = redactor.obj(envelope(_command_name(argv), outcome, errors))
+    try:
+        stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        stdout.flush()
+    except OSError as exc:  # its reader went away (EPIPE), or its file is full (ENOSPC)
+        print(f"error: {_stdout_lost('the JSON envelope', exc)}", file=sys.stderr)
+        _stdout_gone(getattr(stdout, "fd", 1))
+        if not isinstance(exc, BrokenPipeError) and outcome.exit_code == EXIT_OK:
+            return EXIT_FAILED  # the file a script reads the result from is empty
     return outcome.exit_code
 
 
-_held_stdout: list[int] = []  # the real stdout's descriptor while a --json command runs
-
-
 @contextlib.contextmanager
-def _stdout_kept_for_the_envelope(want_json: bool) -> Iterator[None]:
+def _envelope_stream(want_json: bool) -> Iterator[TextIO | None]:
     """With --json, stdout carries the envelope and nothing else: while the command runs, whatever this process or
-    its children write to descriptor 1 (Ansible's lines under ANSIBLE_DEBUG, a JUnit file named /dev/stdout, a
-    library's stray print) goes to stderr, and the envelope alone goes to the real stdout (`_finish`)."""
+    its children write to descriptor 1 (Ansible's lines under ANSIBLE_DEBUG, a library's stray print) goes to
+    stderr, and the stream yielded writes to the real stdout (`_finish`). None without --json. In another thread, or
+    where descriptor 1 or 2 is closed, nothing is moved and the envelope goes to sys.stdout."""
     if not want_json:
-        yield
+        yield None
         return
-    sys.stdout.flush()
-    _held_stdout.append(os.dup(1))
-    os.dup2(2, 1)
+    if threading.current_thread() is not threading.main_thread() or not _on_descriptor_1() or not _open(2):
+        yield _SysStdout()  # a caller's own sys.stdout (a test's capture), or nothing to move
+        return
+    held = None
     try:
-        yield
+        _flush_stdout()
+        held = os.dup(1)
+        os.dup2(2, 1)
+        yield _Descriptor(held)
     finally:
-        _give_stdout_back()
+        if held is not None:
+            _flush_stdout()  # what a stray print left in the buffer goes where the command's output went: stderr
+            os.dup2(held, 1)
+            os.close(held)
 
 
-def _give_stdout_back() -> None:
-    if _held_stdout:
-        with contextlib.suppress(ValueError, OSError):
+class _Descriptor:
+    """Text written straight to a descriptor: nothing buffered that a failed write would leave to be written later."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def flush(self) -> None:
+        pass
+
+
+class _SysStdout:
+    """sys.stdout, looked up at each write (None when Python started with descriptor 1 closed)."""
+
+    def write(self, text: str) -> None:
+        if sys.stdout is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        sys.stdout.write(text)
+
+    def flush(self) -> None:
+        if sys.stdout is not None:
             sys.stdout.flush()
-        held = _held_stdout.pop()
-        os.dup2(held, 1)
-        os.close(held)
+
+
+def _on_descriptor_1() -> bool:
+    """sys.stdout writes to descriptor 1 (not a caller's own stream, nor closed)."""
+    try:
+        return sys.stdout is not None and sys.stdout.fileno() == 1
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+        return False
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _flush_stdout() -> None:
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # closed, failing, or None
+        sys.stdout.flush()
 
 
 def _stdout_lost(what: str, exc: BaseException) -> str:
-    if isinstance(exc, BrokenPipeError):
+    if isinstance(exc, BrokenPipeError) or getattr(exc, "errno", None) == errno.EPIPE:
         return f"stdout was closed before {what} was written"
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return f"stdout could not be written ({reason}): {what} is not there"
 
 
-def _stdout_gone() -> None:
-    """stdout's reader is gone: point it at /dev/null, so that nothing written later (nor the interpreter's flush at
-    exit) fails again."""
+def _stdout_gone(fd: int = 1) -> None:
+    """stdout's reader is gone: point its descriptor at /dev/null, so that nothing written later (nor the
+    interpreter's flush at exit) fails again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, fd)
     os.close(devnull)
 
 

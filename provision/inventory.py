@@ -34,6 +34,7 @@ import yaml
 from provision import arg_specs, secrets
 from provision.ansible_config import (
     CONNECTION_PLUGINS,
+    LOCAL_CONNECTIONS,
     STRICT_KEYS,
     config_manager,
     lookup,
@@ -785,7 +786,7 @@ def _check_size(host: Host) -> list[tuple[str, str, str]]:
 def _check_connection(host: Host) -> list[tuple[str, str, str]]:
     """A managed host must be reached, not run here: `local` would run a node's or container's tasks (and its
     reboot) on the controller itself."""
-    if host.vars.get("ansible_connection") not in ("local", "ansible.builtin.local"):
+    if str(host.vars.get("ansible_connection", "")).rsplit(".", 1)[-1] not in LOCAL_CONNECTIONS:
         return []
     why = "would run its tasks, reboots included, on this controller: remove it, provision reaches its hosts over ssh"
     return [(host.where("ansible_connection"), host.name, f"ansible_connection: local {why}")]

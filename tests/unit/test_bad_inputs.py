@@ -157,6 +157,7 @@ ENVIRONMENTS = [
     ("cfg-keep-remote-files", {}, "[defaults]\nkeep_remote_files = True\n"),
     ("env-transport-local", {"ANSIBLE_TRANSPORT": "local"}, None),
     ("cfg-transport-local", {}, "[defaults]\ntransport = ansible.builtin.local\n"),
+    ("env-transport-mitogen-local", {"ANSIBLE_TRANSPORT": "mitogen_local"}, None),
 ]
 _NARROWS = "would silently leave tasks of provision's run out: remove it, and choose phases with --tags"
 _KEEPS = "would leave every task's module on the hosts with its arguments, secrets among them: remove it"
@@ -365,6 +366,8 @@ SEES = {
         f"env: ANSIBLE_KEEP_REMOTE_FILES: default_keep_remote_files = True {_KEEPS}"),
     "cfg-keep-remote-files": ("the environment", f"…/ansible.cfg: default_keep_remote_files = True {_KEEPS}"),
     "env-transport-local": ("the environment", f"env: ANSIBLE_TRANSPORT: default_transport = local {_LOCAL}"),
+    "env-transport-mitogen-local": ("the environment",
+        f"env: ANSIBLE_TRANSPORT: default_transport = mitogen_local {_LOCAL}"),
     "cfg-transport-local": ("the environment",
         f"…/ansible.cfg: default_transport = ansible.builtin.local {_LOCAL}"),
 }  # fmt: skip
@@ -385,8 +388,13 @@ _CONTRACT = [
      "`error: stdout was closed before the JSON envelope was written`, the command's own exit code",
      "test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_code"),
     ("stdout on a full file (`/dev/full`), with and without `--json`",
-     "`error: stdout could not be written (No space left on device): … is not there`; the command's own exit code "
-     "with `--json`, 1 without", "test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback"),
+     "`error: stdout could not be written (No space left on device): … is not there`, exit 1",
+     "test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback"),
+    ("stdout closed at the start (`>&-`), with `--json`",
+     "`error: stdout could not be written (stdout is closed): the JSON envelope is not there`, exit 1",
+     "test_a_closed_stdout_or_stderr_gets_no_traceback[stdout]"),
+    ("stderr closed at the start (`2>&-`), with `--json`", "the envelope on stdout, the command's own exit code",
+     "test_a_closed_stdout_or_stderr_gets_no_traceback[stderr]"),
     ("`ANSIBLE_DEBUG=1`, and `--junit /dev/stdout`, with `--json`",
      "one JSON document on stdout; Ansible's debug lines and the JUnit file on stderr",
      "test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_there"),
@@ -532,8 +540,58 @@ def test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback(tmp_path):
         # the last line: before it, Ansible may warn that it cannot reconfigure a stream it cannot seek (/dev/full)
         said[bool(json_flag)] = (proc.returncode, proc.stderr.splitlines()[-1:])
     what = "stdout could not be written (No space left on device): {} is not there"
-    assert said[True] == (0, ["error: " + what.format("the JSON envelope")])  # the command's own code
+    # the file a script would read the result from is empty: the command fails, whatever it did
+    assert said[True] == (1, ["error: " + what.format("the JSON envelope")])
     assert said[False] == (1, ["error: " + what.format("the output")])
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
+def test_a_closed_stdout_or_stderr_gets_no_traceback(tmp_path, closed):
+    """Started with descriptor 1 or 2 closed (`>&-`, `2>&-`): Python has no sys.stdout (or sys.stderr) then; the
+    command still runs and exits with its code, and what it can write goes where it can."""
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    argv = [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, pass_fds=(),
+                          preexec_fn=lambda: os.close(closed))  # fmt: skip
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    if closed == 2:
+        assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
+    else:
+        assert proc.returncode == 1 and proc.stderr.splitlines()[-1:] == [
+            "error: stdout could not be written (stdout is closed): the JSON envelope is not there"
+        ], proc.stderr
+
+
+def test_main_in_process_gives_descriptor_1_back_and_writes_the_envelope_there(tmp_path, capfd):
+    """main() inside another Python program (a test, an AWX plugin): stdout's descriptor is the program's again once
+    the command ends, the envelope went to it, and the command's stray output to stderr."""
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    before = os.fstat(1)
+    assert cli.main(["inventory", "check", "-i", str(tmp_path / "inv"), "--json"]) == 0
+    after = os.fstat(1)
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+    out, _ = capfd.readouterr()
+    assert json.loads(out)["ok"] is True
+    os.write(1, b"still stdout\n")
+    assert capfd.readouterr().out == "still stdout\n"
+
+
+KEEPS_THE_RUN = [
+    ({"ANSIBLE_TRANSPORT": "ssh"}, None),
+    ({}, "[defaults]\nkeep_remote_files = False\ntransport = paramiko\n"),
+]
+
+
+@pytest.mark.parametrize(("env", "cfg"), KEEPS_THE_RUN)
+def test_an_environment_that_keeps_the_run_as_it_is_is_not_refused(workdir, capsys, monkeypatch, env, cfg):
+    _write(workdir / "inv", {"hosts.yml": GOOD})
+    workdir.chmod(0o755)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if cfg:
+        (workdir / "ansible.cfg").write_text(cfg)
+    code, err, _ = _run(["inventory", "check", "-i", str(workdir / "inv")], capsys)
+    assert code == 0, err
 
 
 def test_ansible_cfg_that_turns_host_key_checking_off(tmp_path):
