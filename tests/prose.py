@@ -57,7 +57,7 @@ def _prose_blocks(text: str) -> list[tuple[int, str]]:
 
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if line.startswith("```"):
+        if line.startswith(("```", "~~~")):
             fenced = not fenced
             flush()
             continue
@@ -87,7 +87,7 @@ def _split(text: str) -> list[str]:
     parts, sentence = [], ""
     for piece in _END.split(text):
         sentence = f"{sentence} {piece}".strip()
-        last = sentence.split()[-1].lower() if sentence.split() else ""
+        last = sentence.split()[-1].lower().lstrip("([\"'") if sentence.split() else ""
         if last in ABBREVIATIONS or re.fullmatch(r"\d+\.", last):
             continue
         parts.append(sentence)
@@ -123,11 +123,23 @@ def relative_links(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def anchors(path: Path) -> set[str]:
+    """The anchors a Markdown page's headings get, as GitHub makes them."""
+    found = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            title = _CODE_SPAN.sub(lambda m: m.group(0).strip("`"), line.lstrip("#").strip())
+            found.add(re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-"))
+    return found
+
+
 def dead_links(path: Path) -> list[str]:
+    """Each relative link to a file that does not exist, or to a heading its Markdown page does not have."""
     dead = []
     for line, target in relative_links(path):
-        file = target.split("#", 1)[0]
-        if file and not (path.parent / file).exists():
+        file, _, anchor = target.partition("#")
+        where = (path.parent / file) if file else path
+        if not where.exists() or (anchor and where.suffix == ".md" and anchor not in anchors(where)):
             dead.append(f"{path.relative_to(ROOT)}:{line}: {target}")
     return dead
 
@@ -135,9 +147,19 @@ def dead_links(path: Path) -> list[str]:
 # A work diary in docs or source: numbered work periods and stops, CI scratch paths, this project's own issue numbers.
 # A citation of another project's issue names that project (`NVIDIA/nccl issue #1264`, `sglang PR #18644`) and is
 # taken out of the line before the bare patterns are looked for.
-CITATION = re.compile(r"[\w./-]+ (?:issue|PR|pull request|bug)s? #?\d+|[\w.-]+/[\w.-]+#\d+", re.IGNORECASE)
+PROJECTS = (
+    r"sglang|triton|ansible(?:-core)?|ansible-runner|pve-[\w-]+|proxmox[\w-]*|nccl|pytorch|linux|systemd|openssh"
+    r"|kubespray|molecule|testinfra|mitogen|nvidia[\w-]*|qemu|debian"
+)
+CITATION = re.compile(
+    rf"[\w.-]+/[\w.-]+(?: (?:issue|PR|pull request|bug)s?)? ?#\d+"
+    rf"|\b(?:{PROJECTS}) (?:issue|PR|pull request|bug)s? #?\d+",
+    re.IGNORECASE,
+)
 DIARY = re.compile(
-    r"\bsession \d+|\bwork period|\bstops? \d+\b|/tmp/ci|\bissue #?\d+|(?<![\w/&])#\d{1,4}\b(?![\w-])", re.IGNORECASE
+    r"\bsession \d+|\bwork period|\bstops? \d+\b(?! (?:of|and|more|seconds?)\b)|/tmp/ci|\bissue #?\d+"
+    r"|(?<![\w/&])#\d{1,4}\b(?![\w-])",
+    re.IGNORECASE,
 )
 
 
