@@ -111,13 +111,13 @@ _MD_LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|^\[[^\]]+\]:\s*(\S+)",
 
 
 def relative_links(path: Path) -> list[tuple[int, str]]:
-    """(line, target) of each link to a file of this repository (not a URL, not a bare #anchor)."""
+    """(line, target) of each link to a file of this repository or a heading of this page (not a URL)."""
     text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), path.read_text(), flags=re.DOTALL)
     text = _CODE_SPAN.sub("", text)
     found = []
     for m in _MD_LINK.finditer(text):
         target = m.group(1) or m.group(2)
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):
             continue
         found.append((text.count("\n", 0, m.start()) + 1, target))
     return found
