@@ -144,7 +144,8 @@ def dead_links(path: Path) -> list[str]:
     return dead
 
 
-# A work diary in docs or source: numbered work periods and stops, CI scratch paths, this project's own issue numbers.
+# A work diary in docs or source: numbered work periods and stops, this project's own issue numbers; in the docs, also
+# scratch paths under /tmp/ (the tests' own commands may use a container's /tmp).
 # A citation of another project's issue names that project (`NVIDIA/nccl issue #1264`, `sglang PR #18644`) and is
 # taken out of the line before the bare patterns are looked for.
 PROJECTS = (
@@ -157,16 +158,19 @@ CITATION = re.compile(
     re.IGNORECASE,
 )
 DIARY = re.compile(
-    r"\bsession \d+|\bwork period|\bstops? \d+\b(?! (?:of|and|more|seconds?)\b)|/tmp/ci|\bissue #?\d+"
+    r"\bsession \d+|\bwork period|\bstops? \d+\b(?! (?:of|and|more|seconds?)\b)|\bissue #?\d+"
     r"|(?<![\w/&])#\d{1,4}\b(?![\w-])",
     re.IGNORECASE,
 )
 
 
+SCRATCH = re.compile(r"/tmp/")
+
+
 def diary_lines(path: Path) -> list[str]:
     found = []
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if DIARY.search(CITATION.sub("", line)):
+        if DIARY.search(CITATION.sub("", line)) or (path.suffix == ".md" and SCRATCH.search(line)):
             found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:160]}")
     return found
 
