@@ -204,7 +204,7 @@ def _systemd_cgroup(pid: int) -> str:
 def test_every_ct_and_nspawn_node_runs_in_a_cgroup_of_its_own(lab):
     """Each nspawn machine of the lab (nodes, CTs, CTs created through the API) in a cgroup of its own, as LXC gives
     each CT its own: started from one shared cgroup, their systemds managed the same `payload/system.slice/<unit>`
-    directories, and at 16 CTs one CT's unit failed with 219/CGROUP (docs/performance.md)."""
+    directories, and at 16 CTs one CT's unit failed with 219/CGROUP (docs/lab.md)."""
     machines = [*lab.vms(), *lab.containers(), *lab.created_containers().values()]
     cgroups = {}
     for machine in machines:
