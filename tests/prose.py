@@ -146,8 +146,8 @@ def dead_links(path: Path) -> list[str]:
 
 # A work diary in docs or source: numbered work periods and stops, this project's own issue numbers; in the docs, also
 # scratch paths under /tmp/ (the tests' own commands may use a container's /tmp).
-# A citation of another project's issue names that project (`NVIDIA/nccl issue #1264`, `sglang PR #18644`) and is
-# taken out of the line before the bare patterns are looked for.
+# A citation of another project's issue names that project, as owner/repo or as a project of PROJECTS before the word
+# issue or PR, and is taken out of the line before the bare patterns are looked for.
 PROJECTS = (
     r"sglang|triton|ansible(?:-core)?|ansible-runner|pve-[\w-]+|proxmox[\w-]*|nccl|pytorch|linux|systemd|openssh"
     r"|kubespray|molecule|testinfra|mitogen|nvidia[\w-]*|qemu|debian"
