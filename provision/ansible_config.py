@@ -114,7 +114,7 @@ RUN_SETTINGS = {
 }
 
 
-def scope_problems() -> list[str]:
+def run_setting_problems() -> list[str]:
     """One line per setting of RUN_SETTINGS the user's environment or ansible.cfg sets to a value it refuses, naming
     where."""
     manager = config_manager(user_config_file())

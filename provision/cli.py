@@ -20,11 +20,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console
 
-from provision import __version__, locks, secrets
+from provision import __version__, locks, output, secrets
 from provision.errors import (
     EMPTY_LIMIT,
     EXIT_FAILED,
@@ -449,37 +449,11 @@ def _progress(err: Console):
     return present.ConsoleProgress(err)
 
 
-class StdoutLost(Exception):
-    """stdout cannot be written: its reader went away, or the file it names is full or failing."""
-
-
-class _Stdout:
-    """sys.stdout for the console, with a failed write raised as StdoutLost: not taken for a bug."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(sys.stdout, name)
-
-    def write(self, text: str) -> int:
-        if sys.stdout is None:
-            raise StdoutLost(OSError(errno.EBADF, "stdout is closed"))
-        try:
-            return sys.stdout.write(text)
-        except OSError as exc:
-            raise StdoutLost(exc) from exc
-
-    def flush(self) -> None:
-        try:
-            if sys.stdout is not None:
-                sys.stdout.flush()
-        except OSError as exc:
-            raise StdoutLost(exc) from exc
-
-
 def _console(stderr: bool) -> Console:
     # In logs and pipes, don't wrap at 80 columns: one message stays one line.
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream is not None and stream.isatty() else 200
-    return Console(stderr=True, soft_wrap=True, width=width) if stderr else Console(file=_Stdout(), width=width,
+    return Console(stderr=True, soft_wrap=True, width=width) if stderr else Console(file=output.Stdout(), width=width,
                                                                                   soft_wrap=True)  # fmt: skip
 
 
@@ -576,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if sys.stderr is None:  # started with descriptor 2 closed: error lines have nowhere to go
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
-    with _signals_end_the_command() as late, _envelope_stream("--json" in argv) as stdout:
+    with _signals_end_the_command() as late, output.envelope_stream("--json" in argv) as stdout:
         try:
             return _main(argv, late, stdout)
         except Signalled as exc:  # in the moment between the command's end and its output
@@ -617,7 +591,7 @@ def _after_late_signal(late: list[int], errors: list[str], outcome: Outcome) -> 
     return [*errors, line], Outcome(EXIT_SIGNAL_BASE + late[0], outcome.result, outcome.hosts, outcome.errors)
 
 
-def _main(argv: list[str], late: list[int], stdout: TextIO | None) -> int:
+def _main(argv: list[str], late: list[int], stdout: output.Writer | None) -> int:
     out, err = _console(stderr=False), _console(stderr=True)
     errors: list[str] = []
     args = argparse.Namespace()
@@ -638,12 +612,9 @@ def _main(argv: list[str], late: list[int], stdout: TextIO | None) -> int:
     except Signalled as exc:  # SIGTERM or SIGHUP outside a run
         _stop_children()
         errors, outcome = [_stopped_by(exc)], _signal_outcome(exc)
-    except (BrokenPipeError, StdoutLost) as exc:  # stdout's reader went away, or its file is full: say so on stderr
-        errors, outcome = (
-            [_stdout_lost("the output", exc.args[0] if isinstance(exc, StdoutLost) else exc)],
-            Outcome(EXIT_FAILED),
-        )
-        _stdout_gone()
+    except (BrokenPipeError, output.StdoutLost) as exc:  # stdout's reader went away, or its file is full: say so
+        errors, outcome = [output.lost("the output", output.cause(exc))], Outcome(EXIT_FAILED)
+        output.gone()
     except Exception as exc:  # a bug: still one line (and the envelope); the traceback on request
         unreadable = _ansible_config_error(exc)  # an ansible.cfg Ansible cannot read: the user's to fix, named
         if unreadable:
@@ -690,9 +661,9 @@ def _signals_end_the_command() -> Iterator[list[int]]:
 
 
 def _finish(
-    argv: list[str], stdout: TextIO | None, args: argparse.Namespace, errors: list[str], outcome: Outcome
+    argv: list[str], stdout: output.Writer | None, args: argparse.Namespace, errors: list[str], outcome: Outcome
 ) -> int:
-    """The error lines on stderr and, with --json, the one envelope on `stdout` (the real one: `_envelope_stream`). A
+    """The error lines on stderr and, with --json, the one envelope on `stdout` (the real one: `output.py`). A
     stdout closed by its reader ends the output there, with the command's own exit code; one that cannot take it (a
     full disk) fails the command. A signal that comes while they are written is let go: the command is ending with
     its own code, and half an envelope would be no JSON at all."""
@@ -710,101 +681,13 @@ def _finish(
     try:
         stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         stdout.flush()
-    except OSError as exc:  # its reader went away (EPIPE), or its file is full (ENOSPC)
-        print(f"error: {_stdout_lost('the JSON envelope', exc)}", file=sys.stderr)
-        _stdout_gone(getattr(stdout, "fd", 1))
-        if not isinstance(exc, BrokenPipeError) and outcome.exit_code == EXIT_OK:
+    except (OSError, output.StdoutLost) as exc:  # its reader went away (EPIPE), or its file is full (ENOSPC)
+        error = output.cause(exc)
+        print(f"error: {output.lost('the JSON envelope', error)}", file=sys.stderr)
+        output.gone(getattr(stdout, "fd", 1))
+        if error.errno != errno.EPIPE and outcome.exit_code == EXIT_OK:
             return EXIT_FAILED  # the file a script reads the result from is empty
     return outcome.exit_code
-
-
-@contextlib.contextmanager
-def _envelope_stream(want_json: bool) -> Iterator[TextIO | None]:
-    """With --json, stdout carries the envelope and nothing else: while the command runs, whatever this process or
-    its children write to descriptor 1 (Ansible's lines under ANSIBLE_DEBUG, a library's stray print) goes to
-    stderr, and the stream yielded writes to the real stdout (`_finish`). None without --json. In another thread, or
-    where descriptor 1 or 2 is closed, nothing is moved and the envelope goes to sys.stdout."""
-    if not want_json:
-        yield None
-        return
-    if threading.current_thread() is not threading.main_thread() or not _on_descriptor_1() or not _open(2):
-        yield _SysStdout()  # a caller's own sys.stdout (a test's capture), or nothing to move
-        return
-    held = None
-    try:
-        _flush_stdout()
-        held = os.dup(1)
-        os.dup2(2, 1)
-        yield _Descriptor(held)
-    finally:
-        if held is not None:
-            _flush_stdout()  # what a stray print left in the buffer goes where the command's output went: stderr
-            os.dup2(held, 1)
-            os.close(held)
-
-
-class _Descriptor:
-    """Text written straight to a descriptor: nothing buffered that a failed write would leave to be written later."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def write(self, text: str) -> None:
-        data = text.encode()
-        while data:
-            data = data[os.write(self.fd, data) :]
-
-    def flush(self) -> None:
-        pass
-
-
-class _SysStdout:
-    """sys.stdout, looked up at each write (None when Python started with descriptor 1 closed)."""
-
-    def write(self, text: str) -> None:
-        if sys.stdout is None:
-            raise OSError(errno.EBADF, "stdout is closed")
-        sys.stdout.write(text)
-
-    def flush(self) -> None:
-        if sys.stdout is not None:
-            sys.stdout.flush()
-
-
-def _on_descriptor_1() -> bool:
-    """sys.stdout writes to descriptor 1 (not a caller's own stream, nor closed)."""
-    try:
-        return sys.stdout is not None and sys.stdout.fileno() == 1
-    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
-        return False
-
-
-def _open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
-
-
-def _flush_stdout() -> None:
-    with contextlib.suppress(ValueError, OSError, AttributeError):  # closed, failing, or None
-        sys.stdout.flush()
-
-
-def _stdout_lost(what: str, exc: BaseException) -> str:
-    if isinstance(exc, BrokenPipeError) or getattr(exc, "errno", None) == errno.EPIPE:
-        return f"stdout was closed before {what} was written"
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return f"stdout could not be written ({reason}): {what} is not there"
-
-
-def _stdout_gone(fd: int = 1) -> None:
-    """stdout's reader is gone: point its descriptor at /dev/null, so that nothing written later (nor the
-    interpreter's flush at exit) fails again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
 
 
 def _ansible_config_error(exc: Exception) -> str | None:

@@ -39,7 +39,7 @@ from provision.ansible_config import (
     config_manager,
     lookup,
     plugin_definitions,
-    scope_problems,
+    run_setting_problems,
     user_config_file,
 )
 from provision.errors import EMPTY_LIMIT, InventoryError, UsageError, one_line
@@ -835,7 +835,7 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     vmids: dict[tuple[str, int], str] = {}
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)
-    return problems + host_key_checking_problems(inv, host_key_checking) + scope_problems()
+    return problems + host_key_checking_problems(inv, host_key_checking) + run_setting_problems()
 
 
 @functools.cache

@@ -60,7 +60,8 @@ def detect_bootloader(module) -> tuple[str, str]:
     return "grub", "proxmox-boot-tool status: ESPs use grub"
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A file's text (undecodable bytes replaced), or None where it cannot be read."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
@@ -71,4 +72,4 @@ def _read(path: str) -> str | None:
 def on_this_node(bootloader: str | None, grub_cfg: str = GRUB_CFG, pin: str = PBT_PIN) -> str:
     """The kernel release this node boots next, from its own files."""
     vmlinuz = [os.path.basename(p)[len("vmlinuz-") :] for p in glob.glob("/boot/vmlinuz-*")]
-    return next_kernel(bootloader, _read(grub_cfg), _read(pin), vmlinuz, os.uname().release)
+    return next_kernel(bootloader, read_text(grub_cfg), read_text(pin), vmlinuz, os.uname().release)

@@ -129,14 +129,6 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_k
 from ansible_collections.provision.pve_sglang.plugins.module_utils import nvidia_driver as rules
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def _run(module, argv: list[str]) -> str | None:
     """A command's stdout, or None where the tool is missing or fails."""
     tool = module.get_bin_path(argv[0])
@@ -156,13 +148,13 @@ def _module_users(proc_modules: str, name: str) -> int:
 
 def read_report(module) -> dict:
     kernel = os.uname().release
-    proc_modules = _read("/proc/modules") or ""
+    proc_modules = boot_kernel.read_text("/proc/modules") or ""
     modinfo = (_run(module, ["modinfo", "-k", kernel, "-F", "version", "nvidia"]) or "").strip() or None
     dkms = rules.parse_dkms_status(_run(module, ["dkms", "status", "-m", "nvidia"]) or "")
     return {
         "kernel": kernel,
         "next_kernel": boot_kernel.on_this_node(boot_kernel.detect_bootloader(module)[0]),
-        "loaded": rules.module_version(_read("/proc/driver/nvidia/version")),
+        "loaded": rules.module_version(boot_kernel.read_text("/proc/driver/nvidia/version")),
         "installed": rules.installed_version(modinfo, dkms, kernel),
         "dkms": dkms,
         "nouveau_loaded": any(line.split()[:1] == ["nouveau"] for line in proc_modules.splitlines()),
@@ -234,7 +226,7 @@ def _log_since(path: str, params: dict) -> str | None:
         written = os.stat(path).st_mtime
     except OSError:
         return None
-    return _read(path) if written >= started - 1 else None
+    return boot_kernel.read_text(path) if written >= started - 1 else None
 
 
 if __name__ == "__main__":
