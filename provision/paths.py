@@ -9,6 +9,8 @@ and its Python shared with this package lives in plugins/module_utils/.
 import functools
 import importlib.util
 import os
+import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -40,14 +42,31 @@ def collection_root() -> Path:
     return plugins_dir().parent
 
 
+# how the collection's modules import a module_utils file, and how one such file imports another
+MODULE_UTILS_PACKAGE = "ansible_collections.provision.pve_sglang.plugins.module_utils"
+_SIBLING = re.compile(rf"^from {re.escape(MODULE_UTILS_PACKAGE)}\.(\w+) import", re.M)
+
+
 @functools.cache
 def module_util(name: str) -> ModuleType:
     """plugins/module_utils/<name>.py, the same file the collection's modules import as
     ansible_collections.provision.pve_sglang.plugins.module_utils.<name>: one rule for both.
-    These files import nothing outside the standard library, so they load by path."""
-    spec = importlib.util.spec_from_file_location(name, plugins_dir() / "module_utils" / f"{name}.py")
+    These files import only the standard library and each other; each loads by path, after the files it imports,
+    under the name the collection gives it, so that their imports of each other find it without Ansible's loader."""
+    full = f"{MODULE_UTILS_PACKAGE}.{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    path = plugins_dir() / "module_utils" / f"{name}.py"
+    for sibling in _SIBLING.findall(path.read_text()):
+        module_util(sibling)
+    spec = importlib.util.spec_from_file_location(full, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[full] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[full]
+        raise
     return module
 
 

@@ -227,9 +227,25 @@ def print_verify(console: Console, report: VerifyReport) -> None:
             console.print(f"{escape(host)}: {escape(message)}")
     for failure in report.reboot_failures:
         console.print(f"[red]REBOOT FAILED[/] {escape(failure['host'] + ': ' + failure['message'])}")
+    print_next_boot(console, report)
     print_capacity(console, report)
     verdict = "[green]all checks passed[/]" if report.passed else "[red]verification failed[/]"
     console.print(f"{verdict}; record: {escape(report.record_dir)}")
+
+
+def print_next_boot(console: Console, report: VerifyReport) -> None:
+    """Per node the kernel it boots next and its NVIDIA module, each line it may boot and what that does to the
+    IOMMU, and what each container's unit starts with there."""
+    for host, boot in sorted(report.next_boot.items()):
+        console.print(escape(f"next boot {host}: kernel {boot['kernel']}, NVIDIA module {boot['nvidia_module']}"))
+        for i, line in enumerate(boot["lines"]):
+            said = f"  {line['source']}: {line['iommu']['source']}"
+            said += " (pending: not this boot's)" if line["pending"] else ""
+            said += f"; lacks {' '.join(line['lacks'])}" if line["lacks"] else ""
+            console.print(escape(said), highlight=False)
+            for ct, starts in sorted(boot["containers"].items()):
+                if i < len(starts):
+                    console.print(escape(f"    {ct}: P2P {starts[i]['p2p']} ({starts[i]['why']})"), highlight=False)
 
 
 def print_capacity(console: Console, report: VerifyReport) -> None:

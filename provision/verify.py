@@ -26,6 +26,7 @@ from pathlib import Path
 from provision import capacity, child_warnings
 from provision import inventory as inventory_mod
 from provision import runner as runner_mod
+from provision.checks import next_boot
 from provision.checks.support import (
     DEFAULT_STATE_DIR,
     HOST_VARS,
@@ -74,6 +75,7 @@ class VerifyReport:
     checks: list[Check] = field(default_factory=list)
     record_dir: str = ""
     capacity: dict[str, dict] = field(default_factory=dict)
+    next_boot: dict[str, dict] = field(default_factory=dict)
     reboots: dict[str, list[str]] = field(default_factory=dict)
     reboot_failures: list[dict] = field(default_factory=list)
 
@@ -88,6 +90,7 @@ class VerifyReport:
             "record_dir": self.record_dir,
             "checks": [c.__dict__ for c in self.checks],
             "capacity": self.capacity,
+            "next_boot": self.next_boot,
             "reboots": self.reboots,
             "reboot_failures": self.reboot_failures,
         }
@@ -336,6 +339,7 @@ def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict
     if not checks:
         report.checks.extend(Check(h, "capacity", "capacity", h not in unknown, unknown.get(h, "")) for h in containers)
         return run
+    report.next_boot.update(next_boot.report(spec))
     adhoc = runner_mod.adhoc_environment(len(hosts), connection["host_key_checking"], connection["vault"])
     with tempfile.TemporaryDirectory(prefix="provision-verify-") as tmp, adhoc as ansible_env:
         spec_file = Path(tmp) / "hosts.json"
@@ -374,6 +378,7 @@ def _scrub(report: VerifyReport, record: RunRecord) -> None:
     for check in report.checks:
         check.reason = record.redact(check.reason)
     report.capacity = record.redact(report.capacity)
+    report.next_boot = record.redact(report.next_boot)
 
 
 def _write_junit(report: VerifyReport, path: Path) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
+from ansible_collections.provision.pve_sglang.plugins.module_utils.next_boot import iommu_args
+
 CONTEXT_KEYS = ("boot_id", "cmdline", "iommu", "driver_version", "gpus")
 CONTEXT_NAMES = {
     "boot_id": "the node's boot id (it rebooted since)",
@@ -161,3 +163,31 @@ def decide(
     if counts:
         return {"policy": "on", "reason": f"{where}; {why}", "holds_while": "boot"}
     return {"policy": "off", "reason": f"{where}; {why}"}
+
+
+def starts_with(record: dict, line: str | None, iommu: dict) -> dict:
+    """What the sglang unit starts with in a boot of `line` (whose IOMMU mode is `iommu`, {"translates", "source"}),
+    from the sglang role's record of its decision (p2p_policy, p2p_mode, p2p_guard, p2p_links): {"p2p": "on"|"off",
+    "why", "safe"}. Unsafe is P2P on, chosen by auto, between PCIe peers in a boot that translates or may."""
+    if record.get("p2p_policy") == "off":
+        return {"p2p": "off", "why": "the P2P policy is off", "safe": True}
+    if "p2p_links" not in record:
+        why = "the service record predates the next-boot check: run provision apply --tags sglang"
+        return {"p2p": "on", "why": why, "safe": False}
+    guard = record.get("p2p_guard")
+    if guard and guard.get("container_boot_id"):
+        why = "the start guard: P2P on rests on a verdict of the running boot only"
+        return {"p2p": "off", "why": why, "safe": True}
+    if guard:
+        now = " ".join(iommu_args(line)) if line is not None else None
+        if now != guard.get("iommu_args"):
+            said = "cannot be read here" if now is None else f"'{now or 'none'}'"
+            why = f"the start guard: IOMMU arguments {said}, decided for '{guard.get('iommu_args') or 'none'}'"
+            return {"p2p": "off", "why": why, "safe": True}
+    pcie = [p for p in record["p2p_links"] if not is_nvlink(p["link"])]
+    if record.get("p2p_mode") == "on" or not pcie:
+        why = "set by sglang_p2p" if record.get("p2p_mode") == "on" else "no PCIe peers"
+        return {"p2p": "on", "why": why, "safe": True}
+    safe = iommu["translates"] is False
+    said = "does not translate" if safe else "may translate" if iommu["translates"] is None else "translates"
+    return {"p2p": "on", "why": f"PCIe peers, and the IOMMU {said} ({iommu['source']})", "safe": safe}

@@ -15,9 +15,28 @@ The lines a node may boot next:
 
 from __future__ import annotations
 
+import json
 import re
 
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import LOADER_VARS, SDBOOT_ENTRY
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import canonical, key, split
+
+# what is read on a node for its next boot's lines, by the names `lines` takes them under
+GRUB_CFG = "/boot/grub/grub.cfg"
+GRUB_CUSTOM = "/boot/grub/custom.cfg"
+GRUBENV = "/boot/grub/grubenv"
+KERNEL_CMDLINE = "/etc/kernel/cmdline"
+ONESHOT = LOADER_VARS.format("LoaderEntryOneShot")
+# the kernel phase's trial record, under the state directory: the line its systemd-boot one-shot boots
+TRIAL_RECORD = "kernel-cmdline/trial.json"
+# the line grub-mkconfig writes: a shell sources the same files in the same order; exit 3 where there is no
+# /etc/default/grub (a node whose GRUB configuration is not Debian's)
+NO_DEFAULT_GRUB = 3
+GRUB_CONFIGURED = (
+    f"[ -e /etc/default/grub ] || exit {NO_DEFAULT_GRUB}; GRUB_CMDLINE_LINUX= GRUB_CMDLINE_LINUX_DEFAULT=; "
+    '. /etc/default/grub; for f in /etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done; '
+    'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"'
+)
 
 # the command-line parameters that choose the IOMMU's mode (Documentation/admin-guide/kernel-parameters.txt)
 IOMMU_KEYS = ("iommu", "iommu.passthrough", "amd_iommu", "intel_iommu")
@@ -80,3 +99,43 @@ def grub_default_line(cfg: str | None) -> str | None:
     """The kernel arguments of grub.cfg's first `linux` line: the default entry's (GRUB_DEFAULT=0)."""
     m = re.search(r"^\s*linux\s+\S*vmlinuz\S*\s*(.*)$", cfg or "", re.M)
     return m.group(1).strip() if m else None
+
+
+def trial_line(record: str | None) -> str | None:
+    """The line of the kernel phase's trial record (its text), or None."""
+    try:
+        found = json.loads(record or "{}")
+    except ValueError:
+        return None
+    return found.get("line") if isinstance(found, dict) else None
+
+
+def lines(reads: dict) -> list[dict]:
+    """The lines a node may boot next, each {"source", "cmdline", "loader"}: the bootloader that boots it, and
+    cmdline None where it cannot be read without mounting an ESP. From what was read on the node: `grub_cfg`,
+    `grubenv`, `grub_custom` and `kernel_cmdline` (the texts of GRUB_CFG, GRUBENV, GRUB_CUSTOM and KERNEL_CMDLINE,
+    None where absent), `grub_configured` (GRUB_CONFIGURED's {"rc", "stdout"}), `oneshot` (LoaderEntryOneShot's
+    value) and `trial_line` (trial_line of the trial record)."""
+    grub, sdboot = [], []
+    cfg = reads.get("grub_cfg")
+    if cfg is not None:
+        grub.append((f"{GRUB_CFG} default entry", grub_default_line(cfg)))
+    configured = reads.get("grub_configured") or {"rc": NO_DEFAULT_GRUB}
+    if configured["rc"] != NO_DEFAULT_GRUB:
+        line = " ".join(configured.get("stdout", "").split()) if configured["rc"] == 0 else None
+        grub.append(("/etc/default/grub (the line update-grub writes next)", line))
+    entry = grubenv_next_entry(reads.get("grubenv"))
+    if entry:
+        line = grub_entry_line(reads.get("grub_custom"), entry) or grub_entry_line(cfg, entry)
+        grub.append((f"one-shot GRUB entry {entry} (grub-reboot)", line))
+    text = reads.get("kernel_cmdline")
+    if text is not None:
+        line = (text.strip().splitlines() or [""])[0].strip()
+        sdboot.append((f"{KERNEL_CMDLINE} (every loader entry at the next proxmox-boot-tool refresh)", line))
+    oneshot = reads.get("oneshot")
+    if oneshot:
+        line = reads.get("trial_line") if oneshot.lower() == SDBOOT_ENTRY else None
+        sdboot.append((f"one-shot loader entry {oneshot} (LoaderEntryOneShot)", line))
+    return [dict(source=source, cmdline=line, loader="grub") for source, line in grub] + [
+        dict(source=source, cmdline=line, loader="systemd-boot") for source, line in sdboot
+    ]

@@ -48,23 +48,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import next_boot
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import (
-    LOADER_VARS,
-    SDBOOT_ENTRY,
-    efi_string,
-)
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import efi_string
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_findings import default_domain as domain_in
-
-GRUB_CFG = "/boot/grub/grub.cfg"
-GRUB_CUSTOM = "/boot/grub/custom.cfg"
-GRUBENV = "/boot/grub/grubenv"
-ONESHOT = LOADER_VARS.format("LoaderEntryOneShot")
-# the shell's word for the line grub-mkconfig writes: it sources the same files in the same order
-GRUB_CONFIGURED = (
-    "GRUB_CMDLINE_LINUX= GRUB_CMDLINE_LINUX_DEFAULT=; . /etc/default/grub; "
-    'for f in /etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done; '
-    'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"'
-)
 
 
 def _read(path):
@@ -109,44 +94,19 @@ def cmdline_changed_at(state_dir):
         return None
 
 
-def grub_lines(module):
-    """GRUB's default entry, the line the next update-grub writes, and a one-shot grub-reboot armed."""
-    found = []
-    cfg = _read(GRUB_CFG)
-    if cfg is not None:
-        found.append(dict(source=f"{GRUB_CFG} default entry", cmdline=next_boot.grub_default_line(cfg)))
-    if os.path.exists("/etc/default/grub"):
-        rc, out, _ = module.run_command(["sh", "-c", GRUB_CONFIGURED])
-        found.append(dict(source="/etc/default/grub (the line update-grub writes next)",
-                          cmdline=" ".join(out.split()) if rc == 0 else None))  # fmt: skip
-    entry = next_boot.grubenv_next_entry(_read(GRUBENV))
-    if entry:
-        line = next_boot.grub_entry_line(_read(GRUB_CUSTOM), entry) or next_boot.grub_entry_line(cfg, entry)
-        found.append(dict(source=f"one-shot GRUB entry {entry} (grub-reboot)", cmdline=line))
-    return found
-
-
-def sdboot_lines(state_dir):
-    """/etc/kernel/cmdline's first line, and a one-shot bootctl armed (the kernel phase's trial: its record's line)."""
-    found = []
-    configured = _read("/etc/kernel/cmdline")
-    if configured is not None:
-        found.append(dict(source="/etc/kernel/cmdline (every loader entry at the next proxmox-boot-tool refresh)",
-                          cmdline=(configured.splitlines() or [""])[0].strip()))  # fmt: skip
+def next_boot_lines(module, state_dir):
+    """The lines this node may boot next (module_utils/next_boot.py), from its own files."""
+    rc, out, _ = module.run_command(["sh", "-c", next_boot.GRUB_CONFIGURED])
     try:
-        with open(ONESHOT, "rb") as f:
-            entry = efi_string(f.read())
+        with open(next_boot.ONESHOT, "rb") as f:
+            oneshot = efi_string(f.read())
     except OSError:
-        entry = None
-    if entry:
-        line = None
-        if entry.lower() == SDBOOT_ENTRY:
-            try:
-                line = json.loads(_read(os.path.join(state_dir, "kernel-cmdline", "trial.json")) or "{}").get("line")
-            except ValueError:
-                line = None
-        found.append(dict(source=f"one-shot loader entry {entry} (LoaderEntryOneShot)", cmdline=line))
-    return found
+        oneshot = None
+    reads = dict(grub_cfg=_read(next_boot.GRUB_CFG), grubenv=_read(next_boot.GRUBENV),
+                 grub_custom=_read(next_boot.GRUB_CUSTOM), kernel_cmdline=_read(next_boot.KERNEL_CMDLINE),
+                 grub_configured=dict(rc=rc, stdout=out), oneshot=oneshot,
+                 trial_line=next_boot.trial_line(_read(os.path.join(state_dir, next_boot.TRIAL_RECORD))))  # fmt: skip
+    return next_boot.lines(reads)
 
 
 def main():
@@ -162,7 +122,7 @@ def main():
             driver_version=driver_version(),
             now=time.time(),
             cmdline_changed_at=cmdline_changed_at(module.params["state_dir"]),
-            next_boot=grub_lines(module) + sdboot_lines(module.params["state_dir"]),
+            next_boot=next_boot_lines(module, module.params["state_dir"]),
         ),
     )
 

@@ -38,6 +38,15 @@ def run(argv):
     return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-2000:]}
 
 
+def read_bytes(path):
+    """A file's bytes in base64 (an EFI variable), or None."""
+    try:
+        with open(path, "rb") as f:
+            return base64.b64encode(f.read()).decode()
+    except OSError:
+        return None
+
+
 def nvidia_nodes():
     nodes = {}
     for name in sorted(os.listdir("/dev")):
@@ -191,6 +200,7 @@ def main(request):
         "state_dir": state_dir,
         "question": request.get("question"),
         "files": {name: read(os.path.join(state_dir, name)) for name in request["files"]},
+        "binary_files": {path: read_bytes(path) for path in request.get("binary_files", [])},
         "nvidia_nodes": nvidia_nodes(),
         "nvidia_module": read("/proc/driver/nvidia/version"),
         "pve_devices": pve_devices(),

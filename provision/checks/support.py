@@ -27,9 +27,14 @@ VERIFY_RECORD = "verify.json"
 WANTED = "kernel-cmdline/wanted.json"
 FINDINGS = "kernel-findings.json"
 SERVICE_STATE = "sglang-service.json"  # what the sglang role recorded: address, port, P2P policy
-# what tells the kernel a node boots next (module_utils/boot_kernel.py next_kernel): absolute paths, read as they are
-GRUB_CFG, BOOT_PIN = "/boot/grub/grub.cfg", "/etc/kernel/proxmox-boot-pin"
-NODE_FILES = [VERIFY_RECORD, WANTED, FINDINGS, GRUB_CFG, BOOT_PIN]
+# the kernel a node boots next (module_utils/boot_kernel.py next_kernel) and the lines it may boot
+# (module_utils/next_boot.py lines): absolute paths, read as they are, and the trial record under the state directory
+next_boot = module_util("next_boot")
+GRUB_CFG, BOOT_PIN = next_boot.GRUB_CFG, "/etc/kernel/proxmox-boot-pin"
+NEXT_BOOT_FILES = [next_boot.GRUBENV, next_boot.GRUB_CUSTOM, next_boot.KERNEL_CMDLINE, next_boot.TRIAL_RECORD]
+NODE_FILES = [VERIFY_RECORD, WANTED, FINDINGS, GRUB_CFG, BOOT_PIN, *NEXT_BOOT_FILES]
+# read as bytes (base64): the one-shot EFI variable systemd-boot takes its next entry from
+NODE_BINARY_FILES = [next_boot.ONESHOT]
 CONTAINER_FILES = [VERIFY_RECORD, SERVICE_STATE]
 DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
 USERSPACE_QUERY = ["nvidia-smi", "--version"]
@@ -37,6 +42,8 @@ USERSPACE_QUERY = ["nvidia-smi", "--version"]
 BOOT_KERNELS = ["ls", "/boot"]
 RUNNING_KERNEL = ["uname", "-r"]
 DKMS_STATUS = ["dkms", "status", "-m", "nvidia"]
+# the line update-grub writes next, as the shell that grub-mkconfig is gives it
+GRUB_CONFIGURED = ["sh", "-c", next_boot.GRUB_CONFIGURED]
 
 
 # the GPU DMA fault lines of a node's kernel log (plugins/module_utils/kernel_faults.py)
@@ -62,8 +69,9 @@ def probe_request(suites: list[str]) -> dict:
         return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": SERVICE_STATE,
                 "question": SMOKE_QUESTION, "max_tokens": SMOKE_MAX_TOKENS,
                 "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
-    return {"files": NODE_FILES, "commands": [DRIVER_QUERY, kernel_faults.journal_argv(), BOOT_KERNELS, RUNNING_KERNEL,
-                                              DKMS_STATUS]}  # fmt: skip
+    return {"files": NODE_FILES, "binary_files": NODE_BINARY_FILES,
+            "commands": [DRIVER_QUERY, kernel_faults.journal_argv(), BOOT_KERNELS, RUNNING_KERNEL, DKMS_STATUS,
+                         GRUB_CONFIGURED]}  # fmt: skip
 
 
 def smoke_failure(status: int, body: str, question: str, expect: str) -> str | None:

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from provision import capacity
+from provision.checks import next_boot
 from provision.checks.support import (
     DRIVER_QUERY,
     SERVICE_STATE,
@@ -115,6 +116,20 @@ def test_process_matches_p2p_policy(target):
         )
         assert not set(gpu_p2p.P2P_OFF_ENV) & set(unit["env_names"]), f"P2P policy is on but {env} is set"
         assert not set(gpu_p2p.P2P_OFF_FLAGS) & set(flags), "P2P policy is on but P2P-disabling flags are passed"
+
+
+def test_the_next_boot_starts_p2p_safely(target, record_property):
+    """In every boot its node may boot next, the unit starts with a safe P2P policy: off, on between NVLink peers,
+    or on between PCIe peers only where that boot does not translate (the start guard turns it off in a boot with
+    other IOMMU arguments). A line armed or edited since apply that would start P2P through a translating IOMMU
+    fails before anyone reboots."""
+    assert target.node is not None, "proxmox_host is not set for this container"
+    _sglang(target)
+    node_lines = next_boot.lines(target.node.data)
+    starts = next_boot.container(target.data, node_lines)
+    unsafe = [f"{s['source']}: P2P {s['p2p']} ({s['why']})" for s in starts if not s["safe"]]
+    assert not unsafe, "the next boot would start GPU P2P unsafely: " + "; ".join(unsafe) + ": run provision apply"
+    record_property("note", "; ".join(f"{s['source']}: P2P {s['p2p']}" for s in starts))
 
 
 def fault_window(unit: dict) -> tuple[float | None, str]:

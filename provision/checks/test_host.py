@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import json
 
-from provision.checks.support import (
-    BOOT_KERNELS,
-    BOOT_PIN,
-    DKMS_STATUS,
-    FINDINGS,
-    GRUB_CFG,
-    RUNNING_KERNEL,
-    WANTED,
-    boot_kernel,
-)
+from provision.checks import next_boot
+from provision.checks.support import FINDINGS, WANTED
 from provision.paths import module_util
 
 # the rule the kernel_cmdline module decides a reboot by: arguments as the kernel reads them
@@ -102,26 +94,28 @@ def test_nvidia_driver_is_the_pinned_one(target):
     )
 
 
-def next_kernel(target) -> str:
-    """The kernel release the node boots next, by the kernel phase's own rule, from the
-    boot loader the kernel phase recorded and the files the probe read (module_utils/boot_kernel.py)."""
-    bootloader = (target.json(WANTED) or {}).get("bootloader")
-    listing = target.command(BOOT_KERNELS)["stdout"].split()
-    vmlinuz = [name[len("vmlinuz-") :] for name in listing if name.startswith("vmlinuz-")]
-    running = target.command(RUNNING_KERNEL)["stdout"].strip()
-    return boot_kernel.next_kernel(bootloader, target.file(GRUB_CFG), target.file(BOOT_PIN), vmlinuz, running)
-
-
 def test_the_kernel_booted_next_has_the_nvidia_module(target):
     """The kernel the node boots next has the NVIDIA module, where the inventory pins a driver: DKMS builds it only
     for kernels whose headers are installed, so a kernel update without them boots a node with no GPU driver."""
     if not nvidia_driver.pinned(target.vars.get("nvidia_driver_version")):
         return
-    release = next_kernel(target)
-    built = nvidia_driver.parse_dkms_status(target.command(DKMS_STATUS)["stdout"])
-    seen = "; ".join(sorted({f"{e['kernel']} {e['state']}" for e in built})) or "none"
-    assert any(e["kernel"] == release and e["state"] == "installed" for e in built), (
+    release = next_boot.kernel(target.data)
+    built, seen = next_boot.nvidia_module(target.data, release)
+    assert built, (
         f"the kernel the node boots next, {release}, has no NVIDIA module (dkms status: {seen}): run provision apply "
         f"before the node reboots (the driver phase installs proxmox-headers-{release} and builds the module with "
         "DKMS; proxmox-default-headers brings every future kernel's headers)"
     )
+
+
+def test_the_next_boot_keeps_the_profile(target, record_property):
+    """Every line the node may boot next (its default entry, the line the next bootloader update writes, an armed
+    one-shot) carries the kernel phase's arguments: a line edited or armed since apply takes the node off the
+    profile at its next reboot, whoever reboots it."""
+    assert target.json(WANTED) is not None, "no record of the wanted kernel arguments: the kernel phase has not run"
+    found = next_boot.lines(target.data)
+    off = [f"{b['source']} lacks {' '.join(b['lacks'])}" for b in found if b["lacks"]]
+    assert not off, "the node's next boot leaves the profile: " + "; ".join(off) + ": run provision apply --tags kernel"
+    pending = [f"{b['source']}: {b['iommu']['source']}" for b in found if b["pending"]]
+    if pending:
+        record_property("note", "pending: " + "; ".join(pending))

@@ -352,8 +352,14 @@ def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, r
         assert decided(result).startswith("sglang_p2p auto -> off: PCIe peers (GPU0-GPU1 PHB) behind a translating "
                                           "IOMMU (at the next boot: /etc/default/grub"), decided(result)  # fmt: skip
         assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
-        rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
+        rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy or next_boot")
         assert rc == 0, failed(report)
+        # verify names the pending line, what it does to the IOMMU, and what the unit starts with in that boot
+        boot = report["next_boot"]["pve-grub"]
+        pending = {b["source"]: b["iommu"] for b in boot["lines"] if b["pending"]}
+        assert pending == {"/etc/default/grub (the line update-grub writes next)": {
+            "translates": True, "source": "iommu=nopt: translated"}}, boot["lines"]  # fmt: skip
+        assert {s["p2p"] for s in boot["containers"]["sglang-01"]} == {"off"}, boot["containers"]
         reboot_by_itself(lab, node)
         assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
         rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
