@@ -52,6 +52,24 @@ class Unavailable(Exception):
     """No trial boot on this node; the message says why, in one line."""
 
 
+class OneShotLost(Unavailable):
+    """The firmware refused the one-shot, or did not keep it: found only once the entry is written."""
+
+
+def oneshot_lost(rc: int, said: str, read_back: str | None) -> str | None:
+    """Why `bootctl set-oneshot provision-trial.conf` armed nothing, from its exit code and words and the
+    LoaderEntryOneShot value read back after it, or None where the one-shot is armed. Some firmware refuses or drops
+    EFI variable writes, which is why Proxmox's own one-shot (proxmox-kernel-helper's `proxmox-boot-tool kernel pin
+    --next-boot`) writes loader.conf instead."""
+    if rc != 0:
+        said = said.strip()[-200:]
+        return f"the firmware refused systemd-boot's one-shot (bootctl set-oneshot {SDBOOT_ENTRY}: {said})"
+    if (read_back or "").lower() != SDBOOT_ENTRY:
+        return (f"the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot {SDBOOT_ENTRY}, "
+                f"LoaderEntryOneShot reads {read_back or 'nothing'})")  # fmt: skip
+    return None
+
+
 # ------------------------------------------------------------------ the decision
 def decision(trial_boot: str, wanted: bool, problem: str | None) -> str:
     """What this run does: `trial` (boot the new line once first), `warn` (no trial possible: say why and write

@@ -124,6 +124,8 @@ trial:
   description:
     - the trial boot decision, C(mode) one of C(trial) (written; C(entry) says where, C(line) the trial's
       arguments), C(warn) or C(refuse) (not possible; C(reason) says why), C(none) (not wanted)
+    - a systemd-boot one-shot that the firmware refuses, or does not keep (read back after C(bootctl set-oneshot)),
+      turns C(trial) into C(warn) or C(refuse) once the entry is written; the entry is removed again
   type: dict
   returned: configure
 trial_removed:
@@ -436,8 +438,9 @@ class SdbootTrial:
                 replace_file(os.path.join(entries, boot_trial.SDBOOT_ENTRY), text)
                 written.append(f"{uuid}:loader/entries/{boot_trial.SDBOOT_ENTRY} (a copy of {default})")
         rc, out, err = self.module.run_command(["bootctl", "set-oneshot", boot_trial.SDBOOT_ENTRY])
-        if rc != 0:
-            raise TrialError(f"bootctl set-oneshot {boot_trial.SDBOOT_ENTRY} failed: {(err or out).strip()[-300:]}")
+        lost = boot_trial.oneshot_lost(rc, err or out, efi_variable("LoaderEntryOneShot"))
+        if lost:
+            raise boot_trial.OneShotLost(lost)
         return dict(entry="; ".join(written) + ", once through bootctl set-oneshot", line=line)
 
     def remove(self, dry_run, recorded):
@@ -498,7 +501,8 @@ def plan_trial(module, bootloader, changes, running_check):
 
 
 def prepare_trial(module, bootloader, line):
-    """Write the trial entry and its one-shot (after our record of it); on a failure remove them and stop."""
+    """Write the trial entry and its one-shot (after our record of it); on a failure remove them and stop. A one-shot
+    the firmware lost is no failure: the trial is then not possible, and the returned mode says what follows."""
     record = trial_record(module)
     os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -516,6 +520,8 @@ def prepare_trial(module, bootloader, line):
             trial.remove(False, True)
         with contextlib.suppress(OSError):
             os.unlink(record)
+        if isinstance(e, boot_trial.OneShotLost):
+            return dict(mode=boot_trial.decision(module.params["trial_boot"], True, str(e)), reason=str(e))
         module.fail_json(msg=f"cannot prepare the trial boot ({e}): its entry was removed again; nothing was changed")
 
 
@@ -639,8 +645,9 @@ def configure(module, bootloader, add, remove):
             for path, new in sorted(changes.items())
         ]
     if not module.check_mode:
-        record_wanted(module.params["backup_dir"], bootloader, add, remove, module.params["snp_required"])
         write_planned(module, bootloader, changes, result["line"], out)
+    if not module.check_mode and out["trial"]["mode"] != "refuse":
+        record_wanted(module.params["backup_dir"], bootloader, add, remove, module.params["snp_required"])
     # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
     # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
     if not running_check["reboot_needed"]:
@@ -649,10 +656,14 @@ def configure(module, bootloader, add, remove):
 
 
 def write_planned(module, bootloader, changes, line, out):
-    """A trial entry in place of the default files, or the default files (each backed up first)."""
+    """A trial entry in place of the default files, or the default files (each backed up first). Where the firmware
+    loses the trial's one-shot, the run goes on as on a node that cannot boot a trial: `auto` writes the default
+    files (a monitored reboot, no trial), `required` writes nothing."""
     if out["trial"]["mode"] == "trial":
         out["trial"].update(prepare_trial(module, bootloader, line))
-    elif changes:
+    if out["trial"]["mode"] == "refuse":
+        out["changed"] = bool(out["trial_removed"])
+    elif out["trial"]["mode"] != "trial" and changes:
         backup = Backup(module.params["backup_dir"])
         for path in changes:
             backup.save(path)

@@ -59,10 +59,18 @@ case "$1" in
 esac
 """
 BOOTCTL = f"""#!{sys.executable}
-# stand-in: bootctl set-oneshot ID (an empty ID deletes the variable), as efivarfs stores it
+# stand-in: bootctl set-oneshot ID (an empty ID deletes the variable), as efivarfs stores it; firmware that refuses
+# EFI variable writes (efivarfs then fails the write with EIO, and bootctl says so) or drops them (the write returns,
+# and the variable is not there) where /sys/firmware/efi/firmware-writes says `refuse` or `drop`
 import os, sys
 assert sys.argv[1] == "set-oneshot", sys.argv
 path = "/sys/firmware/efi/efivars/LoaderEntryOneShot-{GUID}"
+said = "/sys/firmware/efi/firmware-writes"
+firmware = open(said).read().strip() if os.path.exists(said) else ""
+if firmware == "refuse":
+    sys.exit("Failed to update EFI variable 'LoaderEntryOneShot': Input/output error")
+if firmware == "drop":
+    sys.exit(0)
 if sys.argv[2]:
     open(path, "wb").write((7).to_bytes(4, "little") + (sys.argv[2] + "\\0").encode("utf-16-le"))
 elif os.path.exists(path):
@@ -288,6 +296,35 @@ def test_a_systemd_boot_node_back_on_its_old_line_loses_the_entry_and_an_untaken
     ]
     assert node.efi_var("LoaderEntryOneShot") is None
     assert node.read("/etc/kernel/cmdline") == OLD_LINE + "\n"
+    assert "provision-trial" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+
+
+ONESHOT_LOST = {
+    "drop": "the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot provision-trial.conf, "
+    "LoaderEntryOneShot reads nothing)",
+    "refuse": "the firmware refused systemd-boot's one-shot (bootctl set-oneshot provision-trial.conf: Failed to "
+    "update EFI variable 'LoaderEntryOneShot': Input/output error)",
+}
+
+
+@pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
+@pytest.mark.parametrize("firmware", sorted(ONESHOT_LOST))
+def test_a_one_shot_the_firmware_loses_is_no_trial_and_never_blames_the_line(node, firmware):
+    """Firmware that refuses or drops the one-shot's EFI variable write: the one-shot is read back after bootctl.
+    `required` then writes nothing (the trial entry is removed again); `auto` makes the line the default for a
+    monitored reboot, saying why there is no trial. No trial boot is armed that could not run."""
+    node.sh(f"echo {firmware} > /sys/firmware/efi/firmware-writes")
+    entries = node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+    out = node.module(trial_boot="required")
+    assert out["trial"] == {"mode": "refuse", "reason": ONESHOT_LOST[firmware]} and not out["changed"], out
+    assert node.read("/etc/kernel/cmdline") == OLD_LINE + "\n"
+    assert node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout == entries, "the trial entry was left"
+    assert not (node.state / "kernel-cmdline" / "trial.json").exists() and node.efi_var("LoaderEntryOneShot") is None
+    assert not (node.state / "kernel-cmdline" / "wanted.json").exists()
+
+    out = node.module(trial_boot="auto")
+    assert out["trial"] == {"mode": "warn", "reason": ONESHOT_LOST[firmware]} and out["backup"], out
+    assert node.read("/etc/kernel/cmdline") == f"{OLD_LINE} {NEW_ARG}\n"
     assert "provision-trial" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
 
 
