@@ -127,6 +127,46 @@ def nvswitch_present(lspci_n: str) -> bool:
     return bool(_NVSWITCH.search(lspci_n or ""))
 
 
+# Secure Boot, as the firmware says it (UEFI's EFI_GLOBAL_VARIABLE SecureBoot: efivarfs gives 4 bytes of attributes,
+# then one byte, 1 when on)
+SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# the certificate DKMS signs the modules it builds with, unless /etc/dkms/framework.conf says mok_certificate; DKMS
+# makes it and its key at its first build (dell/dkms README, "Module signing")
+DKMS_FRAMEWORK = "/etc/dkms/framework.conf"
+DKMS_CERTIFICATE = "/var/lib/dkms/mok.pub"
+_MOK_CERTIFICATE = re.compile(r"""^\s*mok_certificate=["']?([^"'\s#]+)""", re.M)
+_SIGNING_KEY_ARG = "--module-signing-public-key="
+
+
+def secure_boot_on(raw: bytes | None) -> bool:
+    """Whether the firmware booted with Secure Boot on, from the SecureBoot variable's bytes (None: no such
+    variable, as on a BIOS boot)."""
+    return raw is not None and len(raw) >= 5 and raw[4] == 1
+
+
+def signing_certificate(framework_conf: str | None, args: list[str]) -> str:
+    """The certificate the NVIDIA module is signed with: the installer's --module-signing-public-key, else DKMS's."""
+    given = next((a[len(_SIGNING_KEY_ARG) :] for a in args if a.startswith(_SIGNING_KEY_ARG)), None)
+    found = _MOK_CERTIFICATE.findall(framework_conf or "")
+    return given or (found[-1] if found else DKMS_CERTIFICATE)
+
+
+def secure_boot_problem(on: bool, certificate: str, exists: bool, test_key: str | None) -> str | None:
+    """Why a module signed with `certificate` would be refused at load, or None: with Secure Boot on, the kernel loads
+    only modules signed by a key in its keyrings, which for a key of the node's own is an enrolled MOK.
+    `test_key` is what `mokutil --test-key <certificate>` printed ("... is already enrolled"), None without mokutil."""
+    if not on:
+        return None
+    if not exists:
+        why = "DKMS makes it, and its key, at its first build"
+        return f"Secure Boot is on, and {certificate} does not exist yet ({why})"
+    if test_key is None:
+        return f"Secure Boot is on, and mokutil is not installed to tell whether {certificate} is enrolled"
+    if "is already enrolled" in test_key:
+        return None
+    return f"Secure Boot is on, and {certificate} is not an enrolled MOK"
+
+
 def installer_args(base: list[str], running_driver_stays: bool) -> list[str]:
     """The installer's arguments: `base` (the inventory's), plus the flag without which a silent install aborts
     while an NVIDIA module that could not be unloaded is still loaded (then a reboot loads the new one)."""

@@ -119,6 +119,18 @@ installer_failure:
   description: The one line for an installer that failed (I(installer_rc) not 0), else null.
   type: str
   returned: always
+secure_boot:
+  description:
+    - Whether the firmware booted with Secure Boot on (the C(SecureBoot) EFI variable), the certificate the module is
+      signed with (the installer's C(--module-signing-public-key), else DKMS's C(mok_certificate), else
+      C(/var/lib/dkms/mok.pub)), and why a module signed with it would be refused at load (not enrolled as a MOK, as
+      C(mokutil --test-key) says), else null.
+  type: dict
+  returned: always
+  contains:
+    "on": {description: Secure Boot is on, type: bool}
+    certificate: {description: the signing certificate's path, type: str}
+    problem: {description: why the module would not load, or null, type: str}
 """
 
 import os
@@ -163,6 +175,24 @@ def read_report(module) -> dict:
     }
 
 
+def secure_boot(module, args: list[str]) -> dict:
+    """{on, certificate, problem}: whether the module this role builds would be refused at load (module_utils)."""
+    try:
+        with open(rules.SECURE_BOOT_VAR, "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        raw = None
+    on = rules.secure_boot_on(raw)
+    certificate = rules.signing_certificate(boot_kernel.read_text(rules.DKMS_FRAMEWORK), args)
+    exists, said = os.path.exists(certificate), None
+    tool = module.get_bin_path("mokutil") if on and exists else None
+    if tool:
+        _, out, err = module.run_command([tool, "--test-key", certificate])
+        said = out + err
+    problem = rules.secure_boot_problem(on, certificate, exists, said)
+    return {"on": on, "certificate": certificate, "problem": problem}
+
+
 def input_problems(params: dict) -> list[str]:
     """One line per inventory variable that cannot be used, each naming it (no pin at all: nothing to check)."""
     if not rules.pinned(params["version"]):
@@ -203,6 +233,7 @@ def main():
         modules_to_unload=list(rules.MODULES_TO_UNLOAD),
         installer_args=rules.installer_args(p["installer_args"], running_driver_stays=report["loaded"] is not None),
         installer_failure=installer_failure(p),
+        secure_boot=secure_boot(module, p["installer_args"]),
     )
 
 

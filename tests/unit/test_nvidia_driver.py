@@ -320,3 +320,36 @@ def test_the_gpu_phase_checks_the_node_against_the_same_floor():
     from provision.paths import role_default
 
     assert role_default("gpu_passthrough", "gpu_passthrough_min_driver_version") == rules.CUDA13_DRIVER_FLOOR
+
+
+# efivarfs's SecureBoot variable: 4 bytes of attributes (NV, BS, RT), then the value byte
+SECURE_BOOT_ON, SECURE_BOOT_OFF = b"\x06\x00\x00\x00\x01", b"\x06\x00\x00\x00\x00"
+
+
+def test_secure_boot_is_the_firmware_variables_value_byte():
+    assert rules.secure_boot_on(SECURE_BOOT_ON)
+    assert not rules.secure_boot_on(SECURE_BOOT_OFF) and not rules.secure_boot_on(None)
+
+
+def test_the_signing_certificate_is_the_installers_else_dkms_configured_one_else_its_default():
+    conf = 'sign_tool="/etc/dkms/sign_helper.sh"\nmok_certificate="/root/mok/MOK.der"\n'
+    assert rules.signing_certificate(None, ["--dkms"]) == "/var/lib/dkms/mok.pub"
+    assert rules.signing_certificate(conf, ["--dkms"]) == "/root/mok/MOK.der"
+    assert rules.signing_certificate("# mok_certificate=/x\n", []) == "/var/lib/dkms/mok.pub"
+    given = ["--dkms", "--module-signing-secret-key=/k.key", "--module-signing-public-key=/k.der"]
+    assert rules.signing_certificate(conf, given) == "/k.der"
+
+
+def test_under_secure_boot_only_an_enrolled_certificate_passes():
+    """mokutil --test-key's own words: "<file> is already enrolled" or "<file> is not enrolled"."""
+    cert = "/var/lib/dkms/mok.pub"
+    assert rules.secure_boot_problem(False, cert, False, None) is None
+    assert rules.secure_boot_problem(True, cert, True, f"{cert} is already enrolled\n") is None
+    assert rules.secure_boot_problem(True, cert, True, f"{cert} is not enrolled\n") == (
+        "Secure Boot is on, and /var/lib/dkms/mok.pub is not an enrolled MOK"
+    )
+    assert rules.secure_boot_problem(True, cert, False, None) == (
+        "Secure Boot is on, and /var/lib/dkms/mok.pub does not exist yet (DKMS makes it, and its key, at its first "
+        "build)"
+    )
+    assert "mokutil is not installed" in rules.secure_boot_problem(True, cert, True, None)

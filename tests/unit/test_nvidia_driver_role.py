@@ -279,6 +279,40 @@ def test_an_upgrade_that_may_not_reboot_stops_before_anything_is_stopped(tmp_pat
     assert f"x86_64  {VERSION}" in section(runs[-1], "version")
 
 
+# the node's firmware says Secure Boot is on (efivarfs: 4 bytes of attributes, then 1), and mokutil --test-key
+# answers as mokutil does ("<file> is already enrolled" / "<file> is not enrolled") from a list of enrolled files
+SECURE_BOOT = (
+    "mount -t tmpfs tmpfs /sys/firmware && mkdir -p /sys/firmware/efi/efivars && printf '\\006\\000\\000\\000\\001' > "
+    "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+    ' && printf \'#!/bin/sh\\nif grep -qxF "$2" /run/mok-enrolled 2>/dev/null; then echo "$2 is already enrolled";'
+    ' else echo "$2 is not enrolled"; fi\\n\' > /usr/local/sbin/mokutil && chmod 0755 /usr/local/sbin/mokutil'
+)
+
+
+@NAMESPACE
+def test_under_secure_boot_an_unenrolled_signing_key_stops_the_phase_before_anything_changes(tmp_path):
+    """Secure Boot on, and DKMS's certificate missing, then not enrolled: the phase stops before the installer is
+    fetched or run, naming MOK enrolment and the variable that opts out; enrolled, it installs; opted out, it builds."""
+    sh, runs = namespace_node(tmp_path)
+    extra = pinned(tmp_path, VERSION)
+    sh.before = SECURE_BOOT
+    failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+    assert failed == (
+        "localhost: Secure Boot is on, and /var/lib/dkms/mok.pub does not exist yet (DKMS makes it, and its key, at "
+        "its first build): the kernel would refuse the NVIDIA module signed with it; enrol it (mokutil --import "
+        "/var/lib/dkms/mok.pub, then confirm in MokManager at the node's console as it reboots), or set "
+        "nvidia_driver_secure_boot_check: false to build anyway; nothing was changed"
+    ), runs[-1][-3000:]
+    assert changed_tasks(runs[-1]) == [] and section(runs[-1], "dkms") == ""
+    sh.before = SECURE_BOOT + " && mkdir -p /var/lib/dkms && echo cert > /var/lib/dkms/mok.pub"
+    failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+    assert failed.startswith("localhost: Secure Boot is on, and /var/lib/dkms/mok.pub is not an enrolled MOK: "), failed
+    assert changed_tasks(runs[-1]) == [] and section(runs[-1], "dkms") == ""
+    sh.before += " && echo /var/lib/dkms/mok.pub > /run/mok-enrolled"
+    assert run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"] is None, runs[-1][-3000:]
+    assert section(runs[-1], "dkms").startswith(f"nvidia/{VERSION}, ")
+
+
 @NAMESPACE
 def test_an_upgrade_runs_the_before_reboot_checks_before_anything_is_stopped(tmp_path):
     """With reboots on: the kernel phase's checks (guests, quorum, through the PVE API) come first, and a node where
