@@ -30,6 +30,8 @@ CHUNK = 1 << 20
 MANIFEST = ".provision-weights.json"
 # where a download is put together in the model directory before its files are moved into place
 STAGING = ".provision-download"
+# in the staging directory: the repo and revision whose verified files it keeps for the next run
+STAGING_RECORD = ".provision-staging.json"
 # what in the model directory is not the model's: the record, the staging, the client's own records
 NOT_MODEL_FILES = (MANIFEST, MANIFEST + ".tmp", STAGING, ".cache")
 

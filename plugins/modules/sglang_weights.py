@@ -16,8 +16,9 @@ description:
     those). A file that does not match is removed, and the module fails naming it.
   - Files are downloaded into C(.provision-download) inside I(path) and moved into place only when every file of
     the revision is there and verified; a download that fails leaves I(path) as it was (a complete earlier
-    revision stays complete) and removes what it fetched. After the move, the files that the record says an
-    earlier download put there and that this revision does not list (say a stale
+    revision stays complete), and keeps the files it verified in C(.provision-download) for the next run of the same
+    revision, which downloads only the rest (a run of another revision removes them). After the move, the files
+    that the record says an earlier download put there and that this revision does not list (say a stale
     C(model.safetensors.index.json)) are removed. A file in I(path) that no download of this module put there and
     that the revision does not list is left, with a warning naming it.
   - A record of the verified files (C(.provision-weights.json) in I(path)) lets a re-run skip the hub and the
@@ -197,7 +198,7 @@ def remove_download(root: str, name: str) -> None:
 
 def download(hf, p, staging: str, expected: dict) -> None:
     """hf_hub_download one file into `staging` (the client resumes a transfer that breaks, within the call), then
-    verify it there. A failure names the file where it was meant to go."""
+    verify it there. A failure names the file where it was meant to go; a file that does not verify is removed."""
     name = expected["name"]
     target = os.path.join(p["path"], name)
     try:
@@ -208,20 +209,44 @@ def download(hf, p, staging: str, expected: dict) -> None:
                            f"{' '.join(str(exc).split())[:300]}") from exc  # fmt: skip
     problem = ms.mismatch(expected, *ms.file_digests(os.path.join(staging, name)))
     if problem:
+        remove_download(staging, name)
         raise WeightsError(f"{target}: downloaded file does not match the hub's record ({problem}); removed it")
 
 
-def download_all(hf, p, missing: list[dict]) -> str:
-    """Every missing file into the staging directory, verified; on a failure nothing of it is left, and the model
-    directory is as it was."""
+def staging_for(p) -> str:
+    """The staging directory for this repo and revision: what an earlier run of them verified there stays (a failed
+    or killed run resumes), a staging of any other revision goes."""
     staging = os.path.join(p["path"], ms.STAGING)
-    shutil.rmtree(staging, ignore_errors=True)  # what a killed run left
-    try:
-        for expected in missing:
-            download(hf, p, staging, expected)
-    except BaseException:
+    mark = os.path.join(staging, ms.STAGING_RECORD)
+    wanted = {"repo": p["repo"], "revision": p["revision"]}
+    if read_json(mark) != wanted:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+    os.makedirs(staging, mode=0o755, exist_ok=True)
+    with open(mark, "w") as handle:
+        json.dump(wanted, handle)
+    return staging
+
+
+def staged(staging: str, expected: dict) -> bool:
+    """Whether an earlier run of this revision left this file in the staging directory, verified."""
+    path = os.path.join(staging, expected["name"])
+    return os.path.isfile(path) and ms.mismatch(expected, *ms.file_digests(path)) is None
+
+
+def download_all(hf, p, missing: list[dict]) -> str:
+    """Every missing file into the staging directory, verified; the model directory is as it was until all are. On a
+    failure the files verified so far stay there, and the next run of the same revision downloads only the rest."""
+    staging = staging_for(p)
+    kept = 0
+    for expected in missing:
+        if staged(staging, expected):
+            kept += 1
+            continue
+        try:
+            download(hf, p, staging, expected)
+        except WeightsError as exc:
+            raise WeightsError(f"{exc}; {kept} verified file(s) kept in {staging} for the next run") from exc
+        kept += 1
     return staging
 
 
@@ -249,6 +274,8 @@ def run(module) -> dict:
     hf = hub_client(required=not module.check_mode)
     result = dict(changed=False, files=[], downloaded_bytes=0, client_version=getattr(hf, "__version__", None))
     if ms.recorded_complete(manifest, p["repo"], p["revision"], root):
+        if not module.check_mode:  # a staging left by a run of another revision
+            shutil.rmtree(os.path.join(root, ms.STAGING), ignore_errors=True)
         result["files"] = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
         return result
     if hf is None:  # check mode before the role has installed the client: the download is pending
@@ -259,7 +286,9 @@ def run(module) -> dict:
     record, missing = sort_present(files, root, manifest)
     stale = [n for n in ms.recorded_not_listed(manifest, files) if os.path.lexists(os.path.join(root, n))]
     warn_unlisted(module, root, files, manifest)
-    need = sum(f["size"] for f in missing)
+    # what a failed run of this revision left verified in the staging directory is not fetched again
+    resumed = staging_sizes(root, p, missing)
+    need = sum(f["size"] for f in missing) - resumed
     problem = ms.space_problem(root, need, *ms.free_bytes(root))
     if problem:
         raise WeightsError(problem)
@@ -269,6 +298,16 @@ def run(module) -> dict:
         converge(hf, p, record, missing, stale)
     result["files"] = file_lines(files, missing, stale, manifest, module.check_mode)
     return result
+
+
+def staging_sizes(root: str, p, missing: list[dict]) -> int:
+    """The bytes of the missing files already in a staging directory of this revision, by their sizes (verified
+    before use)."""
+    staging = os.path.join(root, ms.STAGING)
+    if read_json(os.path.join(staging, ms.STAGING_RECORD)) != {"repo": p["repo"], "revision": p["revision"]}:
+        return 0
+    found = [f for f in missing if os.path.isfile(os.path.join(staging, f["name"]))]
+    return sum(f["size"] for f in found if os.path.getsize(os.path.join(staging, f["name"])) == f["size"])
 
 
 def converge(hf, p, record: dict, missing: list[dict], stale: list[str]) -> None:

@@ -191,9 +191,10 @@ def revisions(hub):
 
 
 def tree(path) -> dict:
-    """Every file under path, relative, with its sha256 (the record and the client's own records aside)."""
+    """Every file under path, relative, with its sha256 (the record, the staging and the client's records aside)."""
+    aside = {".cache", ms.STAGING}
     return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ms.MANIFEST and ".cache" not in p.relative_to(path).parts}  # fmt: skip
+            if p.is_file() and p.name != ms.MANIFEST and not aside & set(p.relative_to(path).parts)}  # fmt: skip
 
 
 def as_served(repo) -> dict:
@@ -237,13 +238,38 @@ def test_a_failed_download_of_a_new_revision_leaves_the_old_one_whole(hub, tmp_p
     result = main_result(weights, args(hub, tmp_path, revision=b.commit))
     assert result.get("failed") and f"{tmp_path / 'model.safetensors'}: " in result["msg"], result
     assert "sha256" in result["msg"] and "\n" not in result["msg"]
-    # config.json of B was downloaded and verified before the failure: none of it reached the model directory
-    assert tree(tmp_path) == as_served(a) and not (tmp_path / ms.STAGING).exists()
+    # config.json of B was downloaded and verified before the failure: none of it reached the model directory, and
+    # it waits in the staging directory for the next run of B
+    assert tree(tmp_path) == as_served(a) and (tmp_path / ms.STAGING / "config.json").is_file()
     assert json.loads((tmp_path / ms.MANIFEST).read_text())["revision"] == a.commit
     hub.repos[hfhub.REPO_ID] = a
     hub.requests.clear()
     back = main_result(weights, args(hub, tmp_path))
     assert back["changed"] is False and hub.requests == [], "A is still recorded complete: the hub is not asked"
+    assert not (tmp_path / ms.STAGING).exists(), "B's staging outlived a run of another revision"
+
+
+def test_a_failed_download_keeps_what_it_verified_and_the_next_run_fetches_only_the_rest(hub, tmp_path):
+    """A hub error on the last file (on the scenario's 244 GB checkpoint, shard 50 of 50): the files verified before it
+    stay in the staging directory, the message says so, and the next run downloads only the file that failed."""
+    repo = hub.repos[hfhub.REPO_ID]
+    names = [f.path for f in repo.files]
+    hub.corrupt(hfhub.REPO_ID, names[-1])
+    failed = main_result(weights, args(hub, tmp_path))
+    staging = tmp_path / ms.STAGING
+    assert failed.get("failed") and failed["msg"].endswith(
+        f"; {len(names) - 1} verified file(s) kept in {staging} for the next run"
+    ), failed
+    assert tree(tmp_path) == {} and sorted(p.name for p in staging.iterdir() if p.is_file()) == sorted(
+        [ms.STAGING_RECORD, *names[:-1]]
+    )
+    hub.corrupt(hfhub.REPO_ID, names[-1], on=False)
+    hub.requests.clear()
+    done = main_result(weights, args(hub, tmp_path))
+    assert done["changed"] is True and tree(tmp_path) == as_served(repo) and not staging.exists()
+    fetched = [r["path"] for r in hub.requests if "/resolve/" in r["path"] and r["method"] == "GET"]
+    assert len(fetched) == 1 and fetched[0].endswith("/" + names[-1]), fetched
+    assert done["downloaded_bytes"] == len(repo.file(names[-1]).data), "the space check counted the staged files"
 
 
 def test_a_file_no_download_put_there_is_left_with_a_warning(hub, tmp_path, capsys):
