@@ -16,9 +16,10 @@ A module names the nodes it needs (`LAB_NODES`): "vm" (the default: qemu VMs, a 
 (nodes as nspawn containers, for modules that never change a node's kernel line: docs/lab.md); None for a module that
 brings up a lab of its own. A module whose nodes differ from the running lab's gets a fresh lab of its kind.
 
-Every module that is not on nspawn nodes is also marked `lab_vm`: TCG guests slow down more than the work beside them
-gains (docs/lab.md), so they run alone (`-m lab_vm`). The nspawn modules may run on pytest-xdist workers beside the
-tests outside the lab (`-m "not lab_vm" -n 3 --dist loadfile --no-loadscope-reorder`): each worker that runs one
+Every module that is not on nspawn nodes is also marked `lab_vm`: TCG guests slow down more than the nspawn labs and
+unit files beside them gain (docs/lab.md), so they run apart from those (`-m lab_vm -n 2`: two VM labs, one per
+worker, beside each other). The nspawn modules may run on pytest-xdist workers beside the tests outside the lab
+(`-m "not lab_vm" -n 3 --dist loadfile --no-loadscope-reorder`): each worker that runs one
 brings up a lab of its own, on links of its own (`PROVISION_LAB_NET_INDEX`).
 """
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -269,15 +271,21 @@ def test_failed_lab_up_leaves_nothing_behind(lab_env, tmp_path, monkeypatch):
 
     monkeypatch.setattr(LabVm, "wait_for_ssh", no_boot)
     monkeypatch.setenv("PROVISION_LAB_INVENTORY", str(tmp_path / "inventory" / "lab"))
-    broken = Lab(dir=tmp_path / "broken-lab", net_index=7)
-    with pytest.raises(ProvisionError, match="never answers"):
-        broken.up(hosts=1, progress=lambda msg: None)
-    time.sleep(1)
-    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(broken.dir) not in procs, "a process of the failed lab is still running"
-    assert str(broken.dir) not in Path("/proc/mounts").read_text()
-    assert "provision-lab-7" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not broken.dir.exists()
+    # a short directory: qemu's monitor socket path must stay under 108 bytes, which an xdist worker's tmp_path of
+    # this test's name passes
+    short = Path(tempfile.mkdtemp(prefix="plab-"))
+    broken = Lab(dir=short / "broken-lab", net_index=7)
+    try:
+        with pytest.raises(ProvisionError, match="never answers"):
+            broken.up(hosts=1, progress=lambda msg: None)
+        time.sleep(1)
+        procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert str(broken.dir) not in procs, "a process of the failed lab is still running"
+        assert str(broken.dir) not in Path("/proc/mounts").read_text()
+        assert "provision-lab-7" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not broken.dir.exists()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_standin_refuses_unknown_flags_and_serves_the_api(lab, tmp_path):
