@@ -165,6 +165,20 @@ def decide(
     return {"policy": "off", "reason": f"{where}; {why}"}
 
 
+def _guarded(guard: dict, line: str | None) -> dict | None:
+    """What the unit's start guard does in a boot of `line`: P2P off where the boot is not the one decided in (a
+    verdict's boot, or other IOMMU arguments), else None (P2P on, as decided)."""
+    if guard.get("container_boot_id"):
+        return {"p2p": "off", "why": "the start guard: P2P on rests on a verdict of the running boot only",
+                "safe": True}  # fmt: skip
+    now = " ".join(iommu_args(line)) if line is not None else None
+    if now == guard.get("iommu_args"):
+        return None
+    said = "cannot be read here" if now is None else f"'{now or 'none'}'"
+    why = f"the start guard: IOMMU arguments {said}, decided for '{guard.get('iommu_args') or 'none'}'"
+    return {"p2p": "off", "why": why, "safe": True}
+
+
 def starts_with(record: dict, line: str | None, iommu: dict) -> dict:
     """What the sglang unit starts with in a boot of `line` (whose IOMMU mode is `iommu`, {"translates", "source"}),
     from the sglang role's record of its decision (p2p_policy, p2p_mode, p2p_guard, p2p_links): {"p2p": "on"|"off",
@@ -174,16 +188,9 @@ def starts_with(record: dict, line: str | None, iommu: dict) -> dict:
     if "p2p_links" not in record:
         why = "the service record predates the next-boot check: run provision apply --tags sglang"
         return {"p2p": "on", "why": why, "safe": False}
-    guard = record.get("p2p_guard")
-    if guard and guard.get("container_boot_id"):
-        why = "the start guard: P2P on rests on a verdict of the running boot only"
-        return {"p2p": "off", "why": why, "safe": True}
-    if guard:
-        now = " ".join(iommu_args(line)) if line is not None else None
-        if now != guard.get("iommu_args"):
-            said = "cannot be read here" if now is None else f"'{now or 'none'}'"
-            why = f"the start guard: IOMMU arguments {said}, decided for '{guard.get('iommu_args') or 'none'}'"
-            return {"p2p": "off", "why": why, "safe": True}
+    guarded = _guarded(record["p2p_guard"], line) if record.get("p2p_guard") else None
+    if guarded:
+        return guarded
     pcie = [p for p in record["p2p_links"] if not is_nvlink(p["link"])]
     if record.get("p2p_mode") == "on" or not pcie:
         why = "set by sglang_p2p" if record.get("p2p_mode") == "on" else "no PCIe peers"
