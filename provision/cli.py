@@ -382,7 +382,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     opts = _apply_options(args, plan)
     inv = _load(args, err)
     # validate before asking anything: the scope, and what the roles of the chosen phases require of it
-    inventory.require(inv, inv.scope(args.limit), opts.tags or apply_mod.PHASES)
+    inventory.require(inv, inv.scope(args.limit), opts.tags or apply_mod.PHASES, opts.reboot)
     if not plan:
         _confirm(args, err)
     result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")

@@ -705,23 +705,62 @@ def _check_specs(host: Host) -> list[tuple[str, str, str]]:
     return [(host.where(var) if var in host.vars else host.where(), host.name, problem) for var, problem in found]
 
 
-def require(inv: Inventory, hosts: list[str], phases: list[str] | tuple[str, ...]) -> None:
+def require(inv: Inventory, hosts: list[str], phases: list[str] | tuple[str, ...], reboot: str | None = None) -> None:
     """InventoryError naming every variable a run of these phases on these hosts would need and does not have."""
-    problems = required_problems(inv, hosts, list(phases))
+    problems = required_problems(inv, hosts, list(phases), reboot)
     if problems:
         raise InventoryError(problems)
 
 
-def required_problems(inv: Inventory, hosts: list[str], phases: list[str]) -> list[str]:
+def required_problems(inv: Inventory, hosts: list[str], phases: list[str], reboot: str | None = None) -> list[str]:
     """One line per variable the roles of these phases (and the facts step) require of these hosts that the inventory
-    leaves unset or empty: said before a run that would need it, and by `inventory check` for every phase."""
+    leaves unset or empty, and per host whose phases talk to the PVE API without its address or a secret for it:
+    said before a run that would need them, and by `inventory check` for every phase. `reboot` is the run's
+    --reboot, where it gives one."""
     playbooks = ("facts", *phases)
     found = [
         (host.where(var) if var in host.vars else host.where(), host.name, problem)
         for host in (inv.hosts[name] for name in sorted(hosts))
         for var, problem in arg_specs.missing(host.groups, host.vars, playbooks)
     ]
+    found += [p for name in sorted(hosts) for p in _check_api(inv.hosts[name], phases, reboot)]
     return _per_source(found)
+
+
+def _api_use(host: Host, phases: list[str], reboot: str | None) -> tuple[str, bool] | None:
+    """(what talks to the PVE API for this host in these phases, whether only a password will do), or None. PVE lets
+    only root@pam's password change devN entries and bind mounts, never an API token."""
+    v = host.vars
+    if GPU_CONTAINERS in host.groups:
+        source = v.get("sglang_model_source")
+        if "gpu" in phases and v.get("gpu_passthrough_api_backend", "https") == "https":
+            return "the gpu phase writes its devN entries through the PVE API", True
+        if "sglang" in phases and isinstance(source, dict) and source.get("type") == "node_dir":
+            return "the sglang phase bind-mounts its model directory through the PVE API", True
+        return None
+    rebooting = (reboot or v.get("kernel_cmdline_reboot", "auto")) != "never"
+    if PROXMOX_HOSTS in host.groups and rebooting and {"kernel", "driver"} & set(phases):
+        return "before a reboot, the kernel and driver phases read its guests, quorum and HA through the PVE API", False
+    return None
+
+
+def _check_api(host: Host, phases: list[str], reboot: str | None) -> list[tuple[str, str, str]]:
+    use = _api_use(host, phases, reboot)
+    if use is None:
+        return []
+    what, password_only = use
+    v = host.vars
+    if not v.get("proxmox_api_host"):
+        return [(host.where(), host.name, f"proxmox_api_host: missing or empty: {what}")]
+    token = v.get("proxmox_api_token_id") and v.get("proxmox_api_token_secret")
+    if v.get("proxmox_api_password") or (token and not password_only):
+        return []
+    secret = (
+        "proxmox_api_password (root@pam's; PVE refuses API tokens there)"
+        if password_only
+        else ("proxmox_api_password, or proxmox_api_token_id with proxmox_api_token_secret")
+    )
+    return [(host.where(), host.name, f"{secret}: missing or empty: {what}")]
 
 
 def unknown_variable_warnings(inv: Inventory) -> list[str]:

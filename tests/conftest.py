@@ -38,16 +38,26 @@ def pytest_collection_modifyitems(items):
 
 # the one variable the roles require of every container (roles/sglang/meta/argument_specs.yml)
 CONTAINER_VARS = {"sglang_model_path": "/srv/models/test-model"}
+# what a run needs to reach the PVE API from the hosts whose phases use it (provision/inventory.py _api_use): an
+# address in TEST-NET-1, the password from the environment
+API_VARS = {
+    "proxmox_api_host": "192.0.2.1",
+    "proxmox_api_password": "{{ lookup('ansible.builtin.env', 'PROXMOX_PASSWORD') }}",
+}
+API_GROUPS = ("gpu_containers", "proxmox_hosts")
 
 
 def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> Path:
-    """hosts: {group: {host: vars}}; gpu_containers get CONTAINER_VARS in their group_vars unless the test sets them."""
+    """hosts: {group: {host: vars}}; gpu_containers get CONTAINER_VARS, and both groups API_VARS, in their group_vars
+    unless the test sets them."""
     path.mkdir(parents=True, exist_ok=True)
     doc = {"all": {"children": {g: {"hosts": h} for g, h in hosts.items()}}}
     (path / "hosts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     group_vars = {**(group_vars or {})}
     if "gpu_containers" in hosts:
         group_vars["gpu_containers"] = {**CONTAINER_VARS, **group_vars.get("gpu_containers", {})}
+    for group in (g for g in API_GROUPS if g in hosts):
+        group_vars[group] = {**API_VARS, **group_vars.get(group, {})}
     if group_vars:
         (path / "group_vars").mkdir(exist_ok=True)
         for group, values in group_vars.items():

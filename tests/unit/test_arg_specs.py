@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from provision import arg_specs, cli
+from provision import arg_specs, cli, inventory
 from tests.unit.test_inventory import GOOD_HOSTS, make
 
 
@@ -65,3 +65,44 @@ def test_templated_and_vaulted_values_are_left_to_the_roles(tmp_path, capsys):
         "gpu_containers": "sglang_model_path: \"{{ '/srv/' ~ 'm' }}\"\nsglang_tp_size: \"{{ 1 + 1 }}\"\n",
     })  # fmt: skip
     assert _check(root, capsys)[:2] == (0, [])
+
+
+NO_API = "proxmox_api_port: 8006\n"  # a proxmox_api_ variable: make() then adds no address or password
+
+
+def test_a_phase_that_talks_to_the_pve_api_needs_its_address_and_a_secret_for_it(tmp_path, capsys):
+    """No API address at all: every host whose phases use the API is named, before anything runs. The gpu phase's
+    devN entries take only root@pam's password, so a token serves the nodes' reboot checks but not the containers."""
+    root = make(tmp_path, GOOD_HOSTS, {"all": NO_API, "gpu_containers": "sglang_model_path: /srv/m\n"})
+    code, errors, _ = _check(root, capsys)
+    assert code == 2
+    assert errors == [
+        f"{root}/hosts.yml:9: host ct1: proxmox_api_host: missing or empty: the gpu phase writes its devN entries "
+        "through the PVE API",
+        f"{root}/hosts.yml:5: host pve1: proxmox_api_host: missing or empty: before a reboot, the kernel and driver "
+        "phases read its guests, quorum and HA through the PVE API",
+    ], errors
+    token = NO_API + "proxmox_api_host: 192.0.2.1\nproxmox_api_token_id: provision\nproxmox_api_token_secret: x\n"
+    (root / "group_vars" / "all.yml").write_text(token)
+    code, errors, _ = _check(root, capsys)
+    assert (code, errors) == (2, [
+        f"{root}/hosts.yml:9: host ct1: proxmox_api_password (root@pam's; PVE refuses API tokens there): missing or "
+        "empty: the gpu phase writes its devN entries through the PVE API",
+    ])  # fmt: skip
+
+
+def test_hosts_whose_phases_leave_the_api_alone_need_no_credentials(tmp_path, capsys):
+    """The ssh backend for devN, and nodes that never reboot: nothing talks to the API. A run of phases that do not
+    use it (`apply --tags sglang`) is not stopped for it either, nor one with --reboot never on the nodes."""
+    root = make(tmp_path, GOOD_HOSTS, {
+        "all": NO_API,
+        "gpu_containers": "sglang_model_path: /srv/m\ngpu_passthrough_api_backend: ssh\n",
+        "proxmox_hosts": "kernel_cmdline_reboot: never\n",
+    })  # fmt: skip
+    assert _check(root, capsys)[:2] == (0, [])
+    (tmp_path / "bare").mkdir()
+    bare = make(tmp_path / "bare", GOOD_HOSTS, {"all": NO_API, "gpu_containers": "sglang_model_path: /m\n"})
+    inv = inventory.load(bare)
+    assert inventory.required_problems(inv, ["ct1", "pve1"], ["sglang"]) == []
+    named = inventory.required_problems(inv, ["ct1", "pve1"], ["kernel", "gpu"], reboot="never")
+    assert [line.split(": ")[1] for line in named] == ["host ct1"], named

@@ -23,7 +23,7 @@ import yaml
 
 from provision import cli
 from provision.inventory import GIVE_THE_VAULT_PASSWORD
-from tests.conftest import CONTAINER_VARS, vault_encrypt, vault_encrypt_string
+from tests.conftest import API_VARS, CONTAINER_VARS, vault_encrypt, vault_encrypt_string
 from tests.faults import NOT_SHOWN, Row
 from tests.unit.test_inventory import GOOD_HOSTS
 from tests.unit.test_json_envelope import SCHEMA
@@ -421,10 +421,13 @@ def _pattern(sees: str) -> re.Pattern:
 
 
 def _write(root: Path, files: dict[str, str | bytes]) -> None:
-    """The inventory's files; its containers get the model path the roles require (tests/conftest.py) unless the
-    case writes their group_vars itself."""
+    """The inventory's files; its containers get the model path the roles require, and both groups the PVE API's
+    address and password (tests/conftest.py), unless the case writes their group_vars itself."""
+    api = {} if any("proxmox_api_" in str(c) for c in files.values()) else API_VARS  # the case's own, else these
     if "group_vars/gpu_containers.yml" not in files:
-        files = {**files, "group_vars/gpu_containers.yml": yaml.safe_dump(CONTAINER_VARS)}
+        files = {**files, "group_vars/gpu_containers.yml": yaml.safe_dump({**CONTAINER_VARS, **api})}
+    if api and "group_vars/proxmox_hosts.yml" not in files:
+        files = {**files, "group_vars/proxmox_hosts.yml": yaml.safe_dump(api)}
     for name, content in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)

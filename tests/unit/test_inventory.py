@@ -10,10 +10,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provision import inventory, secrets
 from provision.errors import InventoryError
-from tests.conftest import vault_encrypt, vault_encrypt_string
+from tests.conftest import API_GROUPS, API_VARS, vault_encrypt, vault_encrypt_string
 
 GOOD_HOSTS = """\
 all:
@@ -31,10 +32,15 @@ all:
 
 
 def make(tmp_path: Path, hosts: str, group_vars: dict[str, str] | None = None) -> Path:
+    """The inventory; both groups get the PVE API's address and password (tests/conftest.py API_VARS) after what the
+    test writes into their group_vars, unless the test sets a proxmox_api_ variable itself."""
     root = tmp_path / "inv"
     root.mkdir()
     (root / "hosts.yml").write_text(textwrap.dedent(hosts))
-    for name, text in (group_vars or {}).items():
+    group_vars = dict(group_vars or {})
+    for group in API_GROUPS if not any("proxmox_api_" in text for text in group_vars.values()) else ():
+        group_vars[group] = textwrap.dedent(group_vars.get(group, "")) + yaml.safe_dump(API_VARS)
+    for name, text in group_vars.items():
         (root / "group_vars").mkdir(exist_ok=True)
         (root / "group_vars" / f"{name}.yml").write_text(textwrap.dedent(text))
     return root
