@@ -16,7 +16,7 @@ from provision import inventory as inventory_mod
 from provision.errors import Interrupted, ProvisionError, UsageError
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, SUMMARY, RunRecord
-from provision.runner import RunResult, run_playbook
+from provision.runner import RunResult, UserOptions, base_extravars, run_playbook
 
 PHASES = ("kernel", "driver", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
@@ -42,20 +42,32 @@ class ApplyOptions:
     vault: inventory_mod.VaultOptions = field(default_factory=inventory_mod.VaultOptions)
     full: bool = False  # run every phase's tasks, even where its recorded fingerprint still holds
     break_lock: bool = False  # take a host lock another controller's run holds (never a live run of this one)
+    user: UserOptions = field(default_factory=UserOptions)  # --extra-vars, --skip-tags, -v: ansible-playbook's own
 
 
-def parse_tags(text: str | None) -> list[str]:
-    """The phases --tags names; none given: every phase. A blank --tags is refused: it would run every phase."""
+def parse_tags(text: str | None, flag: str = "--tags") -> list[str]:
+    """The phases --tags (or --skip-tags) names; none given: none. A blank one is refused: --tags would run every
+    phase, and --skip-tags leave none out."""
     if text is None:
         return []
     tags = [t.strip() for t in text.split(",") if t.strip()]
     if not tags:
         phases = ", ".join(PHASES)
-        raise UsageError(f"--tags is empty: it would run every phase; name phases ({phases}) or leave it out")
+        does = "would run every phase" if flag == "--tags" else "leaves no phase out"
+        raise UsageError(f"{flag} is empty: it {does}; name phases ({phases}) or leave it out")
     unknown = [t for t in tags if t not in PHASES]
     if unknown:
-        raise UsageError(f"--tags: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
+        raise UsageError(f"{flag}: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     return tags
+
+
+def user_extra_problems(inv, opts: ApplyOptions) -> list[str]:
+    """--extra-vars that would replace what provision sets itself for the run (its own facts, the host lock's
+    request, --reboot and --full) or a role's internal variable (a leading underscore): refused, naming them."""
+    own = {*base_extravars(), *_extravars(opts), "provision_lock"}
+    given = next(iter(inv.hosts.values())).extra if inv.hosts else frozenset()
+    clash = sorted(n for n in given if n in own or n.startswith("_"))
+    return [f"--extra-vars {n}: provision sets it itself for this run (or a role keeps it to itself)" for n in clash]
 
 
 def _extravars(opts: ApplyOptions) -> dict[str, Any]:
@@ -64,7 +76,9 @@ def _extravars(opts: ApplyOptions) -> dict[str, Any]:
         if opts.reboot not in ("auto", "never"):
             raise UsageError(f"--reboot: expected auto or never, got {opts.reboot!r}")
         extra["kernel_cmdline_reboot"] = opts.reboot
-        # a serving container restarted for a pending devN or nesting change is a reboot too: never is never
+        # the driver phase's own reboot, and a serving container restarted for a pending devN or nesting change, are
+        # reboots too: never is never, whatever the inventory sets for them
+        extra["nvidia_driver_reboot"] = opts.reboot
         extra["gpu_passthrough_restart"] = opts.reboot
     if opts.full:
         extra["provision_state_skip"] = False
@@ -79,7 +93,10 @@ def apply(
 
     Raises LockHeld when another run holds the inventory, and Interrupted, once the record is written, when
     SIGINT or SIGTERM stopped the run. `progress` hears the run as it goes (silent when left out)."""
-    inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
+    inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking, opts.user.extra_vars)
+    clashes = user_extra_problems(inv, opts)
+    if clashes:
+        raise UsageError("; ".join(clashes))
     scope = inv.scope(opts.limit)
     lock_set = None if opts.check else locks.LockSet.of(inv, scope)
     with RunRecord(opts.runs_dir, kind, inv) as record, ExitStack() as stack:
@@ -107,7 +124,7 @@ def _converge(opts, inv, scope, record: RunRecord, progress: Progress, kind, pla
         result = run_playbook(
             playbook, inv.path, record=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
             check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
-            vault=opts.vault, raise_interrupt=False,
+            vault=opts.vault, raise_interrupt=False, user=opts.user,
             progress=progress.playbook(f"provision {kind} --inventory {opts.inventory}"),
         )  # fmt: skip
     result.host_states = host_states(result, scope)

@@ -138,6 +138,18 @@ def _ansible_opts(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _playbook_opts(p: argparse.ArgumentParser, skip: bool = True) -> None:
+    """ansible-playbook's own options, with its meanings, for the commands that converge."""
+    p.add_argument(
+        "--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE|YAML|@FILE",
+        help="as ansible-playbook's (repeatable): variables above every inventory value, checked as the inventory's",
+    )  # fmt: skip
+    if skip:
+        p.add_argument("--skip-tags", help="comma-separated phases to leave out")
+    p.add_argument("--verbose", "-v", action="count", default=0, help="as ansible-playbook's, up to -vvvv")
+    p.add_argument("--list-hosts", action="store_true", help="print the hosts the run would reach, and run nothing")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="provision",
@@ -159,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     _full(p)
     _break_lock(p)
     _runs_dir(p)
+    _playbook_opts(p)
 
     p = sub.add_parser("rollback", help="restore the previous kernel command line of nodes and reboot them")
     _common(p)
@@ -173,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
     _full(p)
     _runs_dir(p)
+    _playbook_opts(p)
 
     p = sub.add_parser("verify", help="prove the deployment: every host read once through Ansible, then the checks")
     _common(p)
@@ -285,11 +299,17 @@ def _load(args: argparse.Namespace, err: Console):
     environment's) kept for main() to scrub the error lines and the JSON envelope with."""
     from provision import inventory, present, secrets
 
-    inv = inventory.load(args.inventory, _vault(args), args.host_key_checking)
+    inv = inventory.load(args.inventory, _vault(args), args.host_key_checking, _extra_vars(args))
     present.print_warnings(err, inv.warnings)
     args.secrets = secrets.values(inv)
     _runs_dir_outside(getattr(args, "runs_dir", None), inv.path)
     return inv
+
+
+def _extra_vars(args: argparse.Namespace) -> tuple[str, ...]:
+    from provision import inventory
+
+    return inventory.absolute_extra_vars(getattr(args, "extra_vars", None) or [])
 
 
 def _runs_dir_outside(runs_dir: Path | None, inventory: Path) -> None:
@@ -325,6 +345,7 @@ def _cmd_inventory_check(args: argparse.Namespace, out: Console, err: Console) -
 
 def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: Any):
     from provision import apply as apply_mod
+    from provision import runner
 
     fields = {
         "inventory": args.inventory,
@@ -335,6 +356,11 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
         "reboot": None if plan else args.reboot,
         "full": getattr(args, "full", False),
         "break_lock": getattr(args, "break_lock", False),
+        "user": runner.UserOptions(
+            _extra_vars(args),
+            tuple(apply_mod.parse_tags(getattr(args, "skip_tags", None), "--skip-tags")),
+            min(getattr(args, "verbose", 0), 4),
+        ),
     }
     return apply_mod.ApplyOptions(**{**fields, **overrides})
 
@@ -381,8 +407,15 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
 
     opts = _apply_options(args, plan)
     inv = _load(args, err)
-    # validate before asking anything: the scope, and what the roles of the chosen phases require of it
-    inventory.require(inv, inv.scope(args.limit), opts.tags or apply_mod.PHASES, opts.reboot)
+    # validate before asking anything: the scope, --extra-vars, and what the roles of the chosen phases require of it
+    scope = inv.scope(args.limit)
+    clashes = apply_mod.user_extra_problems(inv, opts)
+    if clashes:
+        raise UsageError("; ".join(clashes))
+    phases = [p for p in opts.tags or apply_mod.PHASES if p not in opts.user.skip_tags]
+    inventory.require(inv, scope, phases, opts.reboot)
+    if args.list_hosts:
+        return _list_hosts(out, args, inv, scope)
     if not plan:
         _confirm(args, err)
     result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")
@@ -394,6 +427,21 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
         present.print_apply(out, result, title, show_diff=opts.diff)
     code = _plan_exit(result.host_states) if plan else (EXIT_OK if result.succeeded else EXIT_FAILED)
     return Outcome(code, data, result.host_states, locks.held_errors(result))
+
+
+def _list_hosts(out: Console, args: argparse.Namespace, inv, scope: list[str]) -> Outcome:
+    """--list-hosts: the hosts the run would reach, by group, as ansible-playbook lists them; nothing runs."""
+    from provision import inventory
+
+    groups = {
+        g: [h for h in scope if g in inv.hosts[h].groups] for g in (inventory.PROXMOX_HOSTS, inventory.GPU_CONTAINERS)
+    }
+    if not args.json:
+        for group, names in groups.items():
+            out.print(f"{group} ({len(names)}):", highlight=False)
+            for name in names:
+                out.print(f"  {name}", highlight=False, markup=False)
+    return Outcome(EXIT_OK, {"hosts": groups})
 
 
 def _checks_hosts(checks) -> dict[str, str]:

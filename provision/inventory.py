@@ -109,14 +109,17 @@ class Host:
     vars: dict[str, Any] = field(default_factory=dict)
     origin: str = ""  # where the host is defined (file:line), else the inventory source
     source: str = ""  # the inventory source
+    extra: frozenset[str] = frozenset()  # the variables --extra-vars sets (above every inventory value)
 
     def value(self, name: str, default: Any = None) -> Any:
         return self.vars.get(name, default)
 
     def where(self, name: str | None = None) -> str:
-        """`file:line` of a variable (or of the host itself), as Ansible recorded it."""
+        """`file:line` of a variable (or of the host itself), as Ansible recorded it; --extra-vars for one it sets."""
         if name is None:
             return self.origin
+        if name in self.extra:
+            return "--extra-vars"
         # a value Ansible keeps no origin for (true/false, None): only the inventory is known
         return _origin(self.vars.get(name)) or self.source
 
@@ -335,7 +338,42 @@ def _vault_secrets(loader: Any, vault: VaultOptions) -> None:
     VaultSecretsContext._current = VaultSecretsContext(found)  # set, not initialize(): load() may run twice
 
 
-def _ansible_load(source: Path, vault: VaultOptions) -> Inventory:
+def absolute_extra_vars(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """--extra-vars as given, an `@FILE` made absolute: ansible-playbook reads it from the working directory, and the
+    run's own is another."""
+    return tuple(f"@{Path(v.strip()[1:]).resolve()}" if v.strip().startswith("@") else v for v in values)
+
+
+def parse_extra_vars(loader, values: tuple[str, ...]) -> dict[str, Any]:
+    """--extra-vars by ansible-playbook's rules (ansible.utils.vars.load_extra_vars): `@FILE` is YAML or JSON read by
+    Ansible's loader (a vaulted file decrypted with the run's vault secrets), `{...}` or `[...]` is YAML, anything
+    else key=value pairs (parse_kv); later ones win, and each must be a mapping. load_extra_vars itself keeps the
+    first result it makes for the rest of the process, and provision loads inventories more than once in one."""
+    from ansible.parsing.splitter import parse_kv
+    from ansible.utils.vars import combine_vars
+
+    found: dict[str, Any] = {}
+    for value in values:
+        try:
+            if value.startswith("@"):
+                data = loader.load_from_file(value[1:], trusted_as_template=True)
+            elif value[:1] in ("/", "."):
+                raise UsageError(f"--extra-vars {value}: a file is given as @{value}")
+            elif value[:1] in ("[", "{"):
+                data = loader.load(value)
+            else:
+                data = parse_kv(value)
+        except UsageError:
+            raise
+        except Exception as exc:  # AnsibleError and its subclasses: a file that cannot be read or parsed
+            raise UsageError(f"--extra-vars {value}: {one_line(str(exc))}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"--extra-vars {value}: not a mapping of variables")
+        found = combine_vars(found, data)
+    return found
+
+
+def _ansible_load(source: Path, vault: VaultOptions, extra_vars: tuple[str, ...] = ()) -> Inventory:
     """Parse with ansible-core's InventoryManager and VariableManager; raise one line per failure."""
     from ansible import context
     from ansible.inventory.manager import InventoryManager
@@ -355,12 +393,14 @@ def _ansible_load(source: Path, vault: VaultOptions) -> Inventory:
         if problems and not manager.hosts:
             raise InventoryError(problems)
         variables = VariableManager(loader=loader, inventory=manager)
+        given = parse_extra_vars(loader, extra_vars)
+        extra = frozenset(given)
         inv = Inventory(path=source, vault=vault, manager=manager, loader=loader)
         for host in manager.get_hosts():
-            hostvars = variables.get_vars(host=host, include_hostvars=False)
+            hostvars = {**variables.get_vars(host=host, include_hostvars=False), **given}  # above every other value
             groups = {g.name for g in host.get_groups()}
             origin = _origin(host.name) or str(source)
-            inv.hosts[host.name] = Host(str(host.name), groups, dict(hostvars), origin, str(source))
+            inv.hosts[host.name] = Host(str(host.name), groups, dict(hostvars), origin, str(source), extra)
         for name, group in manager.groups.items():
             inv.groups[name] = {h.name for h in group.get_hosts()}
     except (InventoryError, UsageError):
@@ -738,8 +778,11 @@ def _api_use(host: Host, phases: list[str], reboot: str | None) -> tuple[str, bo
         if "sglang" in phases and isinstance(source, dict) and source.get("type") == "node_dir":
             return "the sglang phase bind-mounts its model directory through the PVE API", True
         return None
-    rebooting = (reboot or v.get("kernel_cmdline_reboot", "auto")) != "never"
-    if PROXMOX_HOSTS in host.groups and rebooting and {"kernel", "driver"} & set(phases):
+    kernel = reboot or v.get("kernel_cmdline_reboot", "auto")
+    driver = v.get("nvidia_driver_reboot")  # the driver phase's own, which follows the kernel phase's by default
+    driver = kernel if reboot or driver is None or is_template(driver) else driver  # --reboot sets both
+    rebooting = ("kernel" in phases and kernel != "never") or ("driver" in phases and driver != "never")
+    if PROXMOX_HOSTS in host.groups and rebooting:
         return "before a reboot, the kernel and driver phases read its guests, quorum and HA through the PVE API", False
     return None
 
@@ -749,11 +792,15 @@ def _check_api(host: Host, phases: list[str], reboot: str | None) -> list[tuple[
     if use is None:
         return []
     what, password_only = use
-    v = host.vars
-    if not v.get("proxmox_api_host"):
+
+    def given(name: str) -> bool:  # a vaulted value is given, and is not decrypted here to say so
+        value = host.vars.get(name)
+        return from_vault(value) or is_template(value) or bool(value)
+
+    if not given("proxmox_api_host"):
         return [(host.where(), host.name, f"proxmox_api_host: missing or empty: {what}")]
-    token = v.get("proxmox_api_token_id") and v.get("proxmox_api_token_secret")
-    if v.get("proxmox_api_password") or (token and not password_only):
+    token = given("proxmox_api_token_id") and given("proxmox_api_token_secret")
+    if given("proxmox_api_password") or (token and not password_only):
         return []
     secret = (
         "proxmox_api_password (root@pam's; PVE refuses API tokens there)"
@@ -959,10 +1006,16 @@ def plain_text_secret_warnings(inv: Inventory) -> list[str]:
     return warnings
 
 
-def load(name_or_path: str | Path, vault: VaultOptions | None = None, host_key_checking: bool = True) -> Inventory:
-    """Load with Ansible, check the contract, and return it; raise InventoryError listing every problem."""
+def load(
+    name_or_path: str | Path,
+    vault: VaultOptions | None = None,
+    host_key_checking: bool = True,
+    extra_vars: tuple[str, ...] = (),
+) -> Inventory:
+    """Load with Ansible, check the contract, and return it; raise InventoryError listing every problem. `extra_vars`
+    (--extra-vars, absolute_extra_vars) are every host's variables above the inventory's, checked as they are."""
     source = resolve(name_or_path)
-    inv = _ansible_load(source, vault or VaultOptions())
+    inv = _ansible_load(source, vault or VaultOptions(), extra_vars)
     inv.host_key_checking = host_key_checking
     problems = validate(inv, host_key_checking)
     if problems:

@@ -374,6 +374,35 @@ def _prepare(pdd: Path) -> None:
     (pdd / "env" / "settings").write_text(json.dumps({"pexpect_timeout": 1}))
 
 
+@dataclass(frozen=True)
+class UserOptions:
+    """ansible-playbook's own options, as the user gave them to provision: --extra-vars (above every inventory value;
+    an @FILE made absolute), --skip-tags (phases) and -v (its verbosity)."""
+
+    extra_vars: tuple[str, ...] = ()
+    skip_tags: tuple[str, ...] = ()
+    verbosity: int = 0
+
+    def extra_vars_files(self, pdd: Path) -> list[str]:
+        """--extra-vars for ansible-playbook, each as `@FILE`: an inline value (which may hold a secret) is written to
+        a file of the run's private data dir, so that it is on no command line; key=value pairs as the JSON mapping
+        Ansible makes of them (strings, as parse_kv gives them)."""
+        from ansible.parsing.splitter import parse_kv
+
+        found = []
+        for i, value in enumerate(self.extra_vars):
+            if value.startswith("@"):
+                found.append(value)
+                continue
+            path = pdd / f"extra-vars-{i}.yml"
+            text = value if value[:1] in ("[", "{") else json.dumps(parse_kv(value))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            found.append(f"@{path}")
+        return found
+
+
 @dataclass
 class PlaybookConfig:
     """One run's settings, as ansible-runner's RunnerConfig holds them; `runner_args` makes them the arguments
@@ -389,6 +418,8 @@ class PlaybookConfig:
     extravars: dict[str, Any] | None = None
     host_key_checking: bool = True
     vault: VaultOptions | None = None
+    # the user's own ansible-playbook options: --extra-vars (absolute @FILE), --skip-tags, -v
+    user: UserOptions | None = None
 
     @property
     def playbook_path(self) -> Path:
@@ -400,6 +431,8 @@ class PlaybookConfig:
         _prepare(pdd)
         cmdline = (["--check"] if self.check else []) + (["--diff"] if self.diff else [])
         cmdline += (self.vault or VaultOptions()).playbook_args()
+        user = self.user or UserOptions()
+        cmdline += [a for value in user.extra_vars_files(pdd) for a in ("--extra-vars", value)]
         return {
             "private_data_dir": str(pdd),
             "project_dir": str(playbooks_dir()),
@@ -409,9 +442,11 @@ class PlaybookConfig:
             "extravars": {**base_extravars(), **(self.extravars or {})},
             "limit": self.limit,
             "tags": ",".join(self.tags) if self.tags else None,
+            "skip_tags": ",".join(user.skip_tags) if user.skip_tags else None,
+            "verbosity": user.verbosity or None,
             "cmdline": shlex.join(cmdline) or None,  # runner splits it with shlex
             "suppress_env_files": True,
-            "quiet": True,
+            "quiet": not user.verbosity,  # -v: Ansible's own output too
             "ident": "run",
         }
 
@@ -432,6 +467,7 @@ def run_playbook(
     progress: Any = None,
     raise_interrupt: bool = True,
     cancel: Callable[[], bool] | None = None,
+    user: UserOptions | None = None,
 ) -> RunResult:
     """Run one packaged playbook against an inventory directory and return what happened.
 
@@ -444,7 +480,7 @@ def run_playbook(
     `cancel()` turning true (a run in another thread, which no signal reaches), with runner's status `canceled`.
     """
     config = PlaybookConfig(
-        playbook, inventory, host_count, limit, tags, check, diff, extravars, host_key_checking, vault
+        playbook, inventory, host_count, limit, tags, check, diff, extravars, host_key_checking, vault, user
     )
     if not config.playbook_path.is_file():
         raise ProvisionError(f"{config.playbook_path}: packaged playbook not found")

@@ -56,12 +56,18 @@ class OneShotLost(Unavailable):
     """The firmware refused the one-shot, or did not keep it: found only once the entry is written."""
 
 
+def efi_write_refused(rc: int, said: str) -> bool:
+    """Whether bootctl failed because the EFI variable write failed (its words for it), not for another reason."""
+    return rc != 0 and "EFI variable" in said
+
+
 def oneshot_lost(rc: int, said: str, read_back: str | None) -> str | None:
-    """Why `bootctl set-oneshot provision-trial.conf` armed nothing, from its exit code and words and the
-    LoaderEntryOneShot value read back after it, or None where the one-shot is armed. Some firmware refuses or drops
+    """Why `bootctl set-oneshot provision-trial.conf` armed nothing, from its exit code and words (a failed write of
+    the variable: efi_write_refused) and the LoaderEntryOneShot value read back after it, or None where the one-shot
+    is armed. Some firmware refuses or drops
     EFI variable writes, which is why Proxmox's own one-shot (proxmox-kernel-helper's `proxmox-boot-tool kernel pin
     --next-boot`) writes loader.conf instead."""
-    if rc != 0:
+    if rc != 0:  # bootctl's words for a write efivarfs failed (src/boot/bootctl: "Failed to update EFI variable")
         said = said.strip()[-200:]
         return f"the firmware refused systemd-boot's one-shot (bootctl set-oneshot {SDBOOT_ENTRY}: {said})"
     if (read_back or "").lower() != SDBOOT_ENTRY:

@@ -130,7 +130,7 @@ def lines(reads: dict) -> list[dict]:
         grub.append((f"one-shot GRUB entry {entry} (grub-reboot)", line))
     text = reads.get("kernel_cmdline")
     if text is not None:
-        line = (text.strip().splitlines() or [""])[0].strip()
+        line = text.partition("\n")[0].strip()  # its first line, as the kernel_cmdline module reads and writes it
         sdboot.append((f"{KERNEL_CMDLINE} (every loader entry at the next proxmox-boot-tool refresh)", line))
     oneshot = reads.get("oneshot")
     if oneshot:

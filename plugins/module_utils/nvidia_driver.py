@@ -167,6 +167,15 @@ def secure_boot_problem(on: bool, certificate: str, exists: bool, test_key: str 
     return f"Secure Boot is on, and {certificate} is not an enrolled MOK"
 
 
+def secure_boot_remedy(certificate: str, exists: bool) -> str:
+    """What makes the module load under Secure Boot: the certificate enrolled as a MOK (made first, with its key, where
+    it does not exist yet)."""
+    enrol = f"enrol it (mokutil --import {certificate}, then confirm in MokManager at the node's console as it reboots)"
+    if exists:
+        return enrol
+    return f"make it and its key first (openssl, as dkms's README shows under Module signing), then {enrol}"
+
+
 def installer_args(base: list[str], running_driver_stays: bool) -> list[str]:
     """The installer's arguments: `base` (the inventory's), plus the flag without which a silent install aborts
     while an NVIDIA module that could not be unloaded is still loaded (then a reboot loads the new one)."""

@@ -438,6 +438,8 @@ class SdbootTrial:
                 replace_file(os.path.join(entries, boot_trial.SDBOOT_ENTRY), text)
                 written.append(f"{uuid}:loader/entries/{boot_trial.SDBOOT_ENTRY} (a copy of {default})")
         rc, out, err = self.module.run_command(["bootctl", "set-oneshot", boot_trial.SDBOOT_ENTRY])
+        if rc != 0 and not boot_trial.efi_write_refused(rc, err or out):
+            raise TrialError(f"bootctl set-oneshot {boot_trial.SDBOOT_ENTRY} failed: {(err or out).strip()[-300:]}")
         lost = boot_trial.oneshot_lost(rc, err or out, efi_variable("LoaderEntryOneShot"))
         if lost:
             raise boot_trial.OneShotLost(lost)

@@ -131,8 +131,10 @@ secure_boot:
     "on": {description: Secure Boot is on, type: bool}
     certificate: {description: the signing certificate's path, type: str}
     problem: {description: why the module would not load, or null, type: str}
+    remedy: {description: what makes it load (the certificate made and enrolled), or null, type: str}
 """
 
+import glob
 import os
 from datetime import datetime
 
@@ -183,14 +185,17 @@ def secure_boot(module, args: list[str]) -> dict:
     except OSError:
         raw = None
     on = rules.secure_boot_on(raw)
-    certificate = rules.signing_certificate(boot_kernel.read_text(rules.DKMS_FRAMEWORK), args)
+    # dkms reads framework.conf, then framework.conf.d/*.conf in order: the last mok_certificate wins
+    confs = [rules.DKMS_FRAMEWORK, *sorted(glob.glob(rules.DKMS_FRAMEWORK + ".d/*.conf"))]
+    certificate = rules.signing_certificate("\n".join(boot_kernel.read_text(c) or "" for c in confs), args)
     exists, said = os.path.exists(certificate), None
     tool = module.get_bin_path("mokutil") if on and exists else None
     if tool:
         _, out, err = module.run_command([tool, "--test-key", certificate])
         said = out + err
     problem = rules.secure_boot_problem(on, certificate, exists, said)
-    return {"on": on, "certificate": certificate, "problem": problem}
+    return {"on": on, "certificate": certificate, "problem": problem,
+            "remedy": rules.secure_boot_remedy(certificate, exists) if problem else None}  # fmt: skip
 
 
 def input_problems(params: dict) -> list[str]:

@@ -213,17 +213,31 @@ def download(hf, p, staging: str, expected: dict) -> None:
         raise WeightsError(f"{target}: downloaded file does not match the hub's record ({problem}); removed it")
 
 
+def staging_of_this_revision(p) -> bool:
+    """Whether the staging directory holds files of this repo and revision (its record says so)."""
+    mark = os.path.join(p["path"], ms.STAGING, ms.STAGING_RECORD)
+    return read_json(mark) == {"repo": p["repo"], "revision": p["revision"]}
+
+
+def drop_other_staging(p, check_mode: bool) -> int:
+    """A staging directory of another revision goes (in check mode it stays, and would go); the bytes it held."""
+    staging = os.path.join(p["path"], ms.STAGING)
+    if not os.path.isdir(staging) or staging_of_this_revision(p):
+        return 0
+    held = sum(os.path.getsize(os.path.join(staging, n)) for n in ms.files_under(staging))
+    if not check_mode:
+        shutil.rmtree(staging, ignore_errors=True)
+    return held
+
+
 def staging_for(p) -> str:
     """The staging directory for this repo and revision: what an earlier run of them verified there stays (a failed
     or killed run resumes), a staging of any other revision goes."""
     staging = os.path.join(p["path"], ms.STAGING)
-    mark = os.path.join(staging, ms.STAGING_RECORD)
-    wanted = {"repo": p["repo"], "revision": p["revision"]}
-    if read_json(mark) != wanted:
-        shutil.rmtree(staging, ignore_errors=True)
+    drop_other_staging(p, check_mode=False)
     os.makedirs(staging, mode=0o755, exist_ok=True)
-    with open(mark, "w") as handle:
-        json.dump(wanted, handle)
+    with open(os.path.join(staging, ms.STAGING_RECORD), "w") as handle:
+        json.dump({"repo": p["repo"], "revision": p["revision"]}, handle)
     return staging
 
 
@@ -286,10 +300,12 @@ def run(module) -> dict:
     record, missing = sort_present(files, root, manifest)
     stale = [n for n in ms.recorded_not_listed(manifest, files) if os.path.lexists(os.path.join(root, n))]
     warn_unlisted(module, root, files, manifest)
-    # what a failed run of this revision left verified in the staging directory is not fetched again
-    resumed = staging_sizes(root, p, missing)
-    need = sum(f["size"] for f in missing) - resumed
-    problem = ms.space_problem(root, need, *ms.free_bytes(root))
+    # what a failed run of this revision left verified in the staging directory is not fetched again; a staging of
+    # another revision goes first (in check mode, its space counts as free)
+    reclaimed = drop_other_staging(p, module.check_mode)
+    need = sum(f["size"] for f in missing) - staging_sizes(root, p, missing)
+    where, free = ms.free_bytes(root)
+    problem = ms.space_problem(root, need, where, free + (reclaimed if module.check_mode else 0))
     if problem:
         raise WeightsError(problem)
     # the record is a cache of what was verified, not a change of the weights: changed means files to fetch or remove
@@ -304,7 +320,7 @@ def staging_sizes(root: str, p, missing: list[dict]) -> int:
     """The bytes of the missing files already in a staging directory of this revision, by their sizes (verified
     before use)."""
     staging = os.path.join(root, ms.STAGING)
-    if read_json(os.path.join(staging, ms.STAGING_RECORD)) != {"repo": p["repo"], "revision": p["revision"]}:
+    if not staging_of_this_revision(p):
         return 0
     found = [f for f in missing if os.path.isfile(os.path.join(staging, f["name"]))]
     return sum(f["size"] for f in found if os.path.getsize(os.path.join(staging, f["name"])) == f["size"])

@@ -71,7 +71,9 @@ def lines(probe: dict) -> list[dict]:
                  grub_configured=probe["commands"].get(" ".join(GRUB_CONFIGURED)), oneshot=_oneshot(probe),
                  trial_line=next_boot.trial_line(files.get(next_boot.TRIAL_RECORD)))  # fmt: skip
     running_line = probe.get("proc_cmdline") or ""
-    running = gpu_p2p.iommu_mode([], _json(probe, FINDINGS).get("iommu_default_domain"))
+    # this boot's mode as the P2P decision reads it: the GPUs' IOMMU groups, else the recorded log line
+    groups = list((probe.get("gpu_groups") or {}).values())
+    running = gpu_p2p.iommu_mode(groups, _json(probe, FINDINGS).get("iommu_default_domain"))
     wanted = _json(probe, WANTED)
     found = []
     for entry in next_boot.lines(reads):

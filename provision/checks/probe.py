@@ -56,6 +56,18 @@ def nvidia_nodes():
     return nodes
 
 
+def gpu_groups():
+    """{bus: its IOMMU group's type} for every NVIDIA GPU the driver sees (identity: not translated), as the
+    gpu_p2p_node module reads them for the P2P decision."""
+    groups = {}
+    gpus = "/proc/driver/nvidia/gpus"
+    for bus in sorted(os.listdir(gpus)) if os.path.isdir(gpus) else []:
+        kind = read(f"/sys/bus/pci/devices/{bus.lower()}/iommu_group/type")
+        if kind:
+            groups[bus.lower()] = kind.strip()
+    return groups
+
+
 def pve_devices(conf_dir="/etc/pve/lxc"):
     """{vmid: {path: is a device node here}} for every devN of this node's CTs (the running section of
     <vmid>.conf): PVE's prestart hook refuses to start a CT whose devN path is missing on its node."""
@@ -204,6 +216,7 @@ def main(request):
         "nvidia_nodes": nvidia_nodes(),
         "nvidia_module": read("/proc/driver/nvidia/version"),
         "pve_devices": pve_devices(),
+        "gpu_groups": gpu_groups(),
         "commands": {" ".join(argv): run(argv) for argv in request["commands"]},
     }
     state_text = out["files"].get(request.get("sglang_state", ""))

@@ -299,12 +299,19 @@ def test_under_secure_boot_an_unenrolled_signing_key_stops_the_phase_before_anyt
     failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
     assert failed == (
         "localhost: Secure Boot is on, and /var/lib/dkms/mok.pub does not exist yet (DKMS makes it, and its key, at "
-        "its first build): the kernel would refuse the NVIDIA module signed with it; enrol it (mokutil --import "
+        "its first build): the kernel would refuse the NVIDIA module signed with it; make it and its key first "
+        "(openssl, as dkms's README shows under Module signing), then enrol it (mokutil --import "
         "/var/lib/dkms/mok.pub, then confirm in MokManager at the node's console as it reboots), or set "
         "nvidia_driver_secure_boot_check: false to build anyway; nothing was changed"
     ), runs[-1][-3000:]
     assert changed_tasks(runs[-1]) == [] and section(runs[-1], "dkms") == ""
-    sh.before = SECURE_BOOT + " && mkdir -p /var/lib/dkms && echo cert > /var/lib/dkms/mok.pub"
+    # a site's own certificate, named where dkms reads its configuration last
+    conf_d = "/etc/dkms/framework.conf.d"
+    site = f" && mkdir -p {conf_d} && echo mok_certificate=/root/MOK.der > {conf_d}/a.conf"
+    sh.before = SECURE_BOOT + site
+    failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
+    assert failed.startswith("localhost: Secure Boot is on, and /root/MOK.der does not exist yet"), failed
+    sh.before = SECURE_BOOT + f" && rm {conf_d}/a.conf && mkdir -p /var/lib/dkms && echo cert > /var/lib/dkms/mok.pub"
     failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
     assert failed.startswith("localhost: Secure Boot is on, and /var/lib/dkms/mok.pub is not an enrolled MOK: "), failed
     assert changed_tasks(runs[-1]) == [] and section(runs[-1], "dkms") == ""
