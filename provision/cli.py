@@ -147,6 +147,8 @@ def _playbook_opts(p: argparse.ArgumentParser, skip: bool = True) -> None:
     if skip:
         p.add_argument("--skip-tags", help="comma-separated phases to leave out")
     p.add_argument("--verbose", "-v", action="count", default=0, help="as ansible-playbook's, up to -vvvv")
+    p.add_argument("--user", "-u", help="as ansible-playbook's: connect as this user where the inventory names none")
+    p.add_argument("--become", "-b", action="store_true", help="as ansible-playbook's: become root for every task")
     p.add_argument("--list-hosts", action="store_true", help="print the hosts the run would reach, and run nothing")
 
 
@@ -359,7 +361,7 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
         "user": runner.UserOptions(
             _extra_vars(args),
             tuple(apply_mod.parse_tags(getattr(args, "skip_tags", None), "--skip-tags")),
-            min(getattr(args, "verbose", 0), 4),
+            min(getattr(args, "verbose", 0), 4), getattr(args, "user", None), getattr(args, "become", False),
         ),
     }
     return apply_mod.ApplyOptions(**{**fields, **overrides})

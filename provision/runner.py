@@ -377,11 +377,14 @@ def _prepare(pdd: Path) -> None:
 @dataclass(frozen=True)
 class UserOptions:
     """ansible-playbook's own options, as the user gave them to provision: --extra-vars (above every inventory value;
-    an @FILE made absolute), --skip-tags (phases) and -v (its verbosity)."""
+    an @FILE made absolute), --skip-tags (phases), -v (its verbosity), -u and -b (below the inventory's
+    ansible_user and ansible_become, as in ansible-playbook)."""
 
     extra_vars: tuple[str, ...] = ()
     skip_tags: tuple[str, ...] = ()
     verbosity: int = 0
+    remote_user: str | None = None  # -u: the user to connect as, where the inventory names none
+    become: bool = False  # -b: become root for every task, where the inventory does not say
 
     def extra_vars_files(self, pdd: Path) -> list[str]:
         """--extra-vars for ansible-playbook, each as `@FILE`: an inline value (which may hold a secret) is written to
@@ -433,6 +436,7 @@ class PlaybookConfig:
         cmdline += (self.vault or VaultOptions()).playbook_args()
         user = self.user or UserOptions()
         cmdline += [a for value in user.extra_vars_files(pdd) for a in ("--extra-vars", value)]
+        cmdline += (["--user", user.remote_user] if user.remote_user else []) + (["--become"] if user.become else [])
         return {
             "private_data_dir": str(pdd),
             "project_dir": str(playbooks_dir()),

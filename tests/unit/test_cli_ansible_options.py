@@ -89,7 +89,8 @@ def test_skip_tags_leave_a_phase_out_of_the_checks_and_the_run(tmp_path, capsys)
         "--skip-tags is empty: it leaves no phase out; name phases (kernel, driver, gpu, sglang, verify) or leave it "
         "out"
     ])  # fmt: skip
-    argv = ["plan", "-i", str(root), "--skip-tags", "gpu", "-vvv", "-e", "@v.yml", "-e", "sglang_api_key=k-9f3e1d"]
+    argv = ["plan", "-i", str(root), "--skip-tags", "gpu", "-vvv", "-e", "@v.yml", "-e", "sglang_api_key=k-9f3e1d",
+            "-u", "ops", "-b"]  # fmt: skip
     opts = cli._apply_options(cli.build_parser().parse_args(argv), plan=True)
     config = runner.PlaybookConfig("site.yml", root, 2, user=opts.user)
     pdd = tmp_path / "pdd"
@@ -98,7 +99,8 @@ def test_skip_tags_leave_a_phase_out_of_the_checks_and_the_run(tmp_path, capsys)
     assert (got["skip_tags"], got["verbosity"], got["quiet"]) == ("gpu", 3, False)
     # an inline value is on no command line: a file of the run's private data dir, readable by its owner alone
     inline = pdd / "extra-vars-1.yml"
-    assert got["cmdline"].endswith(f"--extra-vars @{Path('v.yml').resolve()} --extra-vars @{inline}"), got["cmdline"]
+    tail = f"--extra-vars @{Path('v.yml').resolve()} --extra-vars @{inline} --user ops --become"
+    assert got["cmdline"].endswith(tail), got["cmdline"]
     assert "k-9f3e1d" not in got["cmdline"] and json.loads(inline.read_text()) == {"sglang_api_key": "k-9f3e1d"}
     assert inline.stat().st_mode & 0o777 == 0o600
 
