@@ -361,7 +361,9 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
         "user": runner.UserOptions(
             _extra_vars(args),
             tuple(apply_mod.parse_tags(getattr(args, "skip_tags", None), "--skip-tags")),
-            min(getattr(args, "verbose", 0), 4), getattr(args, "user", None), getattr(args, "become", False),
+            min(getattr(args, "verbose", 0), 4),
+            getattr(args, "user", None),
+            getattr(args, "become", False),
         ),
     }
     return apply_mod.ApplyOptions(**{**fields, **overrides})

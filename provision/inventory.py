@@ -767,6 +767,14 @@ def required_problems(inv: Inventory, hosts: list[str], phases: list[str], reboo
     return _per_source(found)
 
 
+def _node_reboots(host: Host, phases: list[str], reboot: str | None) -> bool:
+    """Whether the kernel or driver phase may reboot this node in this run (--reboot sets both phases' setting)."""
+    kernel = reboot or host.vars.get("kernel_cmdline_reboot", "auto")
+    driver = host.vars.get("nvidia_driver_reboot")  # the driver phase's own, which follows the kernel phase's
+    driver = kernel if reboot or driver is None or is_template(driver) else driver
+    return ("kernel" in phases and kernel != "never") or ("driver" in phases and driver != "never")
+
+
 def _api_use(host: Host, phases: list[str], reboot: str | None) -> tuple[str, bool] | None:
     """(what talks to the PVE API for this host in these phases, whether only a password will do), or None. PVE lets
     only root@pam's password change devN entries and bind mounts, never an API token."""
@@ -778,11 +786,7 @@ def _api_use(host: Host, phases: list[str], reboot: str | None) -> tuple[str, bo
         if "sglang" in phases and isinstance(source, dict) and source.get("type") == "node_dir":
             return "the sglang phase bind-mounts its model directory through the PVE API", True
         return None
-    kernel = reboot or v.get("kernel_cmdline_reboot", "auto")
-    driver = v.get("nvidia_driver_reboot")  # the driver phase's own, which follows the kernel phase's by default
-    driver = kernel if reboot or driver is None or is_template(driver) else driver  # --reboot sets both
-    rebooting = ("kernel" in phases and kernel != "never") or ("driver" in phases and driver != "never")
-    if PROXMOX_HOSTS in host.groups and rebooting:
+    if PROXMOX_HOSTS in host.groups and _node_reboots(host, phases, reboot):
         return "before a reboot, the kernel and driver phases read its guests, quorum and HA through the PVE API", False
     return None
 
