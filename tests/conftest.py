@@ -49,14 +49,15 @@ API_GROUPS = ("gpu_containers", "proxmox_hosts")
 
 def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> Path:
     """hosts: {group: {host: vars}}; gpu_containers get CONTAINER_VARS, and both groups API_VARS, in their group_vars
-    unless the test sets them."""
+    unless the test sets them (any proxmox_api_ variable, for API_VARS)."""
     path.mkdir(parents=True, exist_ok=True)
     doc = {"all": {"children": {g: {"hosts": h} for g, h in hosts.items()}}}
     (path / "hosts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     group_vars = {**(group_vars or {})}
     if "gpu_containers" in hosts:
         group_vars["gpu_containers"] = {**CONTAINER_VARS, **group_vars.get("gpu_containers", {})}
-    for group in (g for g in API_GROUPS if g in hosts):
+    own_api = any(k.startswith("proxmox_api_") for values in group_vars.values() for k in values)
+    for group in (g for g in API_GROUPS if g in hosts and not own_api):  # the test's own API settings stand alone
         group_vars[group] = {**API_VARS, **group_vars.get(group, {})}
     if group_vars:
         (path / "group_vars").mkdir(exist_ok=True)

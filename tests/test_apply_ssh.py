@@ -26,10 +26,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import yaml
 
 from provision import verify as verify_mod
 from provision.inventory import VaultOptions
-from tests.conftest import lab_inventory, run_provision, vault_encrypt, write_inventory
+from tests.conftest import API_VARS, lab_inventory, run_provision, vault_encrypt, write_inventory
 from tests.leaks import leaks
 from tests.processes import interrupt, live, start_apply, the_runs_processes, tree
 from tests.sshtarget import make_client_key, start_target
@@ -549,6 +550,7 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
     common = t["node1"].inventory_vars()["ansible_ssh_common_args"]
     (root / "group_vars" / "all" / "vars.yml").write_text(
         f'ansible_ssh_private_key_file: "{{{{ vault_ssh_key }}}}"\nansible_ssh_common_args: "{common}"\n'
+        + yaml.safe_dump(API_VARS)
     )
     vault = root / "group_vars" / "all" / "vault.yml"
     vault.write_text(f"vault_ssh_key: {t['node1'].client_key}\n")
