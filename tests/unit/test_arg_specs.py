@@ -68,6 +68,7 @@ def test_templated_and_vaulted_values_are_left_to_the_roles(tmp_path, capsys):
 
 
 NO_API = "proxmox_api_port: 8006\n"  # a proxmox_api_ variable: make() then adds no address or password
+CT = "sglang_model_path: /srv/m\n"
 
 
 def test_a_phase_that_talks_to_the_pve_api_needs_its_address_and_a_secret_for_it(tmp_path, capsys):
@@ -106,3 +107,13 @@ def test_hosts_whose_phases_leave_the_api_alone_need_no_credentials(tmp_path, ca
     assert inventory.required_problems(inv, ["ct1", "pve1"], ["sglang"]) == []
     named = inventory.required_problems(inv, ["ct1", "pve1"], ["kernel", "gpu"], reboot="never")
     assert [line.split(": ")[1] for line in named] == ["host ct1"], named
+
+
+def test_the_driver_phase_needs_the_api_by_its_own_reboot_setting(tmp_path):
+    """nvidia_driver_reboot is the driver phase's own (it follows kernel_cmdline_reboot where unset); --reboot sets
+    both."""
+    nodes = "kernel_cmdline_reboot: never\nnvidia_driver_reboot: auto\n"
+    inv = inventory.load(make(tmp_path, GOOD_HOSTS, {"all": NO_API, "gpu_containers": CT, "proxmox_hosts": nodes}))
+    assert [line.split(": ")[1] for line in inventory.required_problems(inv, ["pve1"], ["driver"])] == ["host pve1"]
+    assert inventory.required_problems(inv, ["pve1"], ["kernel"]) == []
+    assert inventory.required_problems(inv, ["pve1"], ["driver"], reboot="never") == []

@@ -71,6 +71,8 @@ if firmware == "refuse":
     sys.exit("Failed to update EFI variable 'LoaderEntryOneShot': Input/output error")
 if firmware == "drop":
     sys.exit(0)
+if firmware == "bootctl-broken":  # a failure of bootctl's own, not of the variable's write
+    sys.exit("Failed to parse arguments: unexpected error")
 if sys.argv[2]:
     open(path, "wb").write((7).to_bytes(4, "little") + (sys.argv[2] + "\\0").encode("utf-16-le"))
 elif os.path.exists(path):
@@ -326,6 +328,19 @@ def test_a_one_shot_the_firmware_loses_is_no_trial_and_never_blames_the_line(nod
     assert out["trial"] == {"mode": "warn", "reason": ONESHOT_LOST[firmware]} and out["backup"], out
     assert node.read("/etc/kernel/cmdline") == f"{OLD_LINE} {NEW_ARG}\n"
     assert "provision-trial" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+
+
+@pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
+def test_a_bootctl_failure_of_its_own_stops_the_run_with_nothing_written(node):
+    """bootctl failing for another reason than the variable's write is no firmware refusal: no fallback to a reboot
+    without a trial; the run stops, its trial entry removed again."""
+    node.sh("echo bootctl-broken > /sys/firmware/efi/firmware-writes")
+    entries = node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+    out = node.module(trial_boot="auto")
+    assert out.get("failed") and out["msg"].startswith("cannot prepare the trial boot (bootctl set-oneshot "), out
+    assert out["msg"].endswith("its entry was removed again; nothing was changed")
+    assert node.read("/etc/kernel/cmdline") == OLD_LINE + "\n"
+    assert node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout == entries
 
 
 @pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
