@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--junit", type=_output_file, help="write JUnit XML here")
     p.add_argument("--checks", help="only the checks matching this pytest -k expression (e.g. 'smoke or health')")
+    p.add_argument("--check-dir", type=Path, help="your own testinfra files (test_*.py) are here (default: ./checks)")
     p.add_argument("--after-reboot", action="store_true", help="reboot nodes, then containers, one at a time, first")
     p.add_argument("--yes", "-y", action="store_true", help="with --after-reboot: do not ask for confirmation")
     _runs_dir(p)
@@ -461,11 +462,17 @@ def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome
 
     inv = _load(args, err)
     inv.scope(args.limit)
+    verify.user_checks(args.check_dir)  # a --check-dir that is not there stops here, before any host is asked
     if args.after_reboot:
         args.check = False
         _confirm(args, err, what="reboots every host in the inventory")
     report = verify.verify(
-        args.inventory, junit=args.junit, after_reboot=args.after_reboot, select=args.checks, **_run_options(args, err)
+        args.inventory,
+        junit=args.junit,
+        after_reboot=args.after_reboot,
+        select=args.checks,
+        check_dir=args.check_dir,
+        **_run_options(args, err),
     )
     if not args.json:
         present.print_verify(out, report)

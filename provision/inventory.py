@@ -373,7 +373,7 @@ def parse_extra_vars(loader, values: tuple[str, ...]) -> dict[str, Any]:
     return found
 
 
-def _ansible_load(source: Path, vault: VaultOptions, extra_vars: tuple[str, ...] = ()) -> Inventory:
+def parse(source: Path, vault: VaultOptions = VaultOptions(), extra_vars: tuple[str, ...] = ()) -> Inventory:
     """Parse with ansible-core's InventoryManager and VariableManager; raise one line per failure."""
     from ansible import context
     from ansible.inventory.manager import InventoryManager
@@ -1019,7 +1019,7 @@ def load(
     """Load with Ansible, check the contract, and return it; raise InventoryError listing every problem. `extra_vars`
     (--extra-vars, absolute_extra_vars) are every host's variables above the inventory's, checked as they are."""
     source = resolve(name_or_path)
-    inv = _ansible_load(source, vault or VaultOptions(), extra_vars)
+    inv = parse(source, vault or VaultOptions(), extra_vars)
     inv.host_key_checking = host_key_checking
     problems = validate(inv, host_key_checking)
     if problems:

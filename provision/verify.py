@@ -4,9 +4,9 @@ Every host is read once, all hosts at once, by playbooks/verify_probe.yml throug
 the same Ansible connection as apply (templated `ansible_host`, `ansible_password`, become, a
 bastion in ssh_args, vaulted connection variables). What each host returned, handed back as the
 run's stats (`readings`), goes to one file; one pytest process (the plugin `checks/plugin.py`) then decides each
-check per host from it, but for the checks that ask the host through testinfra's `host` (its ansible backend, in the
-run's Ansible environment: `runner.adhoc_environment`), and the user's own check files in the inventory's
-`checks/`; the JUnit XML it writes becomes the report's checks.
+check per host from it, but for the checks that ask the host through testinfra's `host` (over the host's Ansible
+connection plugin, in the run's Ansible environment: `runner.adhoc_environment`, checks/connection.py), and the
+user's own check files (`user_checks`); the JUnit XML it writes becomes the report's checks.
 Each container's capacity is computed from the same reading (`capacity_of`, provision/capacity.py), which
 is all `provision capacity` asks for (`capacity_report`). A host that cannot be read shows up as failed
 checks naming the reason (the connection error, or the probe's own).
@@ -35,7 +35,7 @@ from provision.checks.support import (
     no_sglang,
     probe_request,
 )
-from provision.errors import one_line
+from provision.errors import UsageError, one_line
 from provision.job_events import run_stats
 from provision.paths import module_util
 from provision.progress import SILENT, Progress
@@ -199,21 +199,26 @@ def read_hosts(
     return {**spec, "readings": readings(record.path, list(wanted), run)}, run
 
 
-def user_checks(inventory: Path | None) -> list[str]:
-    """The user's own testinfra files: test_*.py in the inventory directory's checks/ (docs/verify.md)."""
-    if inventory is None or not (Path(inventory) / USER_CHECKS).is_dir():
-        return []
-    return [str(p) for p in sorted((Path(inventory) / USER_CHECKS).glob("test_*.py"))]
+def user_checks(check_dir: Path | None = None) -> list[str]:
+    """The user's own testinfra files: test_*.py in `check_dir` (--check-dir), else in ./checks where the working
+    directory has one (docs/verify.md, "Your own checks"). Not in the inventory's directory: Ansible reads every
+    file there as an inventory source."""
+    if check_dir is not None and not Path(check_dir).is_dir():
+        raise UsageError(f"--check-dir {check_dir}: no such directory")
+    found = Path(check_dir) if check_dir is not None else Path.cwd() / USER_CHECKS
+    return [str(p.resolve()) for p in sorted(found.glob("test_*.py"))] if found.is_dir() else []
 
 
 def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None,
-                ansible_env: dict[str, str] | None = None, inventory: Path | None = None):  # fmt: skip
+                ansible_env: dict[str, str] | None = None, inventory: Path | None = None,
+                mine: list[str] | None = None):  # fmt: skip
     """One pytest process for all hosts: each check decides per host from what the probe read, or asks the host
-    through testinfra's `host` fixture (its ansible backend, in `ansible_env`, against `inventory`)."""
+    through testinfra's `host` fixture (its Ansible connection, in `ansible_env`, from `inventory`). `mine`: the
+    user's own check files (user_checks)."""
     junit = workdir / "verify.xml"
     cmd = [
         sys.executable, "-m", "pytest", *sorted({str(CHECKS_DIR / s) for files in SUITES.values() for s in files}),
-        *user_checks(inventory), "-p", CHECKS_PLUGIN,
+        *(mine or []), "-p", CHECKS_PLUGIN,
         f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
         "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
     ]  # fmt: skip
@@ -284,8 +289,10 @@ def verify(
     kind: str = "verify",
     progress: Progress | None = None,
     checks: bool = True,
+    check_dir: Path | None = None,
 ) -> VerifyReport:
-    """Run the suites on every host (each read once, all in parallel); `select` is a pytest -k expression. Each
+    """Run the suites on every host (each read once, all in parallel), and the user's own check files of `check_dir`
+    (user_checks); `select` is a pytest -k expression over all of them. Each
     container's capacity comes from the same reading (provision/capacity.py), counted in `session_tokens`, else
     in its verify_session_tokens; `checks=False` computes only that (`capacity_report`).
 
@@ -295,6 +302,7 @@ def verify(
     the runs as they go (silent when left out)."""
     inv = inventory_mod.load(inventory, vault, host_key_checking)
     hosts = targets(inv, limit)
+    select = (select, user_checks(check_dir) if checks else [])
     report = VerifyReport(inventory=str(inv.path))
     connection = {"host_key_checking": host_key_checking, "vault": vault, "progress": progress or SILENT}
     with RunRecord(runs_dir, kind, inv) as record:
@@ -328,8 +336,8 @@ def capacity_report(
 
 
 def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict, *, checks, select, tokens):
-    """Read the hosts, compute each container's capacity and, with `checks`, run the checks `select` picks; all
-    into `report`. Returns the probe run."""
+    """Read the hosts, compute each container's capacity and, with `checks`, run the checks `select` picks (a -k
+    expression, and the user's check files); all into `report`. Returns the probe run."""
     if not hosts:
         return None
     spec, run = read_hosts(inv, hosts, record, **connection)
@@ -345,7 +353,7 @@ def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict
         spec_file = Path(tmp) / "hosts.json"
         spec_file.write_text(json.dumps(spec))
         names = [h.name for h in hosts]
-        report.checks.extend(_run_checks(names, spec_file, Path(tmp), select, ansible_env, inv.path))
+        report.checks.extend(_run_checks(names, spec_file, Path(tmp), select[0], ansible_env, inv.path, select[1]))
     return run
 
 

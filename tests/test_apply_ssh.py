@@ -202,6 +202,60 @@ def test_verify_passes_on_converged_hosts(ssh_lab, inv, runs, tmp_path):
     assert junit.read_text().count("<testcase") == len(report["checks"])
 
 
+# a ProxyCommand that logs each connection it carries, and whether verify's checks process (the one with
+# PROVISION_VERIFY_HOSTS in its environment) or the probe's playbook run opened it
+LOGGING_PROXY = """\
+import os, socket, sys, threading
+host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with open(log, "a") as f:
+    f.write(f"{host}:{port} {'checks' if os.environ.get('PROVISION_VERIFY_HOSTS') else 'probe'}\\n")
+s = socket.create_connection((host, port))
+def up():
+    while data := os.read(0, 65536):
+        s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := s.recv(65536):
+    os.write(1, data)
+"""
+
+
+def test_testinfra_commands_share_one_connection_through_the_users_ansible_cfg(ssh_lab, inv, runs, tmp_path):
+    """A user's testinfra check (--check-dir) asks each host eight things. Its commands go through the ProxyCommand
+    that only the user's ansible.cfg names, over one ssh connection per host for all of them (ControlPersist), and
+    answer from the host itself."""
+    work = tmp_path / "shop"
+    work.mkdir()
+    (work / "proxy.py").write_text(LOGGING_PROXY)
+    log = work / "proxy.log"
+    (work / "ansible.cfg").write_text(
+        "[ssh_connection]\n"
+        f'ssh_args = -o ProxyCommand="python3 {work}/proxy.py %h %p {log}" '
+        "-o ControlMaster=auto -o ControlPersist=30s\n"
+    )
+    (work / "mine").mkdir()
+    (work / "mine" / "test_site.py").write_text(
+        "import os\n"
+        "def test_commands_answer_from_the_host(host, target):\n"
+        "    for _ in range(6):\n"
+        "        assert host.run('true').rc == 0\n"
+        "    assert host.file('/var/lib/provision').is_directory\n"
+        "    seen = host.run('echo $SSH_CONNECTION').stdout.split()[3]  # the port of the sshd that ran it\n"
+        "    (open(os.path.join(os.environ['SEEN'], target.name), 'w')).write(seen)\n"
+    )
+    proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", "commands_answer", "--check-dir",
+                         "mine", "--runs-dir", str(runs), cwd=work, env={"SEEN": str(work)})  # fmt: skip
+    report = _summary(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {(c["host"], c["passed"]) for c in report["checks"]} == {("node1", True), ("ct1", True)}
+    opened = log.read_text().splitlines()
+    by_checks = sorted(line.split()[0] for line in opened if line.endswith(" checks"))
+    ports = sorted(f"127.0.0.1:{t.port}" for t in ssh_lab["targets"].values() if t.name in ("node1", "ct1"))
+    assert by_checks == ports, opened
+    for name in ("node1", "ct1"):
+        assert (work / name).read_text() == str(ssh_lab["targets"][name].port)
+
+
 def test_verify_fails_with_reason_when_state_is_broken(ssh_lab, inv, runs):
     node = ssh_lab["targets"]["node1"]
     node.ssh("mv /var/lib/provision/verify.json /var/lib/provision/verify.json.bak")

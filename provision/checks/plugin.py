@@ -10,9 +10,9 @@ the file that holds what each returned in PROVISION_VERIFY_HOSTS:
      "readings": {host: {"vars": {...}, "probe": {...} or null, "error": "why there is no probe"}}}
 
 Each check is then one test per host that decides from its host's reading (`target`), or asks the
-host itself through testinfra's `host` fixture: testinfra's ansible backend with every command run by
-the `ansible` CLI (force_ansible), in the environment verify gives this process, so the user's
-ansible.cfg, ProxyCommand or ProxyJump, become and vault apply as in apply. A host that could not be
+host itself through testinfra's `host` fixture: testinfra over the host's own Ansible connection plugin, set
+up in the environment verify gives this process (checks/connection.py), so the user's ansible.cfg,
+ProxyCommand or ProxyJump, become and vault apply as in apply. A host that could not be
 read fails every check with the reason (the connection error, or the probe's own), without another try.
 """
 
@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass, field
 
 import pytest
-import testinfra
 
+from provision.checks import connection
 from provision.checks.support import INVENTORY_ENV, cannot_read, record_path
 
 
@@ -109,10 +109,11 @@ def target(targets, host_name) -> Target:
 
 @pytest.fixture
 def host(target):
-    """testinfra's host for this check's host, reached through Ansible with verify's inventory (testinfra's ansible
-    backend, every command through the `ansible` CLI). A host the probe could not read fails at once."""
+    """testinfra's host for this check's host, reached through Ansible with verify's inventory: one connection per
+    host for the whole run, made by its Ansible connection plugin (checks/connection.py). A host the probe could not
+    read fails at once."""
     target.data  # noqa: B018 -- fails the check with the reason the probe gave
     inventory = os.environ.get(INVENTORY_ENV)
     if not inventory:
         pytest.fail(f"{INVENTORY_ENV} is not set: the checks run from provision verify")
-    return testinfra.get_host(f"ansible://{target.name}", ansible_inventory=inventory, force_ansible=True)
+    return connection.host(inventory, target.name)

@@ -3,6 +3,7 @@ from that file alone, and the probe playbook rendering only the variables the ch
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import yaml
 
 from provision import verify
 from provision.checks import support
+from provision.errors import UsageError
 from provision.job_events import run_stats, task_outcomes
 from provision.record import RunRecord
 from provision.runner import RunResult
@@ -397,19 +399,21 @@ def test_the_smoke_check_names_the_question_the_probe_asked(tmp_path):
 
 
 def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_runs_beside_them(tmp_path):
-    """The listening and enabled checks ask the host itself through testinfra's `host` fixture (its ansible backend,
-    every command run by the `ansible` CLI with the run's environment), here a container reached over Ansible's
-    local connection: a socket that listens passes, a closed one fails naming it, a unit that is not enabled fails.
-    A user's own file in the inventory's checks/ runs beside them with the same fixtures, and its failure counts."""
+    """The listening and enabled checks ask the host itself through testinfra's `host` fixture, over the host's own
+    Ansible connection plugin (here Ansible's local connection, in the run's environment): a socket that listens
+    passes, a closed one fails naming it, a unit that is not enabled fails. A user's own file in --check-dir runs
+    beside them with the same fixtures, and its failure counts. The inventory directory is one Ansible parses."""
     import socket as socket_mod
 
     from provision import runner
 
     inv = tmp_path / "inv"
-    (inv / "checks").mkdir(parents=True)
+    inv.mkdir()
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_containers": {"hosts": {"ct1": {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))  # fmt: skip
-    (inv / "checks" / "test_container_mine.py").write_text(
+    mine = tmp_path / "checks"
+    mine.mkdir()
+    (mine / "test_container_mine.py").write_text(
         "def test_my_file(host):\n    assert host.file('/nonexistent-provision-check').exists, 'my check failed'\n"
     )
     listener = socket_mod.socket()
@@ -425,9 +429,10 @@ def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_
                                 "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}}}))  # fmt: skip
     select = "service_listening or service_enabled or my_file"
     with runner.adhoc_environment(1) as env:
-        checks = {c.name: c for c in verify._run_checks(["ct1"], spec, tmp_path, select, env, inv)}
+        run = functools.partial(verify._run_checks, ["ct1"], spec, tmp_path, ansible_env=env, inventory=inv)
+        checks = {c.name: c for c in run(select, mine=verify.user_checks(mine))}
         listener.close()
-        closed = {c.name: c for c in verify._run_checks(["ct1"], spec, tmp_path, "service_listening", env, inv)}
+        closed = {c.name: c for c in run("service_listening")}
     assert checks["test_service_listening"].passed, checks["test_service_listening"].reason
     assert not closed["test_service_listening"].passed
     assert closed["test_service_listening"].reason == f"nothing listens on 127.0.0.1:{port}"
@@ -435,6 +440,18 @@ def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_
     assert checks["test_service_enabled"].reason.startswith("the provision-test-absent unit is not enabled")
     assert (checks["test_my_file"].host, checks["test_my_file"].passed) == ("ct1", False)
     assert checks["test_my_file"].reason.startswith("my check failed")
+
+
+def test_a_check_dir_that_is_not_there_is_refused_and_checks_are_never_read_from_the_inventory(tmp_path, monkeypatch):
+    """--check-dir must name a directory; by default the user's checks are ./checks, never a directory inside the
+    inventory's, which Ansible would read as inventory sources."""
+    with pytest.raises(UsageError, match=r"--check-dir .*missing: no such directory"):
+        verify.user_checks(tmp_path / "missing")
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "test_site.py").write_text("")
+    (tmp_path / "checks" / "helper.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert verify.user_checks() == [str(tmp_path / "checks" / "test_site.py")]
 
 
 def test_the_kernel_booted_next_must_have_the_nvidia_module(tmp_path):
