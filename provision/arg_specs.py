@@ -165,7 +165,8 @@ def bound_problems(variables: dict, is_template, from_vault) -> list[tuple[str, 
 
 
 def host_unknown(groups: set[str], variables: dict) -> list[tuple[str, str]]:
-    """(variable, warning) for each variable named like a role's of this host that no role declares."""
+    """(variable, problem) for each variable named like a role's of this host that no role declares: a typo that
+    would leave the role's own value in force without a word."""
     return _unknown(_roles(groups), variables)
 
 
@@ -194,5 +195,5 @@ def _unknown(roles: list[str], variables: dict) -> list[tuple[str, str]]:
         if var.startswith(prefixes) and var not in names:
             near = difflib.get_close_matches(var, sorted(names), n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
-            found.append((var, f"no role declares it (roles/*/meta/argument_specs.yml), so it is ignored{hint}"))
+            found.append((var, f"no role declares it (roles/*/meta/argument_specs.yml){hint}"))
     return found

@@ -814,14 +814,11 @@ def _check_api(host: Host, phases: list[str], reboot: str | None) -> list[tuple[
     return [(host.where(), host.name, f"{secret}: missing or empty: {what}")]
 
 
-def unknown_variable_warnings(inv: Inventory) -> list[str]:
-    found = [
-        (host.where(var), host.name, f"{var}: {why}")
-        for host in sorted(inv.hosts.values(), key=lambda h: h.name)
-        for var, why in arg_specs.host_unknown(host.groups, host.vars)
-        if var not in REMOVED_VARIABLES  # warned about with what replaced it
-    ]
-    return _per_source(found)
+def _check_unknown(host: Host) -> list[tuple[str, str, str]]:
+    """(where, host, problem) for each variable with a role's prefix that no role declares (a removed one is warned
+    about with what replaced it)."""
+    unknown = arg_specs.host_unknown(host.groups, host.vars)
+    return [(host.where(var), host.name, f"{var}: {why}") for var, why in unknown if var not in REMOVED_VARIABLES]
 
 
 # Items a variable's value may hold, counted as Ansible will expand it (each alias again): more is refused before
@@ -917,7 +914,7 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     unreadable = _host_problems(hosts, (_check_size, _check_vault))
     if unreadable:  # the checks below would walk such a value, or decrypt it
         return problems + unreadable
-    problems += _host_problems(hosts, (_check_types, _check_specs, _check_rendered))
+    problems += _host_problems(hosts, (_check_types, _check_specs, _check_unknown, _check_rendered))
     problems += _per_source(
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
     )
@@ -1025,6 +1022,6 @@ def load(
     if problems:
         raise InventoryError(problems, frozenset(secrets.values(inv)))
     inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
-    inv.warnings += unknown_variable_warnings(inv) + secrets.weak_warnings(inv) + vars_file_warnings(inv)
+    inv.warnings += secrets.weak_warnings(inv) + vars_file_warnings(inv)
     inv.warnings += open_api_warnings(inv)
     return inv

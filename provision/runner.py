@@ -341,11 +341,11 @@ def _environment(pdd: Path, host_count: int, host_key_checking: bool) -> dict[st
 
 @contextlib.contextmanager
 def adhoc_environment(host_count: int, host_key_checking: bool = True, vault: VaultOptions | None = None):
-    """The environment of ansible commands run by another program, with a run's settings (the user's
-    ansible.cfg, provision's where it is silent, the collection, vault): verify's checks, whose testinfra commands
-    run through the hosts' Ansible connection plugins. Its directory (ssh's control sockets, Ansible's temp) and every process started with it are gone on
-    exit, as after a playbook run. Provision's Mitogen strategy is left out: an ad-hoc command pays its start-up
-    (twice the command's time) for one task; a strategy the user's ansible.cfg names still applies."""
+    """The environment of Ansible used by another program, with a run's settings (the user's ansible.cfg,
+    provision's where it is silent, the collection, vault): verify's checks, whose testinfra commands run through
+    the hosts' Ansible connection plugins. Its directory (ssh's control sockets, Ansible's temp) and every process
+    started with it are gone on exit, as after a playbook run. Provision's Mitogen strategy is left out: no play
+    runs in it."""
     with private_data_dir() as pdd:
         env = _environment(pdd, host_count, host_key_checking)
         for setting in (ansible_config.STRATEGY, ansible_config.STRATEGY_PLUGINS):

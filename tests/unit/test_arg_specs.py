@@ -50,14 +50,15 @@ def test_a_missing_model_path_stops_inventory_check_and_an_apply_that_would_run_
     assert not runs.exists(), "nothing ran"
 
 
-def test_a_variable_no_role_declares_is_warned_about_with_the_nearest_name(tmp_path, capsys):
+def test_a_variable_no_role_declares_stops_the_run_naming_the_nearest_name(tmp_path, capsys):
+    """A typo in a role's variable would leave the role's default in force: inventory check and apply refuse it."""
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_model_path: /srv/m\nsglang_tp_szie: 2\n"})
-    code, errors, warnings = _check(root, capsys)
-    assert (code, errors) == (0, [])
-    assert warnings == [
-        f"{root}/group_vars/gpu_containers.yml:2: host ct1: sglang_tp_szie: no role declares it "
-        "(roles/*/meta/argument_specs.yml), so it is ignored; did you mean sglang_tp_size?"
-    ]
+    said = (f"{root}/group_vars/gpu_containers.yml:2: host ct1: sglang_tp_szie: no role declares it "
+            "(roles/*/meta/argument_specs.yml); did you mean sglang_tp_size?")  # fmt: skip
+    assert _check(root, capsys)[:2] == (2, [said])
+    runs = tmp_path / "runs"
+    assert _check(root, capsys, "apply", "--yes", "--runs-dir", str(runs))[:2] == (2, [said])
+    assert not runs.exists(), "nothing ran"
 
 
 def test_templated_and_vaulted_values_are_left_to_the_roles(tmp_path, capsys):
