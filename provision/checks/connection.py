@@ -83,7 +83,8 @@ def _host(inventory: str, name: str) -> Host:
 def connect(inv: inventory_mod.Inventory, name: str) -> tuple[Any, str | None]:
     """The host's connection plugin, its options set as ansible-core's TaskExecutor sets them for a task of a play
     that names no connection keywords (_get_connection, _set_become_plugin, _set_connection_options), and the shell
-    executable its commands run under."""
+    executable its commands run under. ansible-core has no public call that sets a connection up outside a play,
+    so these are its steps, through the plugins' public option API."""
     from ansible import constants as C
     from ansible.playbook.play_context import PlayContext
     from ansible.playbook.task import Task
@@ -102,7 +103,11 @@ def connect(inv: inventory_mod.Inventory, name: str) -> tuple[Any, str | None]:
     _set_become(connection, context, variables, templar)
     context.set_attributes_from_plugin(connection)
     task_keys = {"timeout": context.timeout, **({"password": context.password} if context.password else {})}
-    connection.set_options(task_keys=task_keys, var_options=connection._resolve_option_variables(variables, templar))
+    options = _plugin_vars("connection", connection, variables, templar)
+    if getattr(connection, "allow_extras", False):  # a plugin that takes ansible_<prefix>_* variables of its own
+        prefix = f"ansible_{connection.extras_prefix}_"
+        options["_extras"] = {n: templar.template(v) for n, v in variables.items() if n.startswith(prefix)}
+    connection.set_options(task_keys=task_keys, var_options=options)
     connection._shell.set_options(var_options=_plugin_vars("shell", connection._shell, variables, templar))
     if connection.become is not None:
         become_keys = {"become_pass": context.become_pass} if context.become_pass else {}
