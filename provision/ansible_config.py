@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,28 @@ RUN_SETTINGS = {
         "over ssh",
     ),
 }
+
+
+# how ansible-core's ConfigManager names a setting whose value it refuses (config/manager.py, _get_config_label)
+_REFUSED = re.compile(r"[Cc]onfig '(?P<name>[A-Z0-9_]+)'(?! for)")
+
+
+def refused_setting(message: str) -> str | None:
+    """One line for a base setting whose value Ansible refuses, naming where it is set (the ansible.cfg file with its
+    [section] key, or the environment variable) and the values it takes where it has a list of them. None for a
+    message about anything else."""
+    from ansible.config.manager import ConfigManager  # not config_manager(): that imports the settings that failed
+
+    found = _REFUSED.search(message)
+    if not found:
+        return None
+    definition = ConfigManager().get_configuration_definition(found["name"]) or {}
+    path = user_config_file()
+    places = [f"{path} [{i['section']}] {i['key']}" for i in definition.get("ini") or [] if path]
+    places += [f"${e['name']}" for e in definition.get("env") or []]
+    choices = definition.get("choices")
+    valid = f" It takes: {', '.join(map(str, choices))}." if isinstance(choices, list | tuple | dict) else ""
+    return f"{' or '.join(places) or found['name']}: {message}{valid}"
 
 
 def run_setting_problems() -> list[str]:

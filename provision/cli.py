@@ -750,12 +750,18 @@ def _finish(
 
 
 def _ansible_config_error(exc: Exception) -> str | None:
-    """One line for an ansible.cfg that Ansible cannot read (it names the file), else None."""
+    """One line for an ansible.cfg that Ansible cannot read, or a setting of it or of the environment that Ansible
+    refuses (each names the file, or the variable, and the key), else None."""
     from ansible.errors import AnsibleOptionsError
 
-    if isinstance(exc, AnsibleOptionsError) and "config file" in str(exc):
-        return f"Ansible cannot read its configuration: {' '.join(str(exc).split())}"
-    return None
+    from provision import ansible_config
+
+    if not isinstance(exc, AnsibleOptionsError):
+        return None
+    text = " ".join(str(exc).split())
+    if "config file" in text:
+        return f"Ansible cannot read its configuration: {text}"
+    return ansible_config.refused_setting(text)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,19 @@ CITED = [
         "`off` for the next boot", "serving, with NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce",
         "yes: apply decides for the boot that runs, verify passes, and the node's next boot serves with P2P off",
         "tests/lab/test_e_verify.py::test_p2p_is_decided_for_the_next_boot_and_guarded_at_start", True, True),
+    Row("`forks = banana` in ./ansible.cfg (Ansible refuses it as it first loads its settings)", "all",
+        "exit 2, one line: `…/ansible.cfg [defaults] forks or $ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from "
+        "'…/ansible.cfg' has an invalid value: …`", "no host contacted", NOT_SHOWN,
+        "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
+        "[cfg-forks]", True, False, "the environment"),
+    Row("`ANSIBLE_FORKS=-x` in the environment", "all", "exit 2, one line: `$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' "
+        "from 'env: ANSIBLE_FORKS' has an invalid value: …`", "no host contacted", NOT_SHOWN,
+        "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
+        "[env-forks]", True, False, "the environment"),
+    Row("`ANSIBLE_GATHERING=sometimes`, a setting with a list of values", "all", "exit 2, one line naming the "
+        "variable and the values it takes: `… It takes: implicit, explicit, smart.`", "no host contacted", NOT_SHOWN,
+        "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
+        "[env-choice]", True, False, "the environment"),
 ]  # fmt: skip
 
 # Faults in the matrix's scope that no test injects yet (docs/reliability.md lists them apart from the table).

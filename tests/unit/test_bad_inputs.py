@@ -518,6 +518,45 @@ def test_an_ansible_cfg_ansible_cannot_read_is_a_usage_error_naming_it(tmp_path)
     assert json.loads(proc.stdout)["exit_code"] == 2
 
 
+@pytest.mark.parametrize(
+    ("cfg", "env", "said"),
+    [
+        (
+            "[defaults]\nforks = banana\n",
+            {},
+            "{cfg} [defaults] forks or $ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from "
+            "'{cfg}' has an invalid value: Invalid value provided for 'integer': 'banana'",
+        ),
+        (
+            "",
+            {"ANSIBLE_FORKS": "-x"},
+            "$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from 'env: ANSIBLE_FORKS' has an "
+            "invalid value: Invalid value provided for 'integer': '-x'",
+        ),
+        (
+            "",
+            {"ANSIBLE_GATHERING": "sometimes"},
+            "$ANSIBLE_GATHERING: Invalid value 'sometimes' for config "
+            "'DEFAULT_GATHERING'. It takes: implicit, explicit, smart.",
+        ),
+    ],
+    ids=["cfg-forks", "env-forks", "env-choice"],
+)
+def test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set(tmp_path, cfg, env, said):
+    """Ansible checks its settings when it is first imported: a fresh process, as a user runs it. The line names the
+    file and its [section] key, or the environment variable, and the values a setting with a list of them takes."""
+    tmp_path.chmod(0o755)
+    _write(tmp_path / "inv", {"hosts.yml": GOOD})
+    if cfg:
+        (tmp_path / "ansible.cfg").write_text(cfg)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+                          capture_output=True, text=True, cwd=tmp_path, env={**clean, **env})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"error: {said.format(cfg=tmp_path / 'ansible.cfg')}"]
+    assert json.loads(proc.stdout)["exit_code"] == 2
+
+
 def test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_code(tmp_path):
     _write(tmp_path / "inv", {"hosts.yml": GOOD})
     read, write = os.pipe()
