@@ -112,6 +112,22 @@ RUN_SETTINGS = {
         "would run every host's tasks, reboots included, on this controller: remove it, provision reaches its hosts "
         "over ssh",
     ),
+    ("DEFAULT_HASH_BEHAVIOUR", None): (
+        lambda value: value != "replace",
+        "would merge dictionaries from the inventory's layers where the roles expect the nearest one to win: remove it",
+    ),
+    ("ENABLE_TASK_DEBUGGER", None): (
+        bool,
+        "would stop a failed task at a debugger prompt that nobody answers in provision's runs: remove it",
+    ),
+    ("DEFAULT_STRATEGY", None): (
+        lambda value: str(value).rsplit(".", 1)[-1] == "debug",
+        "would stop a failed task at a debugger prompt that nobody answers in provision's runs: remove it",
+    ),
+    ("ANY_ERRORS_FATAL", None): (
+        bool,
+        "would stop every host at one host's failure, where provision finishes the others and reports each: remove it",
+    ),
 }
 
 
@@ -148,6 +164,16 @@ def run_setting_problems() -> list[str]:
             shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
             problems.append(f"{origin}: {setting[0].lower()} = {shown} {why}")
     return problems
+
+
+def run_setting_warnings(host_count: int | None = None) -> list[str]:
+    """One line where the user's environment or ansible.cfg sets forks: provision would run every host at once, and
+    keeps the user's word (a bastion may allow only so many sessions)."""
+    value, origin = lookup(config_manager(user_config_file()), FORKS)
+    if origin == "default" or (host_count is not None and int(value) >= host_count):
+        return []
+    return [f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would work on "
+            "every host at once"]  # fmt: skip
 
 
 def lookup(manager: Any, setting: tuple[str, str | None], variables: dict | None = None) -> tuple[Any, str]:

@@ -40,6 +40,7 @@ from provision.ansible_config import (
     lookup,
     plugin_definitions,
     run_setting_problems,
+    run_setting_warnings,
     user_config_file,
 )
 from provision.errors import EMPTY_LIMIT, InventoryError, UsageError, one_line
@@ -1023,5 +1024,5 @@ def load(
         raise InventoryError(problems, frozenset(secrets.values(inv)))
     inv.warnings = plain_text_secret_warnings(inv) + unverified_tls_warnings(inv) + removed_variable_warnings(inv)
     inv.warnings += secrets.weak_warnings(inv) + vars_file_warnings(inv)
-    inv.warnings += open_api_warnings(inv)
+    inv.warnings += open_api_warnings(inv) + run_setting_warnings(len(inv.hosts))
     return inv

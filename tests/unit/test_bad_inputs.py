@@ -158,9 +158,14 @@ ENVIRONMENTS = [
     ("env-transport-local", {"ANSIBLE_TRANSPORT": "local"}, None),
     ("cfg-transport-local", {}, "[defaults]\ntransport = ansible.builtin.local\n"),
     ("env-transport-mitogen-local", {"ANSIBLE_TRANSPORT": "mitogen_local"}, None),
+    ("env-hash-merge", {"ANSIBLE_HASH_BEHAVIOUR": "merge"}, None),
+    ("cfg-task-debugger", {}, "[defaults]\nenable_task_debugger = True\n"),
+    ("env-debug-strategy", {"ANSIBLE_STRATEGY": "debug"}, None),
+    ("env-any-errors-fatal", {"ANSIBLE_ANY_ERRORS_FATAL": "yes"}, None),
 ]
 _NARROWS = "would silently leave tasks of provision's run out: remove it, and choose phases with --tags"
 _KEEPS = "would leave every task's module on the hosts with its arguments, secrets among them: remove it"
+_PROMPT = "would stop a failed task at a debugger prompt that nobody answers in provision's runs: remove it"
 _LOCAL = ("would run every host's tasks, reboots included, on this controller: remove it, provision reaches its "
           "hosts over ssh")  # fmt: skip
 
@@ -370,6 +375,12 @@ SEES = {
         f"env: ANSIBLE_TRANSPORT: default_transport = mitogen_local {_LOCAL}"),
     "cfg-transport-local": ("the environment",
         f"…/ansible.cfg: default_transport = ansible.builtin.local {_LOCAL}"),
+    "env-hash-merge": ("the environment", "env: ANSIBLE_HASH_BEHAVIOUR: default_hash_behaviour = merge would merge "
+        "dictionaries from the inventory's layers where the roles expect the nearest one to win: remove it"),
+    "cfg-task-debugger": ("the environment", f"…/ansible.cfg: enable_task_debugger = True {_PROMPT}"),
+    "env-debug-strategy": ("the environment", f"env: ANSIBLE_STRATEGY: default_strategy = debug {_PROMPT}"),
+    "env-any-errors-fatal": ("the environment", "env: ANSIBLE_ANY_ERRORS_FATAL: any_errors_fatal = True would stop "
+        "every host at one host's failure, where provision finishes the others and reports each: remove it"),
 }  # fmt: skip
 
 NOT_CONTACTED = "nothing contacted, no run record"
@@ -681,6 +692,21 @@ def test_environment_that_would_silently_change_the_run(workdir, capsys, monkeyp
         (workdir / "ansible.cfg").write_text(cfg)
     _assert_usage_error(["plan", "-i", str(workdir / "inv"), "--runs-dir", str(workdir / "runs")], capsys,
                         workdir / "runs", sees=SEES[case][1])  # fmt: skip
+
+
+def test_forks_below_the_host_count_are_kept_and_named(workdir, capsys, monkeypatch):
+    """The user's forks stay (a bastion may allow only so many sessions), with one warning where they are fewer
+    than the inventory's hosts; none where they cover them."""
+    _write(workdir / "inv", {"hosts.yml": GOOD})
+    monkeypatch.setenv("ANSIBLE_FORKS", "1")
+    code, err, _ = _run(["inventory", "check", "-i", str(workdir / "inv")], capsys)
+    assert code == 0 and [line for line in err if "forks" in line] == [
+        "warning: env: ANSIBLE_FORKS: forks = 1: Ansible works on 1 host(s) at a time, where provision would work on "
+        "every host at once"
+    ]
+    monkeypatch.setenv("ANSIBLE_FORKS", "50")
+    code, err, _ = _run(["inventory", "check", "-i", str(workdir / "inv")], capsys)
+    assert code == 0 and not [line for line in err if "forks" in line]
 
 
 def test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_there(tmp_path):
