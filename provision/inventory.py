@@ -25,7 +25,7 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,7 @@ class Host:
     origin: str = ""  # where the host is defined (file:line), else the inventory source
     source: str = ""  # the inventory source
     extra: frozenset[str] = frozenset()  # the variables --extra-vars sets (above every inventory value)
+    origins: dict[str, str] = field(default_factory=dict)  # where() of values rendered from a template (rendered_roles)
 
     def value(self, name: str, default: Any = None) -> Any:
         return self.vars.get(name, default)
@@ -121,6 +122,8 @@ class Host:
             return self.origin
         if name in self.extra:
             return "--extra-vars"
+        if name in self.origins:
+            return self.origins[name]
         # a value Ansible keeps no origin for (true/false, None): only the inventory is known
         return _origin(self.vars.get(name)) or self.source
 
@@ -501,6 +504,27 @@ def rendered(inv: Inventory, host: Host, name: str) -> Any:
         raise UsageError(
             f"{host.where(name)}: host {host.name}: {name}: cannot be rendered before the run: {reason}"
         ) from None
+
+
+def rendered_roles(inv: Inventory, host: Host) -> Host:
+    """The host with each role variable that is a template rendered as Ansible will render it, where the inventory
+    alone renders it (its variables, the controller's environment); one that needs more (facts, another host's
+    variables) stays a template, for the roles to check once rendered. Vaulted values stay as they are."""
+    from ansible.template import Templar
+
+    templar = Templar(loader=inv.loader, variables=host.vars)
+    values, origins = dict(host.vars), {}
+    for name in sorted(arg_specs.declared() & set(host.vars)):
+        value = host.vars[name]
+        if not is_template(value) or from_vault(value):
+            continue
+        try:
+            with captured_warnings():  # a lookup that cannot render here warns; the run says it where it matters
+                values[name] = templar.template(value)
+        except Exception:  # facts or hostvars it needs exist only in a play
+            continue
+        origins[name] = host.where(name)
+    return replace(host, vars=values, origins=origins)
 
 
 def _check_groups(inv: Inventory) -> list[str]:
@@ -915,7 +939,8 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     unreadable = _host_problems(hosts, (_check_size, _check_vault))
     if unreadable:  # the checks below would walk such a value, or decrypt it
         return problems + unreadable
-    problems += _host_problems(hosts, (_check_types, _check_specs, _check_unknown, _check_rendered))
+    problems += _host_problems(hosts, (_check_types, _check_unknown))
+    problems += _host_problems([rendered_roles(inv, h) for h in hosts], (_check_specs, _check_rendered))
     problems += _per_source(
         [p for ct in sorted(inv.gpu_containers, key=lambda h: h.name) for p in _check_model_source(ct)]
     )

@@ -68,6 +68,21 @@ def test_templated_and_vaulted_values_are_left_to_the_roles(tmp_path, capsys):
     assert _check(root, capsys)[:2] == (0, [])
 
 
+def test_a_template_the_inventory_alone_renders_is_checked_as_rendered(tmp_path, capsys, monkeypatch):
+    """A value from the controller's environment or the inventory's own variables is rendered at check, as Ansible
+    will render it in the run, and checked against the spec; one that needs a play's facts is left to the roles."""
+    monkeypatch.setenv("PROVISION_TEST_TP", "two")
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": (
+        "sglang_model_path: \"{{ ansible_facts.mounts[0].mount }}/m\"\n"
+        "sglang_tp_size: \"{{ lookup('ansible.builtin.env', 'PROVISION_TEST_TP') }}\"\n")})  # fmt: skip
+    code, errors, _ = _check(root, capsys)
+    assert (code, errors) == (2, [
+        f"{root}/group_vars/gpu_containers.yml:2: host ct1: argument 'sglang_tp_size' is of type str and we were "
+        "unable to convert to int: \"'two'\" cannot be converted to an int"])  # fmt: skip
+    monkeypatch.setenv("PROVISION_TEST_TP", "2")
+    assert _check(root, capsys)[:2] == (0, [])
+
+
 NO_API = "proxmox_api_port: 8006\n"  # a proxmox_api_ variable: make() then adds no address or password
 CT = "sglang_model_path: /srv/m\n"
 
