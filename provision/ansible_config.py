@@ -126,7 +126,8 @@ RUN_SETTINGS = {
     ),
     ("ANY_ERRORS_FATAL", None): (
         bool,
-        "would stop every host at one host's failure, where provision finishes the others and reports each: remove it",
+        "would stop the gpu, sglang and verify phases on every host at one host's failure, where provision finishes "
+        "the others and reports each: remove it",
     ),
 }
 
@@ -146,8 +147,17 @@ def refused_setting(message: str) -> str | None:
         return None
     definition = ConfigManager().get_configuration_definition(found["name"]) or {}
     path = user_config_file()
-    places = [f"{path} [{i['section']}] {i['key']}" for i in definition.get("ini") or [] if path]
-    places += [f"${e['name']}" for e in definition.get("env") or []]
+    variables = [e["name"] for e in definition.get("env") or []]
+    origin = re.search(r" from '(?:env: )?(?P<origin>[^']+)'", message)
+    if origin is None:  # "Invalid value … for config …" names no origin: the environment wins over the file
+        given = [v for v in variables if v in os.environ]
+        origin = given[0] if given else str(path)
+    else:
+        origin = origin["origin"]
+    if origin in variables:
+        places = [f"${origin}"]
+    else:
+        places = [f"{path} [{i['section']}] {i['key']}" for i in definition.get("ini") or [] if path]
     choices = definition.get("choices")
     valid = f" It takes: {', '.join(map(str, choices))}." if isinstance(choices, list | tuple | dict) else ""
     return f"{' or '.join(places) or found['name']}: {message}{valid}"
@@ -166,14 +176,20 @@ def run_setting_problems() -> list[str]:
     return problems
 
 
-def run_setting_warnings(host_count: int | None = None) -> list[str]:
-    """One line where the user's environment or ansible.cfg sets forks: provision would run every host at once, and
-    keeps the user's word (a bastion may allow only so many sessions)."""
+def run_setting_warnings(host_count: int) -> list[str]:
+    """One line where the user's environment or ansible.cfg sets fewer forks than provision would give a run of
+    `host_count` hosts (forks_for): provision keeps the user's word (a bastion may allow only so many sessions)."""
     value, origin = lookup(config_manager(user_config_file()), FORKS)
-    if origin == "default" or (host_count is not None and int(value) >= host_count):
+    wanted = forks_for(host_count)
+    if origin == "default" or int(value) >= wanted:
         return []
     return [f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would work on "
-            "every host at once"]  # fmt: skip
+            f"{wanted} at once"]  # fmt: skip
+
+
+def forks_for(host_count: int) -> int:
+    """provision's forks for a run of `host_count` hosts: all at once, up to 50."""
+    return max(1, min(host_count, 50))
 
 
 def lookup(manager: Any, setting: tuple[str, str | None], variables: dict | None = None) -> tuple[Any, str]:

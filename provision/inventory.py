@@ -489,6 +489,37 @@ def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+# variables a host has before its play that the play fills in: the facts (empty here)
+_PLAY_ONLY = frozenset({"ansible_facts"})
+# the lookups a template may call and still be rendered at check: they read the controller's environment, as the run
+# will, and change nothing
+_CHECK_LOOKUPS = frozenset({"env", "ansible.builtin.env"})
+
+
+@functools.cache
+def template_reads(text: str) -> tuple[frozenset[str], bool] | None:
+    """(the variables a template reads, whether it calls only lookups that read the environment); None where Jinja
+    cannot parse it."""
+    import jinja2
+    from jinja2 import meta, nodes
+
+    try:
+        tree = jinja2.Environment().parse(text)
+    except jinja2.TemplateError:
+        return None
+    calls = [c for c in tree.find_all(nodes.Call) if isinstance(c.node, nodes.Name)]
+    lookups = [c for c in calls if c.node.name in ("lookup", "query", "q")]
+    quiet = all(c.args and isinstance(c.args[0], nodes.Const) and c.args[0].value in _CHECK_LOOKUPS for c in lookups)
+    return frozenset(meta.find_undeclared_variables(tree)) - {"lookup", "query", "q"}, quiet
+
+
+def _renders_from_inventory(value: Any, variables: dict) -> bool:
+    """A template the inventory alone renders as the run will: every variable it reads is the host's, and its only
+    lookups read the environment. One with a `default` of a fact would render its fallback here, not the run's."""
+    reads = template_reads(value)
+    return reads is not None and reads[1] and reads[0] <= set(variables) - _PLAY_ONLY
+
+
 def rendered(inv: Inventory, host: Host, name: str) -> Any:
     """A host's variable as Ansible renders it for that host, from the inventory alone (a template rendered with
     the host's inventory variables); UsageError naming the file and variable where that needs more (facts)."""
@@ -508,15 +539,16 @@ def rendered(inv: Inventory, host: Host, name: str) -> Any:
 
 def rendered_roles(inv: Inventory, host: Host) -> Host:
     """The host with each role variable that is a template rendered as Ansible will render it, where the inventory
-    alone renders it (its variables, the controller's environment); one that needs more (facts, another host's
-    variables) stays a template, for the roles to check once rendered. Vaulted values stay as they are."""
+    alone renders it (_renders_from_inventory); one that needs more (facts, another host's variables, a lookup of
+    anything but the environment) stays a template, for the roles to check once rendered. Vaulted values stay as
+    they are."""
     from ansible.template import Templar
 
     templar = Templar(loader=inv.loader, variables=host.vars)
     values, origins = dict(host.vars), {}
     for name in sorted(arg_specs.declared() & set(host.vars)):
         value = host.vars[name]
-        if not is_template(value) or from_vault(value):
+        if not is_template(value) or from_vault(value) or not _renders_from_inventory(value, host.vars):
             continue
         try:
             with captured_warnings():  # a lookup that cannot render here warns; the run says it where it matters
@@ -840,10 +872,13 @@ def _check_api(host: Host, phases: list[str], reboot: str | None) -> list[tuple[
 
 
 def _check_unknown(host: Host) -> list[tuple[str, str, str]]:
-    """(where, host, problem) for each variable with a role's prefix that no role declares (a removed one is warned
-    about with what replaced it)."""
+    """(where, host, problem) for each variable with a role's prefix that no role declares, and no template of the
+    host's reads (a helper such as `sglang_models_root` in `sglang_model_path: "{{ sglang_models_root }}/m"`). A
+    removed one is warned about with what replaced it."""
+    read = {n for v in host.vars.values() if is_template(v) for n in (template_reads(v) or (frozenset(),))[0]}
     unknown = arg_specs.host_unknown(host.groups, host.vars)
-    return [(host.where(var), host.name, f"{var}: {why}") for var, why in unknown if var not in REMOVED_VARIABLES]
+    return [(host.where(var), host.name, f"{var}: {why}") for var, why in unknown
+            if var not in REMOVED_VARIABLES and var not in read]  # fmt: skip
 
 
 # Items a variable's value may hold, counted as Ansible will expand it (each alias again): more is refused before

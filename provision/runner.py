@@ -324,7 +324,7 @@ def _environment(pdd: Path, host_count: int, host_key_checking: bool) -> dict[st
     control_dir = pdd / "cp"
     control_dir.mkdir(mode=0o700)
     return {
-        **ansible_config.environment(max(1, min(host_count, 50)), host_key_checking, control_dir),
+        **ansible_config.environment(ansible_config.forks_for(host_count), host_key_checking, control_dir),
         # runner finds ansible-playbook through PATH: use the one beside our interpreter
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_FORCE_COLOR": "0",

@@ -55,7 +55,7 @@ PROBE_STATS = "provision_verify"
 PROBE_SOURCE = CHECKS_DIR / "probe.py"
 # the checks' fixtures and hooks, loaded as a plugin so that a user's check files outside CHECKS_DIR get them too
 CHECKS_PLUGIN = "provision.checks.plugin"
-# the directory of an inventory that holds the user's own check files
+# the directory, in the working directory, of the user's own check files where --check-dir names none
 USER_CHECKS = "checks"
 
 
@@ -203,10 +203,12 @@ def user_checks(check_dir: Path | None = None) -> list[str]:
     """The user's own testinfra files: test_*.py in `check_dir` (--check-dir), else in ./checks where the working
     directory has one (docs/verify.md, "Your own checks"). Not in the inventory's directory: Ansible reads every
     file there as an inventory source."""
-    if check_dir is not None and not Path(check_dir).is_dir():
-        raise UsageError(f"--check-dir {check_dir}: no such directory")
     found = Path(check_dir) if check_dir is not None else Path.cwd() / USER_CHECKS
-    return [str(p.resolve()) for p in sorted(found.glob("test_*.py"))] if found.is_dir() else []
+    files = [str(p.resolve()) for p in sorted(found.glob("test_*.py"))] if found.is_dir() else []
+    if check_dir is not None and not files:
+        why = "no test_*.py in it" if found.is_dir() else "not a directory" if found.exists() else "no such directory"
+        raise UsageError(f"--check-dir {check_dir}: {why}")
+    return files
 
 
 def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None,
@@ -302,14 +304,15 @@ def verify(
     the runs as they go (silent when left out)."""
     inv = inventory_mod.load(inventory, vault, host_key_checking)
     hosts = targets(inv, limit)
-    select = (select, user_checks(check_dir) if checks else [])
+    mine = user_checks(check_dir) if checks else []
     report = VerifyReport(inventory=str(inv.path))
     connection = {"host_key_checking": host_key_checking, "vault": vault, "progress": progress or SILENT}
     with RunRecord(runs_dir, kind, inv) as record:
         report.record_dir = str(record.path)
         if after_reboot:
             reboot_all(inv, limit, record.child("reboot"), report, **connection)
-        run = _check(inv, hosts, record, report, connection, checks=checks, select=select, tokens=session_tokens)
+        run = _check(inv, hosts, record, report, connection, checks=checks, select=select, mine=mine,
+                     tokens=session_tokens)  # fmt: skip
         _scrub(report, record)
         record.write_json("verify.json", report.to_dict())
         record.write_summary({"command": kind, **report.to_dict(), "probe_run": run.to_dict() if run else None})
@@ -335,9 +338,9 @@ def capacity_report(
     )  # fmt: skip
 
 
-def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict, *, checks, select, tokens):
-    """Read the hosts, compute each container's capacity and, with `checks`, run the checks `select` picks (a -k
-    expression, and the user's check files); all into `report`. Returns the probe run."""
+def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict, *, checks, select, mine, tokens):
+    """Read the hosts, compute each container's capacity and, with `checks`, run the checks `select` (a -k
+    expression) picks, the user's check files `mine` among them; all into `report`. Returns the probe run."""
     if not hosts:
         return None
     spec, run = read_hosts(inv, hosts, record, **connection)
@@ -353,7 +356,7 @@ def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict
         spec_file = Path(tmp) / "hosts.json"
         spec_file.write_text(json.dumps(spec))
         names = [h.name for h in hosts]
-        report.checks.extend(_run_checks(names, spec_file, Path(tmp), select[0], ansible_env, inv.path, select[1]))
+        report.checks.extend(_run_checks(names, spec_file, Path(tmp), select, ansible_env, inv.path, mine))
     return run
 
 

@@ -197,11 +197,12 @@ CITED = [
         "yes: apply decides for the boot that runs, verify passes, and the node's next boot serves with P2P off",
         "tests/lab/test_e_verify.py::test_p2p_is_decided_for_the_next_boot_and_guarded_at_start", True, True),
     Row("`forks = banana` in ./ansible.cfg (Ansible refuses it as it first loads its settings)", "all",
-        "exit 2, one line: `…/ansible.cfg [defaults] forks or $ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from "
+        "exit 2, one line: `…/ansible.cfg [defaults] forks: Config 'DEFAULT_FORKS' from "
         "'…/ansible.cfg' has an invalid value: …`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
         "[cfg-forks]", True, False, "the environment"),
-    Row("`ANSIBLE_FORKS=-x` in the environment", "all", "exit 2, one line: `$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' "
+    Row("`ANSIBLE_FORKS=-x` in the environment, beside an ansible.cfg that sets forks", "all",
+        "exit 2, one line: `$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' "
         "from 'env: ANSIBLE_FORKS' has an invalid value: …`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
         "[env-forks]", True, False, "the environment"),

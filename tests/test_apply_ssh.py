@@ -221,9 +221,9 @@ while data := s.recv(65536):
 
 
 def test_testinfra_commands_share_one_connection_through_the_users_ansible_cfg(ssh_lab, inv, runs, tmp_path):
-    """A user's testinfra check (--check-dir) asks each host eight things. Its commands go through the ProxyCommand
+    """A user's testinfra check (--check-dir) asks each host nine things. Its commands go through the ProxyCommand
     that only the user's ansible.cfg names, over one ssh connection per host for all of them (ControlPersist), and
-    answer from the host itself."""
+    answer from the host itself, with stdout and stderr apart."""
     work = tmp_path / "shop"
     work.mkdir()
     (work / "proxy.py").write_text(LOGGING_PROXY)
@@ -240,6 +240,8 @@ def test_testinfra_commands_share_one_connection_through_the_users_ansible_cfg(s
         "    for _ in range(6):\n"
         "        assert host.run('true').rc == 0\n"
         "    assert host.file('/var/lib/provision').is_directory\n"
+        "    both = host.run('printf out; printf err >&2')  # no terminal: the streams apart, no carriage return\n"
+        "    assert (both.stdout, both.stderr) == ('out', 'err'), both\n"
         "    seen = host.run('echo $SSH_CONNECTION').stdout.split()[3]  # the port of the sshd that ran it\n"
         "    (open(os.path.join(os.environ['SEEN'], target.name), 'w')).write(seen)\n"
     )

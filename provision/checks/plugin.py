@@ -116,4 +116,7 @@ def host(target):
     inventory = os.environ.get(INVENTORY_ENV)
     if not inventory:
         pytest.fail(f"{INVENTORY_ENV} is not set: the checks run from provision verify")
-    return connection.host(inventory, target.name)
+    try:
+        return connection.host(inventory, target.name)
+    except connection.Unreachable as exc:
+        pytest.fail(str(exc))

@@ -83,6 +83,17 @@ def test_a_template_the_inventory_alone_renders_is_checked_as_rendered(tmp_path,
     assert _check(root, capsys)[:2] == (0, [])
 
 
+def test_a_template_that_needs_the_play_or_runs_a_command_is_left_to_the_roles(tmp_path, capsys):
+    """Not rendered at check: a `default` over a fact would give its fallback here and the fact in the run, and a
+    `pipe` lookup runs a command. A helper variable with a role's prefix that a template reads is no typo."""
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": (
+        "sglang_models_root: /srv\n"
+        "sglang_model_path: \"{{ sglang_models_root }}/m\"\n"
+        "sglang_tp_size: \"{{ ansible_facts.gpu_count | default('two') }}\"\n"
+        "sglang_port: \"{{ lookup('ansible.builtin.pipe', 'echo sixty') }}\"\n")})  # fmt: skip
+    assert _check(root, capsys)[:2] == (0, [])
+
+
 NO_API = "proxmox_api_port: 8006\n"  # a proxmox_api_ variable: make() then adds no address or password
 CT = "sglang_model_path: /srv/m\n"
 

@@ -380,7 +380,8 @@ SEES = {
     "cfg-task-debugger": ("the environment", f"…/ansible.cfg: enable_task_debugger = True {_PROMPT}"),
     "env-debug-strategy": ("the environment", f"env: ANSIBLE_STRATEGY: default_strategy = debug {_PROMPT}"),
     "env-any-errors-fatal": ("the environment", "env: ANSIBLE_ANY_ERRORS_FATAL: any_errors_fatal = True would stop "
-        "every host at one host's failure, where provision finishes the others and reports each: remove it"),
+        "the gpu, sglang and verify phases on every host at one host's failure, where provision finishes the others "
+        "and reports each: remove it"),
 }  # fmt: skip
 
 NOT_CONTACTED = "nothing contacted, no run record"
@@ -535,11 +536,11 @@ def test_an_ansible_cfg_ansible_cannot_read_is_a_usage_error_naming_it(tmp_path)
         (
             "[defaults]\nforks = banana\n",
             {},
-            "{cfg} [defaults] forks or $ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from "
+            "{cfg} [defaults] forks: Config 'DEFAULT_FORKS' from "
             "'{cfg}' has an invalid value: Invalid value provided for 'integer': 'banana'",
         ),
         (
-            "",
+            "[defaults]\nforks = 3\n",
             {"ANSIBLE_FORKS": "-x"},
             "$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from 'env: ANSIBLE_FORKS' has an "
             "invalid value: Invalid value provided for 'integer': '-x'",
@@ -702,7 +703,7 @@ def test_forks_below_the_host_count_are_kept_and_named(workdir, capsys, monkeypa
     code, err, _ = _run(["inventory", "check", "-i", str(workdir / "inv")], capsys)
     assert code == 0 and [line for line in err if "forks" in line] == [
         "warning: env: ANSIBLE_FORKS: forks = 1: Ansible works on 1 host(s) at a time, where provision would work on "
-        "every host at once"
+        "2 at once"
     ]
     monkeypatch.setenv("ANSIBLE_FORKS", "50")
     code, err, _ = _run(["inventory", "check", "-i", str(workdir / "inv")], capsys)

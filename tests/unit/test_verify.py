@@ -442,15 +442,20 @@ def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_
     assert checks["test_my_file"].reason.startswith("my check failed")
 
 
-def test_a_check_dir_that_is_not_there_is_refused_and_checks_are_never_read_from_the_inventory(tmp_path, monkeypatch):
-    """--check-dir must name a directory; by default the user's checks are ./checks, never a directory inside the
-    inventory's, which Ansible would read as inventory sources."""
-    with pytest.raises(UsageError, match=r"--check-dir .*missing: no such directory"):
-        verify.user_checks(tmp_path / "missing")
+def test_a_check_dir_without_check_files_is_refused_and_the_default_is_the_working_directory_s(tmp_path, monkeypatch):
+    """--check-dir must name a directory that holds test_*.py files; without it, the user's checks are ./checks,
+    where the working directory has one (never a directory of the inventory's, which Ansible reads as inventory
+    sources)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("")
+    for given, why in (("missing", "no such directory"), ("empty", "no test_\\*.py in it"), ("a-file", "not a dir")):
+        with pytest.raises(UsageError, match=f"--check-dir .*{given}: {why}"):
+            verify.user_checks(tmp_path / given)
+    monkeypatch.chdir(tmp_path)
+    assert verify.user_checks() == []
     (tmp_path / "checks").mkdir()
     (tmp_path / "checks" / "test_site.py").write_text("")
     (tmp_path / "checks" / "helper.py").write_text("")
-    monkeypatch.chdir(tmp_path)
     assert verify.user_checks() == [str(tmp_path / "checks" / "test_site.py")]
 
 
