@@ -503,14 +503,32 @@ def template_reads(text: str) -> tuple[frozenset[str], bool] | None:
     import jinja2
     from jinja2 import meta, nodes
 
-    try:
-        tree = jinja2.Environment().parse(text)
-    except jinja2.TemplateError:
+    try:  # jinja's own filters and tests only: the compile behind find_undeclared_variables refuses Ansible's
+        environment = jinja2.Environment()
+        environment.filters = _AnyName(environment.filters)
+        environment.tests = _AnyName(environment.tests)
+        tree = environment.parse(text)
+        names = frozenset(meta.find_undeclared_variables(tree)) - {"lookup", "query", "q"}
+    except Exception:  # jinja's TemplateError, or whatever a template Ansible would render differently raises here
         return None
     calls = [c for c in tree.find_all(nodes.Call) if isinstance(c.node, nodes.Name)]
     lookups = [c for c in calls if c.node.name in ("lookup", "query", "q")]
     quiet = all(c.args and isinstance(c.args[0], nodes.Const) and c.args[0].value in _CHECK_LOOKUPS for c in lookups)
-    return frozenset(meta.find_undeclared_variables(tree)) - {"lookup", "query", "q"}, quiet
+    return names, quiet
+
+
+class _AnyName(dict):
+    """A filter or test table that holds every name: which variables a template reads does not depend on them."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return super().get(name) or _any_value
+
+
+def _any_value(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _renders_from_inventory(value: Any, variables: dict) -> bool:

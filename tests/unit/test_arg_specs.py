@@ -144,3 +144,15 @@ def test_the_driver_phase_needs_the_api_by_its_own_reboot_setting(tmp_path):
     assert [line.split(": ")[1] for line in inventory.required_problems(inv, ["pve1"], ["driver"])] == ["host pve1"]
     assert inventory.required_problems(inv, ["pve1"], ["kernel"]) == []
     assert inventory.required_problems(inv, ["pve1"], ["driver"], reboot="never") == []
+
+
+def test_what_a_template_reads_is_found_whatever_filters_and_tests_it_uses():
+    """Ansible's filters and tests (FQCN or not) are unknown to plain Jinja; the variables read are found all the
+    same, and a lookup of anything but the environment is named."""
+    from provision.inventory import template_reads
+
+    text = "{{ k | b64encode }} {{ x is ansible.builtin.truthy }} {{ y | ansible.builtin.to_json }}"
+    text += " {{ lookup('env', 'A') }}"
+    assert template_reads(text) == (frozenset({"k", "x", "y"}), True)
+    assert template_reads("{{ lookup('ansible.builtin.pipe', 'id') }}") == (frozenset(), False)
+    assert template_reads("{{ unclosed") is None
