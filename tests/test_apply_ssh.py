@@ -33,6 +33,7 @@ from provision.inventory import VaultOptions
 from tests.conftest import API_VARS, lab_inventory, run_provision, vault_encrypt, write_inventory
 from tests.leaks import leaks
 from tests.processes import interrupt, live, start_apply, the_runs_processes, tree
+from tests.proxy import bastion_dir
 from tests.sshtarget import make_client_key, start_target
 
 # its tests build on each other (first apply, then the second): CI's `--dist loadfile` runs them on one worker, in order
@@ -202,37 +203,11 @@ def test_verify_passes_on_converged_hosts(ssh_lab, inv, runs, tmp_path):
     assert junit.read_text().count("<testcase") == len(report["checks"])
 
 
-# a ProxyCommand that logs each connection it carries, and whether verify's checks process (the one with
-# PROVISION_VERIFY_HOSTS in its environment) or the probe's playbook run opened it
-LOGGING_PROXY = """\
-import os, socket, sys, threading
-host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-with open(log, "a") as f:
-    f.write(f"{host}:{port} {'checks' if os.environ.get('PROVISION_VERIFY_HOSTS') else 'probe'}\\n")
-s = socket.create_connection((host, port))
-def up():
-    while data := os.read(0, 65536):
-        s.sendall(data)
-    s.shutdown(socket.SHUT_WR)
-threading.Thread(target=up, daemon=True).start()
-while data := s.recv(65536):
-    os.write(1, data)
-"""
-
-
 def test_testinfra_commands_share_one_connection_through_the_users_ansible_cfg(ssh_lab, inv, runs, tmp_path):
     """A user's testinfra check (--check-dir) asks each host nine things. Its commands go through the ProxyCommand
     that only the user's ansible.cfg names, over one ssh connection per host for all of them (ControlPersist), and
     answer from the host itself, with stdout and stderr apart."""
-    work = tmp_path / "shop"
-    work.mkdir()
-    (work / "proxy.py").write_text(LOGGING_PROXY)
-    log = work / "proxy.log"
-    (work / "ansible.cfg").write_text(
-        "[ssh_connection]\n"
-        f'ssh_args = -o ProxyCommand="python3 {work}/proxy.py %h %p {log}" '
-        "-o ControlMaster=auto -o ControlPersist=30s\n"
-    )
+    work, log = bastion_dir(tmp_path)
     (work / "mine").mkdir()
     (work / "mine" / "test_site.py").write_text(
         "import os\n"

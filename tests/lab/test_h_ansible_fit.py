@@ -15,24 +15,11 @@ import yaml
 
 from tests.conftest import run_provision
 from tests.lab.helpers import apply, ensure_converged
+from tests.proxy import bastion_dir
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
-PROXY = """\
-import os, socket, sys, threading
-host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-with open(log, "a") as f:
-    f.write(f"{host}:{port}\\n")
-s = socket.create_connection((host, port))
-def up():
-    while data := os.read(0, 65536):
-        s.sendall(data)
-    s.shutdown(socket.SHUT_WR)
-threading.Thread(target=up, daemon=True).start()
-while data := s.recv(65536):
-    os.write(1, data)
-"""
 UNIT = "/etc/systemd/system/sglang.service"
 
 
@@ -42,27 +29,13 @@ def converged(lab, lab_inventory, tmp_path_factory):
     ensure_converged(lab, lab_inventory, tmp_path_factory.mktemp("fit-runs"), "kernel", "gpu", "sglang")
 
 
-def _bastion_dir(tmp_path: Path) -> tuple[Path, Path]:
-    """A working directory whose ansible.cfg sends every ssh connection through a logging ProxyCommand."""
-    work = tmp_path / "shop"
-    work.mkdir(mode=0o755)
-    (work / "proxy.py").write_text(PROXY)
-    log = work / "proxy.log"
-    (work / "ansible.cfg").write_text(
-        "[ssh_connection]\n"
-        f'ssh_args = -o ProxyCommand="python3 {work}/proxy.py %h %p {log}" '
-        "-o ControlMaster=auto -o ControlPersist=30s\n"
-    )
-    return work, log
-
-
 def _run(work: Path, *argv: str, timeout: int = 1200):
     proc = run_provision(*argv, "--json", cwd=work, timeout=timeout)
     return proc, json.loads(proc.stdout) if proc.stdout.strip() else {}
 
 
 def test_every_command_connects_through_the_users_ansible_cfg(lab, lab_inventory, tmp_path):
-    work, log = _bastion_dir(tmp_path)
+    work, log = bastion_dir(tmp_path)
     runs = str(tmp_path / "runs")
     ports = {f"127.0.0.1:{vm['port']}" for vm in lab.state()["vms"]}
     container = yaml.safe_load((lab_inventory / "hosts.yml").read_text())["all"]["children"]["gpu_containers"]
