@@ -252,9 +252,14 @@ def test_api_key_in_extra_args_and_newlines_are_refused_by_variable_name(ct, lab
     rc, _, err = converge(lab_inventory, runs, {"sglang_model_path": injected})
     # a literal newline: the inventory check refuses it on the controller, naming the file, before any host
     assert rc == 2 and "host_vars/sglang-01.yml:" in err and "sglang_model_path holds a control character" in err
-    # one that only a template renders: the role's preflight refuses it, by the same rule
+    # one that a template renders from the inventory alone: the inventory check renders it, by the same rule
     templated = "{{ '/srv/models/m%cExecStartPre=/bin/touch /tmp/injected' % 10 }}"  # 10: a newline
-    rc, result, _ = converge(lab_inventory, runs, {"sglang_model_path": templated})
+    rc, _, err = converge(lab_inventory, runs, {"sglang_model_path": templated})
+    assert rc == 2 and "host_vars/sglang-01.yml:" in err and "sglang_model_path holds a control character" in err
+    # one that only the play renders (it reads the host's facts): the role's preflight refuses it, by the same rule
+    rc, result, _ = converge(
+        lab_inventory, runs, {"sglang_model_path": templated + "{{ ansible_facts.no_such | default('') }}"}
+    )
     assert rc == 1
     assert "sglang_model_path holds a control character" in " ".join(f["message"] for f in result["failures"])
     assert ct.ssh("sha256sum /etc/systemd/system/sglang.service").stdout == unit
