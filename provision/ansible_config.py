@@ -23,6 +23,11 @@ FORKS = ("DEFAULT_FORKS", None)
 STRATEGY = ("DEFAULT_STRATEGY", None)
 STRATEGY_PLUGINS = ("DEFAULT_STRATEGY_PLUGIN_PATH", None)
 CALLBACK_PLUGINS = ("DEFAULT_CALLBACK_PLUGIN_PATH", None)
+STDOUT_CALLBACK = ("DEFAULT_STDOUT_CALLBACK", None)
+# provision builds its console and records from the run's job events, through ansible-runner's display callback,
+# which wraps the stdout callback the environment names: Ansible's own default keeps those events whole (a `json`
+# stdout callback holds them back, and the run reads as failed without a word)
+RUN_STDOUT_CALLBACK = "default"
 INTERPRETER = ("INTERPRETER_PYTHON", None)
 RETRY_FILES = ("RETRY_FILES_ENABLED", None)
 TIMEOUT = ("timeout", SSH)
@@ -178,13 +183,20 @@ def run_setting_problems() -> list[str]:
 
 def run_setting_warnings(host_count: int) -> list[str]:
     """One line where the user's environment or ansible.cfg sets fewer forks than provision would give a run of
-    `host_count` hosts (forks_for): provision keeps the user's word (a bastion may allow only so many sessions)."""
-    value, origin = lookup(config_manager(user_config_file()), FORKS)
+    `host_count` hosts (forks_for): provision keeps the user's word (a bastion may allow only so many sessions).
+    One where it names a stdout callback, which provision's runs replace (RUN_STDOUT_CALLBACK)."""
+    manager = config_manager(user_config_file())
+    found = []
+    value, origin = lookup(manager, FORKS)
     wanted = forks_for(host_count)
-    if origin == "default" or int(value) >= wanted:
-        return []
-    return [f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would work on "
-            f"{wanted} at once"]  # fmt: skip
+    if origin != "default" and int(value) < wanted:
+        found.append(f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would "
+                     f"work on {wanted} at once")  # fmt: skip
+    value, origin = lookup(manager, STDOUT_CALLBACK)
+    if origin != "default" and str(value).rsplit(".", 1)[-1] != RUN_STDOUT_CALLBACK:
+        found.append(f"{origin}: stdout_callback = {value}: provision's runs use Ansible's default stdout callback "
+                     "(provision shows and records each run from its events)")  # fmt: skip
+    return found
 
 
 def forks_for(host_count: int) -> int:
@@ -254,6 +266,7 @@ def environment(forks: int, host_key_checking: bool, control_dir: Path) -> dict[
     if origin != "default":  # runner appends its own callback to this variable: keep the user's (ARA) in it
         env[ENV[CALLBACK_PLUGINS]] = os.pathsep.join(_paths(callbacks))
     env.update(dict.fromkeys(HOST_KEY_CHECKING_ENV, str(host_key_checking)))
+    env["ANSIBLE_STDOUT_CALLBACK"] = RUN_STDOUT_CALLBACK
     # ssh keeps an option's first value, and a value on its command line beats every config file: ssh_args come
     # before the inventory's ssh_common_args and extra args, so provision's word on host keys goes first in them
     args = env.get(ENV[SSH_ARGS]) or str(lookup(manager, SSH_ARGS)[0] or "")

@@ -206,6 +206,10 @@ CITED = [
         "from 'env: ANSIBLE_FORKS' has an invalid value: …`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
         "[env-forks]", True, False, "the environment"),
+    Row("`ANSIBLE_STDOUT_CALLBACK=json` (sshd targets)", "verify", "one warning: `… stdout_callback = json: "
+        "provision's runs use Ansible's default stdout callback …`; the run succeeds", "converged, nothing changed",
+        "yes: the run itself", SSH + "test_a_users_callbacks_change_nothing_provision_reads[stdout-json]", True, True,
+        "the environment"),
     Row("`ANSIBLE_GATHERING=sometimes`, a setting with a list of values", "all", "exit 2, one line naming the "
         "variable and the values it takes: `… It takes: implicit, explicit, smart.`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"

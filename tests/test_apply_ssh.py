@@ -136,6 +136,25 @@ def test_second_apply_changes_nothing(ssh_lab, inv, runs):
     assert {h: s["changed"] for h, s in result["hosts"].items()} == {"node1": 0, "ct1": 0}
 
 
+@pytest.mark.parametrize("callbacks", [{"ANSIBLE_STDOUT_CALLBACK": "json"},
+                                       {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,timer"}],
+                         ids=["stdout-json", "enabled-callbacks"])  # fmt: skip
+def test_a_users_callbacks_change_nothing_provision_reads(ssh_lab, inv, runs, callbacks):
+    """More callbacks enabled (ARA, profile_tasks) stay the user's; a stdout callback of their own is replaced by
+    Ansible's default in provision's runs, with one warning. Either way provision reads the run as it is (its job
+    events): every host counted, nothing changed."""
+    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir",
+                         str(runs), env=callbacks)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = _summary(proc.stdout)
+    assert {h: (s["changed"], s["failed"]) for h, s in result["hosts"].items()} == {"node1": (0, 0), "ct1": (0, 0)}
+    assert all(s["ok"] > 0 for s in result["hosts"].values()), result["hosts"]
+    replaced = [line for line in proc.stderr.splitlines() if "stdout_callback" in line]
+    assert replaced == (["warning: env: ANSIBLE_STDOUT_CALLBACK: stdout_callback = json: provision's runs use "
+                         "Ansible's default stdout callback (provision shows and records each run from its events)"]
+                        if "ANSIBLE_STDOUT_CALLBACK" in callbacks else []), proc.stderr[-2000:]  # fmt: skip
+
+
 def test_a_login_shell_that_prints_a_greeting_breaks_no_read(ssh_lab, tmp_path):
     """Two hosts whose root's ~/.bashrc prints a line, which every command sshd runs then prints first (Debian's bash
     reads it; sshtarget.py, `banner`). The raw reads (the fingerprints and the host lock, the lock's release) take
