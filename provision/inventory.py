@@ -891,7 +891,7 @@ def _check_api(host: Host, phases: list[str], reboot: str | None) -> list[tuple[
 
 def _check_unknown(host: Host) -> list[tuple[str, str, str]]:
     """(where, host, problem) for each variable with a role's prefix that no role declares, and no template of the
-    host's reads (a helper such as `sglang_models_root` in `sglang_model_path: "{{ sglang_models_root }}/m"`). A
+    host's reads (such as `sglang_models_root` in `sglang_model_path: "{{ sglang_models_root }}/m"`). A
     removed one is warned about with what replaced it."""
     read = {n for v in host.vars.values() if is_template(v) for n in (template_reads(v) or (frozenset(),))[0]}
     unknown = arg_specs.host_unknown(host.groups, host.vars)

@@ -85,7 +85,7 @@ def test_a_template_the_inventory_alone_renders_is_checked_as_rendered(tmp_path,
 
 def test_a_template_that_needs_the_play_or_runs_a_command_is_left_to_the_roles(tmp_path, capsys):
     """Not rendered at check: a `default` over a fact would give its fallback here and the fact in the run, and a
-    `pipe` lookup runs a command. A helper variable with a role's prefix that a template reads is no typo."""
+    `pipe` lookup runs a command. A variable with a role's prefix that a template of the host reads is accepted."""
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": (
         "sglang_models_root: /srv\n"
         "sglang_model_path: \"{{ sglang_models_root }}/m\"\n"
