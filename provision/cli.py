@@ -258,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the PVE nodes: qemu VMs (bootloaders, real reboots; default), or nspawn containers that boot in seconds "
         "with the profile's kernel arguments already on their line, for work that needs no bootloader (docs/lab.md)",
     )  # fmt: skip
+    c = lab_sub.add_parser(
+        "kernel", help="install a newer kernel on a lab node, as a kernel update does; it boots it at its next reboot"
+    )
+    c.add_argument("node", help="the lab node (a VM: pve-grub or pve-sdboot)")
+    c.add_argument("--headers", action="store_true", help="install its headers too, as proxmox-default-headers does")
     c = lab_sub.add_parser("down", help="stop everything the lab started and remove its state")
     c = lab_sub.add_parser("status", help="what is running")
     c.add_argument("--json", action="store_true")
@@ -560,6 +565,11 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
         status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers,
                         pve_version=args.pve_version, gpu_link=args.gpu_link, bare=args.bare,
                         nodes=args.nodes)  # fmt: skip
+    elif args.lab_command == "kernel":
+        release = lab.install_kernel(args.node, headers=args.headers)
+        out.print(f"{args.node}: kernel {release} installed{' with its headers' if args.headers else ''}; "
+                  "the node boots it at its next reboot", highlight=False, markup=False)  # fmt: skip
+        return Outcome(EXIT_OK, {"node": args.node, "kernel": release, "headers": args.headers})
     elif args.lab_command == "down":
         lab.down(progress=progress)
         return Outcome(EXIT_OK, {"up": False})

@@ -18,7 +18,7 @@ prepare_view() {  # $1 variant: mount the merged view at $WORK/$1/root and custo
   local v=$1 M=$WORK/$1/root
   mkdir -p "$WORK/$v/upper" "$WORK/$v/work" "$M"
   mount -t overlay overlay -o "lowerdir=$OVERLAY/common:$ROOTFS,upperdir=$WORK/$v/upper,workdir=$WORK/$v/work" "$M"
-  chmod 0755 "$M"/usr/local/lib/lab/*.sh "$M"/usr/local/lib/lab/pve-guests "$M"/usr/local/bin/nvidia-smi "$M"/usr/bin/nvidia-modprobe "$M"/usr/local/sbin/proxmox-boot-tool
+  chmod 0755 "$M"/usr/local/lib/lab/*.sh "$M"/usr/local/lib/lab/pve-guests "$M"/usr/local/bin/nvidia-smi "$M"/usr/bin/nvidia-modprobe "$M"/usr/local/sbin/proxmox-boot-tool "$M"/usr/local/sbin/dkms "$M"/etc/kernel/*/dkms
   echo "UUID=$ROOT_UUID / ext4 errors=remount-ro 0 1" > "$M/etc/fstab"
   echo "lab-$v" > "$M/etc/hostname"
   : > "$M/etc/machine-id"

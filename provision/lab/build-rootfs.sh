@@ -23,6 +23,10 @@ PACKAGES+=,pciutils,curl
 # them, as one made from PVE's minimal template does. Its Packages index is what apt-ftparchive writes: each .deb's
 # control fields, then Filename, Size and SHA256.
 export CT_RUNTIME_PACKAGES="gcc libc6-dev python3-dev"
+# A kernel newer than the image boots, for `provision lab kernel` (a kernel update on a node): bookworm-backports'
+# cloud flavour, whose modules include what the lab's VMs load (virtio, qemu_fw_cfg, efivarfs), downloaded into the same
+# repository with the lab's headers package for it (lab-headers-deb.sh).
+export NEXT_KERNEL=linux-image-cloud-amd64/bookworm-backports
 export LAB_APT_INDEX='cd /srv/lab-apt && rm -rf partial lock && for d in *.deb; do dpkg-deb -f "$d"; printf "Filename: ./%s\nSize: %s\nSHA256: %s\n\n" "$d" "$(stat -c %s "$d")" "$(sha256sum "$d" | cut -d" " -f1)"; done > Packages'
 mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   --include="$PACKAGES" \
@@ -34,6 +38,8 @@ mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   --customize-hook='printf "\nvirtio_pci\nvirtio_blk\next4\n" >> "$1"/etc/initramfs-tools/modules && echo MODULES=list > "$1"/etc/initramfs-tools/conf.d/lab-modules.conf' \
   --customize-hook='rm "$1"/usr/sbin/update-initramfs && chroot "$1" dpkg-divert --local --rename --remove /usr/sbin/update-initramfs && chroot "$1" update-initramfs -c -k all' \
   --customize-hook='mkdir -p "$1"/srv/lab-apt/partial && chroot "$1" apt-get install --download-only --no-install-recommends -y -o Dir::Cache::Archives=/srv/lab-apt/ $CT_RUNTIME_PACKAGES' \
+  --customize-hook='chroot "$1" apt-get install --download-only --no-install-recommends -y -o Dir::Cache::Archives=/srv/lab-apt/ $NEXT_KERNEL' \
+  --customize-hook="$(dirname "$0")"'/lab-headers-deb.sh "$1"/srv/lab-apt' \
   --customize-hook='chroot "$1" sh -c "$LAB_APT_INDEX"' \
   --customize-hook='echo "deb [trusted=yes] file:/srv/lab-apt ./" > "$1"/etc/apt/sources.list' \
   --customize-hook='for t in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer e2scrub_reap.service dpkg-db-backup.timer fstrim.timer; do chroot "$1" systemctl mask $t; done' \
@@ -42,6 +48,7 @@ mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   bookworm "$OUT.tmp" \
   "deb http://deb.debian.org/debian bookworm main" \
   "deb http://deb.debian.org/debian bookworm-updates main" \
-  "deb http://deb.debian.org/debian-security bookworm-security main"
+  "deb http://deb.debian.org/debian-security bookworm-security main" \
+  "deb http://deb.debian.org/debian bookworm-backports main"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"

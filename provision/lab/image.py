@@ -97,8 +97,9 @@ def ensure_image(progress=print) -> Image:
     """Return the cached image for the current recipe, building what is missing."""
     check_tools()
     root = cache_root()
-    rootfs_key = _digest([HERE / "build-rootfs.sh"])
-    disks_key = _digest([HERE / "build-rootfs.sh", HERE / "build-disks.sh", HERE / "overlay"])
+    rootfs_sources = [HERE / "build-rootfs.sh", HERE / "lab-headers-deb.sh"]
+    rootfs_key = _digest(rootfs_sources)
+    disks_key = _digest([*rootfs_sources, HERE / "build-disks.sh", HERE / "overlay"])
     rootfs = root / f"rootfs-{rootfs_key}"
     disks = root / f"disks-{disks_key}"
     root.mkdir(parents=True, exist_ok=True)

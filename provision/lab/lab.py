@@ -310,6 +310,31 @@ class Lab:
             return
         _pipe_to_node(node, "cat > /dev/kmsg", f"<3>{message}\n", "write to /dev/kmsg")
 
+    def install_kernel(self, vm_name: str, headers: bool = False) -> str:
+        """Install on a node, as an `apt full-upgrade` does, the newer kernel the lab's apt repository holds
+        (bookworm-backports' cloud flavour), with or without its headers; returns its release. The kernel's own
+        hooks run: initramfs, update-grub on the GRUB node, and dkms's, which builds the node's DKMS modules for it
+        where its headers are. On the systemd-boot node `proxmox-boot-tool refresh` follows, as PVE's
+        zz-proxmox-boot hook runs it. The node boots it at its next reboot."""
+        node = self.vm(vm_name)
+        if isinstance(node, LabNspawnNode):
+            raise ProvisionError(f"lab kernel: {vm_name} is an nspawn node, which boots no kernel: use a lab of VMs")
+        found = node.ssh("dpkg-deb -f /srv/lab-apt/linux-image-[0-9]*_*.deb Package", timeout=30)
+        if found.returncode != 0 or not found.stdout.strip():
+            raise ProvisionError(f"lab kernel: no newer kernel in {vm_name}'s /srv/lab-apt: {found.stderr.strip()}")
+        release = found.stdout.strip().removeprefix("linux-image-")
+        packages = [f"linux-image-{release}"] + ([f"linux-headers-{release}"] if headers else [])
+        refresh = " && proxmox-boot-tool refresh" if node.spec.bootloader == "sdboot" else ""
+        command = (
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+            + " ".join(packages) + refresh
+        )  # fmt: skip
+        done = node.ssh(command, timeout=900)
+        if done.returncode != 0:
+            raise ProvisionError(f"lab kernel: installing {' '.join(packages)} on {vm_name} failed: "
+                                 f"{(done.stderr or done.stdout).strip()[-800:]}")  # fmt: skip
+        return release
+
     def _client_key(self) -> None:
         """The lab's ssh client key: one per cache, since the VMs' booted snapshots already trust it."""
         cached = cache_root() / "client" / "id_ed25519"
@@ -578,8 +603,9 @@ class Lab:
         offline site sets them: the pinned version, the installer from the node's mirror and its sha256. A normal lab's
         nodes boot with a driver an admin installed, which the inventory leaves unmanaged (no pin: the driver phase
         skips them saying so), as the hand-made deployment did; the bare lab is where the phase installs, checks and
-        upgrades a pinned driver (tests/lab/test_k_driver.py). The lab's nodes reach no package mirror: their headers
-        and dkms are not installed by the phase (the lab's dkms status stand-in is in the image; docs/lab.md)."""
+        upgrades a pinned driver (tests/lab/test_k_driver.py). The nodes' apt mirror holds no headers for the kernel
+        they boot and no dkms package (the lab's dkms stand-in is in the image), so the phase installs none; it has
+        headers only for the newer kernel of `provision lab kernel` (docs/lab.md)."""
         driver = {
             "nvidia_driver_version": DRIVER_VERSION,
             "nvidia_driver_installer": f"{NODE_DRIVER_MIRROR}/NVIDIA-Linux-x86_64-{{{{ nvidia_driver_version }}}}.run",

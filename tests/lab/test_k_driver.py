@@ -18,9 +18,11 @@ safe reboot) into the new module, which the old one's holder kept out. Before th
 wrong sha256 stops the phase before anything is installed, naming the file, and leaves nothing the apply would find.
 
 The module brings up a bare lab of its own (the session's lab goes down first) and leaves the lab down: the next lab
-module, if any, brings a normal one up (tests/lab/conftest.py, LAB_CHANGES "down"). The lab's nodes reach no package
-mirror (the phase's headers and dkms lists are empty in the lab's inventory) and cannot build a module: the stand-in
-installer and the dkms status stand-in are what they run (docs/lab.md)."""
+module, if any, brings a normal one up (tests/lab/conftest.py, LAB_CHANGES "down"). The nodes' apt mirror
+holds no headers for the kernel they boot and no dkms package (the phase's headers and dkms lists are empty in the lab's
+inventory), and they cannot build a module: the stand-in installer and dkms stand-in are what they run (docs/lab.md).
+A kernel update without headers (`provision lab kernel`) fails verify until the driver phase builds for it, and the
+node then boots it with the module, before the upgrade tests, which then run on that kernel."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from provision.lab import hfhub, wheelhouse
 from provision.lab.lab import CONTAINER_NAME, CONTAINER_VMID, DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
 from provision.lab.specs import HUB_MODEL_PATH
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, as_root, boots, set_host_vars
+from tests.lab.helpers import apply, as_root, boots, set_host_vars, wait_ready
 
 # tests/lab/conftest.py: it changes only its own bare lab, and leaves the lab down
 LAB_CHANGES = {"down"}
@@ -58,6 +60,16 @@ def inventory(bare):
     from provision.lab.lab import inventory_dir
 
     return inventory_dir()
+
+
+def verify(inventory, runs, *extra) -> tuple[int, dict]:
+    proc = run_provision("verify", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), *extra,
+                         timeout=1800)  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}
+
+
+def failed_checks(report) -> dict[tuple[str, str], str]:
+    return {(c["host"], c["name"]): c["reason"] for c in report.get("checks", []) if not c["passed"]}
 
 
 def node_state(vm) -> dict:
@@ -175,6 +187,49 @@ def test_a_node_without_a_pin_is_not_managed_and_the_phase_says_so(bare, invento
         said
     ), said
     assert node_state(bare.vm("pve-grub"))["persistenced"] == "active"
+
+
+def test_a_kernel_update_without_headers_fails_verify_until_apply_builds_for_it_and_the_node_boots_it(
+    bare, inventory, tmp_path
+):
+    """A newer kernel installed without its headers (a kernel update on a node without proxmox-default-headers):
+    DKMS builds nothing for it, and dkms's hook says so. Before any reboot, verify exits 1 naming that kernel; the
+    driver phase installs its headers and DKMS builds the pinned module for it, with no reboot; verify passes; the
+    node then reboots by itself into that kernel, with the module loaded, and its onboot container serves."""
+    vm = bare.vm("pve-grub")
+    running = vm.ssh("uname -r").stdout.strip()
+    release = bare.install_kernel("pve-grub")
+    assert release != running and vm.ssh(f"test ! -e /lib/modules/{release}/build").returncode == 0
+    assert f"nvidia/{DRIVER_VERSION}, {release}" not in node_state(vm)["dkms"]
+    code, report = verify(inventory, tmp_path / "runs", "--limit", "pve-grub", "--checks", "kernel_booted_next")
+    said = failed_checks(report).get(("pve-grub", "test_the_kernel_booted_next_has_the_nvidia_module"), "")
+    assert code == 1 and f"the kernel the node boots next, {release}, has no NVIDIA module" in said, report
+
+    # the lab's apt repository names headers as Debian does (linux-headers-<release>)
+    set_host_vars(inventory, "pve-grub", {"nvidia_driver_headers_packages": ["linux-headers-{kernel}"]})
+    try:
+        before = boots(vm)
+        code, _, err = apply(inventory, tmp_path / "runs", "--tags", "driver", *ONLY_NODES)
+        assert code == 0, err[-3000:]
+        assert boots(vm) == before, "a build for the next kernel needs no reboot"
+        assert f"nvidia/{DRIVER_VERSION}, {release}, x86_64: installed" in node_state(vm)["dkms"]
+        code, report = verify(inventory, tmp_path / "runs", "--limit", "pve-grub", "--checks", "kernel_booted_next")
+        assert code == 0, failed_checks(report)
+
+        ct = bare.container(CONTAINER_NAME)
+        old = vm.boot_id()
+        vm.ssh("systemctl reboot")
+        deadline = time.monotonic() + 420
+        while vm.boot_id() in (None, old):
+            assert time.monotonic() < deadline, "pve-grub did not come back within 420 s"
+            time.sleep(2)
+        assert vm.ssh("uname -r").stdout.strip() == release
+        assert f"x86_64  {DRIVER_VERSION}" in node_state(vm)["version"]
+        wait_ready(ct, 300)  # the onboot CT, started by the node's pve-guests with its GPU entries
+        code, report = verify(inventory, tmp_path / "runs")
+        assert code == 0, failed_checks(report)
+    finally:
+        set_host_vars(inventory, "pve-grub", None)
 
 
 def test_an_upgrade_that_may_not_reboot_stops_before_anything_changes(bare, inventory, tmp_path):
