@@ -34,7 +34,8 @@ class Namespace:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         mounts = []
-        for i, lower in enumerate(("/etc", "/usr/bin", "/usr/src", "/usr/local", "/var/lib", "/var/log", "/run")):
+        lowers = ("/etc", "/usr/bin", "/usr/src", "/usr/local", "/var/lib", "/var/log", "/run", "/usr/lib")
+        for i, lower in enumerate(lowers):
             upper, work = tmp / f"upper{i}", tmp / f"work{i}"
             upper.mkdir()
             work.mkdir()
@@ -152,3 +153,25 @@ def test_a_refusal_is_logged_as_nvidias_installer_logs_it(ns, installers):
     )
     assert out["log"].startswith("nvidia-installer log file '/var/log/nvidia-installer.log'")
     assert out["moved"] == "2\n"
+
+
+def test_dkms_kernel_hook_builds_for_a_new_kernel_only_where_its_headers_are(ns, installers):
+    """Debian's dkms kernel hook as the lab installs it (/etc/kernel/postinst.d/dkms, header_postinst.d/dkms): a new
+    kernel without headers gets dkms's warning and no module, and its install goes on (exit 0); with the headers'
+    build link and include directory, the hook's `dkms autoinstall` installs the AUTOINSTALL module for it."""
+    new, arch = "6.99.0-1-lab", os.uname().machine
+    stand_in, hook = OVERLAY / "usr" / "local" / "sbin" / "dkms", OVERLAY / "etc" / "kernel" / "postinst.d" / "dkms"
+    proc = ns.run(f"""sh {installers[V1]} {ARGS} >/dev/null; mkdir -p /usr/local/sbin; cp {stand_in} /usr/local/sbin/
+        echo "== without"; sh {hook} {new} 2>&1; echo "rc $?"; {dkms_status()} -k {new}
+        echo "== refused"; /usr/local/sbin/dkms autoinstall --kernelver {new} 2>&1; echo "rc $?"
+        mkdir -p /lib/modules/{new}/build/include
+        echo "== with"; sh {hook} {new} 2>&1; echo "rc $?"
+        echo "== status"; {dkms_status()} -k {new}""")
+    out = sections(proc.stdout)
+    assert out["without"] == (
+        "dkms: WARNING: Linux headers are missing, which may explain the above failures.\n"
+        f"      please install the linux-headers-{new} package to fix this.\nrc 0\nnvidia/{V1}: added\n"
+    ), proc.stdout + proc.stderr
+    assert out["refused"].endswith(f"(nvidia: no headers for {new})\nrc 11\n"), out["refused"]
+    assert out["with"] == f"Installing /lib/modules/{new}/updates/dkms/nvidia.ko\nrc 0\n", out["with"]
+    assert out["status"] == f"nvidia/{V1}, {new}, {arch}: installed\n"
