@@ -216,16 +216,21 @@ def test_a_kernel_update_without_headers_fails_verify_until_apply_builds_for_it_
         code, report = verify(inventory, tmp_path / "runs", "--limit", "pve-grub", "--checks", "kernel_booted_next")
         assert code == 0, failed_checks(report)
 
-        ct = bare.container(CONTAINER_NAME)
-        old = vm.boot_id()
+        ct = as_root(bare, bare.created_containers()[CONTAINER_VMID])
+        old, old_ct = vm.boot_id(), ct.boot_id()
         vm.ssh("systemctl reboot")
         deadline = time.monotonic() + 420
-        while vm.boot_id() in (None, old):
-            assert time.monotonic() < deadline, "pve-grub did not come back within 420 s"
+        while vm.boot_id() in (None, old) or ct.boot_id() in (None, old_ct):  # the onboot CT, from pve-guests
+            assert time.monotonic() < deadline, "pve-grub and its onboot CT did not come back within 420 s"
             time.sleep(2)
         assert vm.ssh("uname -r").stdout.strip() == release
         assert f"x86_64  {DRIVER_VERSION}" in node_state(vm)["version"]
-        wait_ready(ct, 300)  # the onboot CT, started by the node's pve-guests with its GPU entries
+        wait_ready(ct, 300)
+        assert ct.ssh("curl -sf localhost:30000/health").returncode == 0, "the CT does not serve after the reboot"
+        # made by the boot unit before pve-guests (the lab's nvidia-modprobe makes /dev/nvidiactl for -c 255 only)
+        unit = vm.ssh("systemctl is-active provision-nvidia-nodes; systemctl show -p Result --value "
+                      "provision-nvidia-nodes; stat -c %F /dev/nvidiactl")  # fmt: skip
+        assert unit.stdout.split("\n") == ["active", "success", "character special file", ""], unit.stdout
         code, report = verify(inventory, tmp_path / "runs")
         assert code == 0, failed_checks(report)
     finally:
