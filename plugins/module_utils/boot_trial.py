@@ -38,7 +38,15 @@ from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdlin
 TRIAL_ID = "provision-trial"
 # systemd-boot's EFI variables (its loader interface), by name: LoaderEntryOneShot, LoaderEntrySelected, ...
 LOADER_VARS = "/sys/firmware/efi/efivars/{}-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
-SDBOOT_ENTRY = TRIAL_ID + ".conf"
+# The systemd-boot trial entry's file name, which is also its id (LoaderEntryOneShot, LoaderEntrySelected): it carries a
+# boot counter of one try (the Boot Loader Specification's boot counting; systemd src/boot boot.c
+# config_entry_parse_tries, config_entry_bump_counters). systemd-boot renames the file before it boots it (+1 -> +0-1),
+# and systemd-bless-boot drops the counter once that boot is good. So a file still under this name after the reboot was
+# never booted: the one-shot did not reach the loader.
+SDBOOT_ENTRY = TRIAL_ID + "+1.conf"
+_SDBOOT_TRIAL_FILE = re.compile(re.escape(TRIAL_ID) + r"(\+\d+(-\d+)?)?\.conf")
+# in the kernel phase's state directory: the firmware lost a one-shot that read back as armed
+ONESHOT_LOST_RECORD = "oneshot-lost.json"
 TRIAL_TITLE = "provision trial boot of a new kernel command line"
 # the delimited block of /boot/grub/custom.cfg that is ours; everything outside it is the user's and stays
 BLOCK_BEGIN = "### BEGIN provision trial boot (removed after the trial) ###"
@@ -74,6 +82,25 @@ def oneshot_lost(rc: int, said: str, read_back: str | None) -> str | None:
         return (f"the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot {SDBOOT_ENTRY}, "
                 f"LoaderEntryOneShot reads {read_back or 'nothing'})")  # fmt: skip
     return None
+
+
+def sdboot_trial_files(names: list[str]) -> list[str]:
+    """The trial entry's files among an ESP's loader/entries names, under any boot-counter state."""
+    return sorted(n for n in names if _SDBOOT_TRIAL_FILE.fullmatch(n.lower()))
+
+
+def sdboot_trial_booted(names: list[str]) -> bool | None:
+    """Whether systemd-boot booted the trial entry, from its files' names (None where there is none): the file it
+    boots is renamed first, so only an entry never booted keeps its name."""
+    files = sdboot_trial_files(names)
+    return any(n.lower() != SDBOOT_ENTRY for n in files) if files else None
+
+
+def oneshot_lost_after_boot(selected: str | None) -> str:
+    """Why the trial never ran, where the loader did not boot the trial entry although it was armed and read back."""
+    return (f"the firmware did not keep systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back "
+            f"{SDBOOT_ENTRY} after bootctl set-oneshot, yet the loader booted {selected or 'another entry'} and never "
+            f"{SDBOOT_ENTRY} (its boot counter is untouched)")  # fmt: skip
 
 
 # ------------------------------------------------------------------ the decision

@@ -26,9 +26,9 @@ description:
     boot configuration and the running kernel lacks the wanted arguments (a reboot is due, I(reboot=auto)), it
     writes no default file but a one-shot entry instead. On GRUB, a copy of the first menu entry of
     C(/boot/grub/grub.cfg) with the merged arguments, in a delimited block of C(/boot/grub/custom.cfg), and
-    C(grub-reboot provision-trial). On systemd-boot, C(loader/entries/provision-trial.conf) on every ESP (a copy
+    C(grub-reboot provision-trial). On systemd-boot, C(loader/entries/provision-trial+1.conf) on every ESP (a copy
     of the entry systemd-boot boots by default, its options the merged first line of C(/etc/kernel/cmdline)),
-    and C(bootctl set-oneshot provision-trial.conf). The next C(configure) call (after the trial boot, the commit,
+    and C(bootctl set-oneshot provision-trial+1.conf). The next C(configure) call (after the trial boot, the commit,
     which writes the default files as without a trial) and C(trial_remove) remove it, and the C(trial.json)
     record in I(backup_dir) that says it was written.
 options:
@@ -80,6 +80,13 @@ options:
       - with action=configure, boot a changed line once before it becomes the default. C(auto) where the
         bootloader can (else C(trial) says why not, and the default files are written as with C(off)),
         C(required) writes nothing where it cannot (C(trial.mode) is C(refuse)).
+  after_trial:
+    type: bool
+    default: false
+    description:
+      - with action=trial_remove, the call follows a trial boot that did not come up on the new line. It then says
+        whether the bootloader never booted the trial entry (C(trial_never_ran)), and on systemd-boot records the
+        firmware's loss of the one-shot in I(backup_dir).
   reboot:
     type: str
     choices: [auto, never]
@@ -132,6 +139,14 @@ trial_removed:
   description: what of a trial boot entry was removed (in check mode, would be)
   type: list
   returned: configure, trial_remove
+trial_never_ran:
+  description:
+    - with I(after_trial), why the bootloader never booted the trial entry (GRUB left C(next_entry) set; systemd-boot
+      left the entry's boot counter untouched although C(LoaderEntryOneShot) read back as armed), else null
+    - on systemd-boot this is recorded in I(backup_dir) as C(oneshot-lost.json), and later runs boot no trial there
+      (C(auto) warns and reboots monitored, C(required) refuses) until that file is removed
+  type: str
+  returned: trial_remove
 loader_entry_selected:
   description:
     - the systemd-boot entry this boot came from (EFI variable LoaderEntrySelected), or null; action=configure
@@ -385,8 +400,10 @@ class GrubTrial:
                     line=trial_line)  # fmt: skip
 
     def remove(self, dry_run, recorded):
-        """Take out our custom.cfg block and a next_entry still naming it; what was (or would be) removed."""
+        """Take out our custom.cfg block and a next_entry still naming it; what was (or would be) removed. `booted`:
+        whether GRUB took the one-shot (it clears next_entry as it boots it), where a trial was recorded."""
         removed = []
+        self.booted = True if recorded else None
         existing = read_if_exists(GRUB_CUSTOM)
         if boot_trial.has_block(existing):
             removed.append(f"{GRUB_CUSTOM}: the trial menu entry")
@@ -400,13 +417,14 @@ class GrubTrial:
             rc, listing, _ = self.module.run_command(["grub-editenv", GRUBENV, "list"])
             if rc == 0 and boot_trial.grubenv_next_entry(listing) == boot_trial.TRIAL_ID:
                 removed.append(f"{GRUBENV}: next_entry={boot_trial.TRIAL_ID}")
+                self.booted = False if recorded else None
                 if not dry_run:
                     self.run(["grub-editenv", GRUBENV, "unset", "next_entry"])
         return removed
 
 
 class SdbootTrial:
-    """A one-shot systemd-boot entry: loader/entries/provision-trial.conf on every ESP, and LoaderEntryOneShot."""
+    """A one-shot systemd-boot entry: loader/entries/provision-trial+1.conf on every ESP, and LoaderEntryOneShot."""
 
     def __init__(self, module):
         self.module = module
@@ -421,7 +439,21 @@ class SdbootTrial:
             return "bootctl is not installed (Debian package systemd-boot-tools on PVE 9, systemd-boot on PVE 8)"
         if not esp_uuids():
             return f"{PBT_UUIDS} lists no ESP"
-        return None
+        return self.lost_before()
+
+    def lost_before(self):
+        """Why the firmware is not trusted with a one-shot: our record that it lost one at a trial boot, or None."""
+        path = os.path.join(self.module.params["backup_dir"], boot_trial.ONESHOT_LOST_RECORD)
+        text = read_if_exists(path)
+        if text is None:
+            return None
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = {}
+        reason = record.get("reason", "the firmware lost the one-shot of an earlier trial boot")
+        at = record.get("at", "an earlier run")
+        return f"{reason} (trial boot of {at}; remove {path} once the firmware keeps EFI variables)"
 
     def prepare(self, add, remove, line):
         written = []
@@ -446,21 +478,26 @@ class SdbootTrial:
         return dict(entry="; ".join(written) + ", once through bootctl set-oneshot", line=line)
 
     def remove(self, dry_run, recorded):
-        """Remove the entry from every ESP (mounted only when our record says one was written) and a one-shot still
-        naming it; what was (or would be) removed."""
-        removed = []
+        """Remove the entry from every ESP (mounted only when our record says one was written), under whatever name
+        its boot counter has, and a one-shot still naming it; what was (or would be) removed. `booted`: whether
+        systemd-boot booted the entry from any ESP (it renames the file it boots), or None where none was found."""
+        removed, seen = [], []
         oneshot = (efi_variable("LoaderEntryOneShot") or "").lower() == boot_trial.SDBOOT_ENTRY
+        self.oneshot_left = oneshot
         if recorded or oneshot:
             for uuid in esp_uuids():
                 try:
                     with mounted_esp(self.module, uuid, writable=not dry_run) as esp:
-                        path = os.path.join(esp, "loader", "entries", boot_trial.SDBOOT_ENTRY)
-                        if os.path.exists(path):
-                            removed.append(f"{uuid}:loader/entries/{boot_trial.SDBOOT_ENTRY}")
+                        entries = os.path.join(esp, "loader", "entries")
+                        names = boot_trial.sdboot_trial_files(os.listdir(entries) if os.path.isdir(entries) else [])
+                        seen += names
+                        for name in names:
+                            removed.append(f"{uuid}:loader/entries/{name}")
                             if not dry_run:
-                                os.unlink(path)
+                                os.unlink(os.path.join(entries, name))
                 except EspError as e:
                     raise TrialError(str(e)) from e
+        self.booted = boot_trial.sdboot_trial_booted(seen) if recorded else None
         if oneshot:
             removed.append("EFI variable LoaderEntryOneShot")
             if not dry_run:
@@ -478,17 +515,42 @@ def trial_record(module):
     return os.path.join(module.params["backup_dir"], TRIAL_RECORD)
 
 
-def remove_trial(module, bootloader):
-    """Remove a trial entry (an earlier run's, or this run's after its trial boot); in check mode only say what."""
+def remove_trial(module, bootloader, after_trial=False):
+    """Remove a trial entry (an earlier run's, or this run's after its trial boot); in check mode only say what.
+    With `after_trial` (a trial boot that did not come up on the new line), a systemd-boot entry the loader never
+    booted, though its one-shot read back as armed, is recorded as the firmware losing it: the next run does not trust
+    the firmware with a one-shot (SdbootTrial.lost_before). Returns (removed, why the trial never ran or None)."""
     record = trial_record(module)
+    trial = trial_for(module, bootloader)
     try:
-        removed = trial_for(module, bootloader).remove(module.check_mode, os.path.exists(record))
+        removed = trial.remove(module.check_mode, os.path.exists(record))
     except (TrialError, OSError) as e:
         hint = f"; {record} records it: remove that file once the entry is gone" if os.path.exists(record) else ""
         module.fail_json(msg=f"cannot remove the trial boot entry: {e}{hint}")
+    never_ran = None
+    if after_trial and trial.booted is False:
+        never_ran = trial_never_ran(module, bootloader, trial)
     if os.path.exists(record) and not module.check_mode:
         os.unlink(record)
-    return removed
+    return removed, never_ran
+
+
+def trial_never_ran(module, bootloader, trial):
+    """Why the loader never booted the trial entry; on systemd-boot the firmware's loss is recorded for later runs."""
+    if bootloader == "grub":
+        return (f"GRUB did not take the one-shot: {GRUBENV} still names next_entry={boot_trial.TRIAL_ID} after the "
+                "reboot")  # fmt: skip
+    selected = efi_variable("LoaderEntrySelected")
+    if trial.oneshot_left:  # the firmware kept the variable; the loader did not read it
+        return (f"systemd-boot did not take the one-shot: LoaderEntryOneShot still named {boot_trial.SDBOOT_ENTRY} "
+                f"after the reboot, which booted {selected or 'without systemd-boot'}")  # fmt: skip
+    reason = boot_trial.oneshot_lost_after_boot(selected)
+    path = os.path.join(module.params["backup_dir"], boot_trial.ONESHOT_LOST_RECORD)
+    if not module.check_mode:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        atomic_write(path, json.dumps({"reason": reason, "at": stamp}) + "\n")
+    return (f"{reason}; recorded in {path}: until it is removed, runs boot no trial on this node (auto makes the line "
+            "the default and reboots, monitored; required refuses)")  # fmt: skip
 
 
 def plan_trial(module, bootloader, changes, running_check):
@@ -617,7 +679,7 @@ def refuse_unbootable_snp(module, bootloader, changes, running_check, planned_li
 
 def configure(module, bootloader, add, remove):
     # a trial entry left by an earlier run, or by this run's own trial boot (this call is then its commit), goes first
-    trial_removed = remove_trial(module, bootloader)
+    trial_removed, _ = remove_trial(module, bootloader)
     planner = plan_grub if bootloader == "grub" else plan_systemd_boot
     changes, before, result, notes = planner(module, add, remove)
     running_check = {k: v for k, v in running(add, remove).items() if k != "changed"}
@@ -852,6 +914,7 @@ def main():
             line=dict(type="str"),
             trial_boot=dict(type="str", default="off", choices=list(boot_trial.MODES)),
             reboot=dict(type="str", default="auto", choices=["auto", "never"]),
+            after_trial=dict(type="bool", default=False),
         ),
         required_if=[
             ("action", "mark_changed", ("marker_file", "line")),
@@ -881,8 +944,8 @@ def main():
     elif action == "mark_changed":
         result = mark_changed(module)
     elif action == "trial_remove":
-        removed = remove_trial(module, bootloader)
-        result = dict(changed=bool(removed), trial_removed=removed)
+        removed, never_ran = remove_trial(module, bootloader, after_trial=p["after_trial"])
+        result = dict(changed=bool(removed), trial_removed=removed, trial_never_ran=never_ran)
     else:
         result = findings(module, p["add"], p["remove"])
     module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)

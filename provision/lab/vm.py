@@ -52,15 +52,20 @@ def choose_accel() -> str:
     return "tcg"
 
 
-# $1 qemu's pid file, $2 the stop flag, then qemu's command line (with -daemonize): wait while that qemu runs; once
-# it has exited (a reset under -no-reboot), start it again unless the lab stopped the VM. `read` and `kill -0` are
+# $1 qemu's pid file, $2 the stop flag, $3 the VM's directory, then qemu's command line (with -daemonize): wait while
+# that qemu runs; once it has exited (a reset under -no-reboot), start it again unless the lab stopped the VM. Where
+# the directory holds efi-vars-kept (LabVm.drop_efi_writes), the firmware's variable store goes back to it first: every
+# EFI variable written since is lost at the reset, as on firmware that drops such writes. `read` and `kill -0` are
 # builtins: the wait costs a `sleep` every 0.2 s.
 _WATCHER = r"""
-pidfile=$1 stopped=$2; shift 2
+pidfile=$1 stopped=$2 dir=$3; shift 3
 while :; do
   pid=; read -r pid < "$pidfile" 2>/dev/null
   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
   [ -e "$stopped" ] && exit 0
+  if [ -e "$dir/efi-vars-kept" ]; then
+    cp "$dir/efi-vars-kept" "$dir/ovmf_vars.fd" && echo "$(date -u +%FT%TZ) EFI variables written since dropped"
+  fi
   echo "$(date -u +%FT%TZ) qemu $pid exited: starting it again"
   "$@" || exit 1
 done
@@ -165,7 +170,8 @@ class LabVm(LabMachine):
         until `stop`: with -no-reboot, a reset ends qemu, and the node must come back as a rebooted host does."""
         with open(self.dir / "watcher.log", "ab") as log:
             watcher = subprocess.Popen(
-                ["bash", "-c", _WATCHER, "lab-vm-watcher", str(self.pidfile), str(self.stopped), *self.command(accel)],
+                ["bash", "-c", _WATCHER, "lab-vm-watcher", str(self.pidfile), str(self.stopped), str(self.dir),
+                 *self.command(accel)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )  # fmt: skip
         self.watcher_pidfile.write_text(f"{watcher.pid}\n")
@@ -239,6 +245,19 @@ class LabVm(LabMachine):
     def after_resume(self) -> None:
         """A resumed guest's clock is the snapshot's: set it to now, as a booted one would be."""
         self.ssh(f"date -u -s @{time.time():.3f} >/dev/null", timeout=30)
+
+    def drop_efi_writes(self, drop: bool = True) -> None:
+        """Firmware that drops EFI variable writes (`drop`), or keeps them again: from now on, every variable the
+        guest writes (`bootctl set-oneshot` included) reads back while the node runs and is gone after its next
+        reset, as on firmware whose variable store does not persist such writes. Only a UEFI VM (pve-sdboot) has
+        variables. The store kept is the one of this moment, copied while the guest writes none."""
+        kept = self.dir / "efi-vars-kept"
+        if not drop:
+            kept.unlink(missing_ok=True)
+            return
+        if self.spec.bootloader != "sdboot":
+            raise ValueError(f"{self.spec.name} boots through GRUB with BIOS: it has no EFI variables")
+        shutil.copy(self.dir / "ovmf_vars.fd", kept)
 
     def is_running(self) -> bool:
         """qemu runs, or its watcher is about to start it again after a reset."""

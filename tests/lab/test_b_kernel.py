@@ -7,7 +7,8 @@ kvm_amd.sev=0 in /etc/kernel/cmdline without a trailing newline. The lab's inven
 is not required (its VMs cannot do it): the profile applies and the reports say "SNP not proven".
 A run that changes a node's line and reboots it boots the line once, as a trial, before it becomes the default
 (roles/kernel_cmdline/README.md, "Trial boot, then commit"); a run that only reboots into a line already written
-(after --reboot never) does not.
+(after --reboot never) does not. A trial whose one-shot the firmware dropped at the reset never ran, and is told
+apart from one that hung by its entry's boot counter (the last test).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def trial_left(machine) -> list[str]:
         # GRUB's save_env leaves `next_entry=` (empty) once it has taken the one-shot
         "grub-editenv /boot/grub/grubenv list 2>/dev/null | grep '^next_entry=.'; "
         "ls /sys/firmware/efi/efivars/LoaderEntryOneShot-* /var/lib/provision/kernel-cmdline/trial.json 2>/dev/null; "
-        + on_each_esp("ls loader/entries/provision-trial.conf 2>/dev/null")
+        + on_each_esp("ls loader/entries/provision-trial*.conf 2>/dev/null")
     ).stdout
     return out.split()
 
@@ -430,3 +431,38 @@ def test_rollback_restores_the_previous_line_and_reboots_only_where_needed(hosts
         not in rolled.ssh("cat /etc/kernel/cmdline /etc/default/grub /etc/default/grub.d/* 2>/dev/null").stdout
     )
     assert (untouched.boot_id(), boot_config(untouched)) == untouched_state, f"{other} is not in --limit"
+
+
+def test_a_one_shot_the_firmware_drops_at_the_reset_is_no_trial_and_the_next_run_reboots_monitored(hosts, runs):
+    """Firmware that drops EFI variable writes at the reset (the lab restores pve-sdboot's OVMF variable store when it
+    resets): `bootctl set-oneshot` reads back as armed, and the node reboots into its default entry. The trial entry's
+    boot counter is untouched, so the run says the trial never ran (not that the new line failed), leaves the default
+    boot configuration and the running line as they were, and records the firmware's loss. The next run boots no
+    trial there: it says why, makes the line the default and reboots, monitored, onto the new line."""
+    node, inv = hosts["pve-sdboot"], hosts["inventory"]
+    record = "/var/lib/provision/kernel-cmdline/oneshot-lost.json"
+    set_host_vars(inv, "pve-sdboot", {"kernel_cmdline_extra_args": ["lab_new=3"]})
+    node.drop_efi_writes()
+    try:
+        before = (boot_config(node), args_of(node), node.boot_id())
+        rc, result, err = apply(inv, runs, "--tags", "kernel", "--limit", "pve-sdboot")
+        assert rc == 1, err[-3000:]
+        message = " ".join(f["message"] for f in result["failures"] if f["host"] == "pve-sdboot")
+        assert message.startswith(
+            "pve-sdboot: the trial boot never ran, so the new line was not tried: the firmware did not keep "
+            "systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back provision-trial+1.conf after "
+            "bootctl set-oneshot, yet the loader booted proxmox-"
+        ), message
+        assert f"recorded in {record}" in message and message.endswith("trial entry removed; nothing else was changed")
+        assert node.boot_id() != before[2], "the node did not reboot"
+        assert (boot_config(node), args_of(node)) == before[:2] and trial_left(node) == []
+        assert node.ssh(f"test -s {record}").returncode == 0
+
+        rc, result, err = apply(inv, runs, "--tags", "kernel", "--limit", "pve-sdboot")
+        assert rc == 0, err[-3000:]
+        warned = [m for m in result["reports"]["pve-sdboot"] if m.startswith("WARNING: no trial boot: ")]
+        assert warned and "the firmware did not keep systemd-boot's one-shot through the reboot" in warned[0], result
+        assert "lab_new=3" in args_of(node) and trial_left(node) == []
+    finally:
+        node.drop_efi_writes(False)
+        set_host_vars(inv, "pve-sdboot", None)

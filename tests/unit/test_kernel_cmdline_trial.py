@@ -264,27 +264,32 @@ def test_systemd_boot_boots_a_copy_of_the_default_entry_once_then_commits(node):
     assert out["trial"]["mode"] == "trial", out
     assert node.read("/etc/kernel/cmdline") == OLD_LINE + "\n", "the default line was written before its trial"
     listing = node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout.split()
-    assert sorted(listing) == ["provision-trial.conf", f"proxmox-{KVER}.conf", f"proxmox-{NEW_KVER}.conf"]
-    trial = node.sh(ESP.format("cat $ROOT/esp/loader/entries/provision-trial.conf")).stdout
+    assert sorted(listing) == ["provision-trial+1.conf", f"proxmox-{KVER}.conf", f"proxmox-{NEW_KVER}.conf"]
+    trial = node.sh(ESP.format("cat $ROOT/esp/loader/entries/provision-trial+1.conf")).stdout
     assert f"options  {OLD_LINE} {NEW_ARG}\n" in trial, trial
     assert f"linux    /EFI/proxmox/{NEW_KVER}/vmlinuz-{NEW_KVER}" in trial, "a copy of the newest: the default"
     assert node.sh(ESP.format("cat $ROOT/esp/loader/entries/proxmox-*.conf")).stdout == entries
-    assert node.efi_var("LoaderEntryOneShot") == "provision-trial.conf"
+    assert node.efi_var("LoaderEntryOneShot") == "provision-trial+1.conf"
 
-    # systemd-boot took the one-shot (deleting the variable) and booted the trial entry
+    # systemd-boot took the one-shot (deleting the variable), counted the entry's try (renaming its file) and booted it
     node.sh(f"rm /sys/firmware/efi/efivars/LoaderEntryOneShot-{GUID}")
-    node.boots(out["trial"]["line"], selected="provision-trial.conf")
+    node.sh(
+        ESP.format(
+            "mv $ROOT/esp/loader/entries/provision-trial+1.conf $ROOT/esp/loader/entries/provision-trial+0-1.conf"
+        )
+    )
+    node.boots(out["trial"]["line"], selected="provision-trial+1.conf")
     seen = node.module(action="running")
-    assert seen["reboot_needed"] is False and seen["loader_entry_selected"] == "provision-trial.conf"
+    assert seen["reboot_needed"] is False and seen["loader_entry_selected"] == "provision-trial+1.conf"
 
     commit = node.module()
     assert (
         commit["changed"]
         and commit["backup"]
-        and commit["trial_removed"] == [f"{ESP_UUID}:loader/entries/provision-trial.conf"]
+        and commit["trial_removed"] == [f"{ESP_UUID}:loader/entries/provision-trial+0-1.conf"]
     )
     assert node.read("/etc/kernel/cmdline") == f"{OLD_LINE} {NEW_ARG}\n"
-    assert "provision-trial.conf" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+    assert "provision-trial" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
 
 
 @pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
@@ -293,7 +298,7 @@ def test_a_systemd_boot_node_back_on_its_old_line_loses_the_entry_and_an_untaken
     # the one-shot was not taken (the firmware booted another way): the variable is still set, the old line runs
     out = node.module(action="trial_remove")
     assert out["trial_removed"] == [
-        f"{ESP_UUID}:loader/entries/provision-trial.conf",
+        f"{ESP_UUID}:loader/entries/provision-trial+1.conf",
         "EFI variable LoaderEntryOneShot",
     ]
     assert node.efi_var("LoaderEntryOneShot") is None
@@ -302,9 +307,9 @@ def test_a_systemd_boot_node_back_on_its_old_line_loses_the_entry_and_an_untaken
 
 
 ONESHOT_LOST = {
-    "drop": "the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot provision-trial.conf, "
+    "drop": "the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot provision-trial+1.conf, "
     "LoaderEntryOneShot reads nothing)",
-    "refuse": "the firmware refused systemd-boot's one-shot (bootctl set-oneshot provision-trial.conf: Failed to "
+    "refuse": "the firmware refused systemd-boot's one-shot (bootctl set-oneshot provision-trial+1.conf: Failed to "
     "update EFI variable 'LoaderEntryOneShot': Input/output error)",
 }
 
@@ -328,6 +333,53 @@ def test_a_one_shot_the_firmware_loses_is_no_trial_and_never_blames_the_line(nod
     assert out["trial"] == {"mode": "warn", "reason": ONESHOT_LOST[firmware]} and out["backup"], out
     assert node.read("/etc/kernel/cmdline") == f"{OLD_LINE} {NEW_ARG}\n"
     assert "provision-trial" not in node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+
+
+@pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
+@pytest.mark.parametrize("booted", [False, True], ids=["never-booted", "booted-and-hung"])
+def test_a_one_shot_lost_at_the_reset_is_told_from_a_trial_that_hung_by_the_entrys_boot_counter(node, booted):
+    """The one-shot read back as armed, and the node came back on its old line from its default entry. Where the
+    firmware lost the variable at the reset, systemd-boot never booted the trial entry: its file keeps its untouched
+    boot counter. The removal after the trial says the trial never ran and records the firmware's loss, and the next
+    run boots no trial there (`auto` warns and writes the default for a monitored reboot, `required` refuses). Where
+    the loader booted the entry (renamed +0-1) and the boot hung, the new line is to blame, and nothing is recorded."""
+    assert node.module(trial_boot="auto")["trial"]["mode"] == "trial"
+    assert node.efi_var("LoaderEntryOneShot") == "provision-trial+1.conf", "read back as armed"
+    node.sh(f"rm /sys/firmware/efi/efivars/LoaderEntryOneShot-{GUID}")  # consumed, or lost at the reset
+    if booted:
+        node.sh(
+            ESP.format(
+                "mv $ROOT/esp/loader/entries/provision-trial+1.conf $ROOT/esp/loader/entries/provision-trial+0-1.conf"
+            )
+        )
+    node.boots(OLD_LINE, selected=f"proxmox-{NEW_KVER}.conf")
+    out = node.module(action="trial_remove", after_trial=True)
+    record = node.state / "kernel-cmdline" / "oneshot-lost.json"
+    name = "provision-trial+0-1.conf" if booted else "provision-trial+1.conf"
+    assert out["trial_removed"] == [f"{ESP_UUID}:loader/entries/{name}"], out
+    if booted:
+        assert out["trial_never_ran"] is None and not record.exists()
+        assert node.module(trial_boot="auto")["trial"]["mode"] == "trial", "a hung trial does not rule out the next"
+        return
+    lost = (f"the firmware did not keep systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back "
+            f"provision-trial+1.conf after bootctl set-oneshot, yet the loader booted proxmox-{NEW_KVER}.conf and "
+            "never provision-trial+1.conf (its boot counter is untouched)")  # fmt: skip
+    assert json.loads(record.read_text())["reason"] == lost
+    assert out["trial_never_ran"] == (
+        f"{lost}; recorded in {record}: until it is removed, runs boot no trial on this node (auto makes the line the "
+        "default and reboots, monitored; required refuses)"
+    )
+    entries = node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout
+    refused = node.module(trial_boot="required")
+    assert refused["trial"]["mode"] == "refuse" and refused["trial"]["reason"].startswith(lost + " (trial boot of 20")
+    assert refused["trial"]["reason"].endswith(f"remove {record} once the firmware keeps EFI variables)")
+    assert (
+        node.sh(ESP.format("ls $ROOT/esp/loader/entries")).stdout == entries
+        and node.efi_var("LoaderEntryOneShot") is None
+    )
+    out = node.module(trial_boot="auto")
+    assert out["trial"]["mode"] == "warn" and out["backup"], out
+    assert node.read("/etc/kernel/cmdline") == f"{OLD_LINE} {NEW_ARG}\n" and node.efi_var("LoaderEntryOneShot") is None
 
 
 @pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
@@ -388,8 +440,11 @@ else:
     esp = os.path.join(root, "esp")
     subprocess.run(["mount", "/dev/disk/by-uuid/{ESP_UUID}", esp], check=True)
     entries = sorted(glob.glob(esp + "/loader/entries/proxmox-*.conf"))
+    if once and mode != "not-taken":  # the loader counts the try: config_entry_bump_counters renames the file
+        os.rename(esp + "/loader/entries/" + once, esp + "/loader/entries/" + once.replace("+1.conf", "+0-1.conf"))
     selected = once if once and mode == "trial" else os.path.basename(entries[-1])
-    line = re.search(r"^options\\s+(.*)$", open(esp + "/loader/entries/" + selected).read(), re.M).group(1)
+    name = selected.replace("+1.conf", "+0-1.conf") if selected == once else selected
+    line = re.search(r"^options\\s+(.*)$", open(esp + "/loader/entries/" + name).read(), re.M).group(1)
     subprocess.run(["umount", esp], check=True)
     data = (6).to_bytes(4, "little") + (selected + "\\0").encode("utf-16-le")
     open(efivars.format("LoaderEntrySelected"), "wb").write(data)
@@ -472,11 +527,14 @@ def test_a_node_back_on_its_old_line_keeps_its_default_and_the_next_run_converge
     failed = apply(node, stand_in_reboot, boot_mode)
     files = ("/etc/default/grub, /boot/grub/grub.cfg" if node.bootloader == "grub"
              else "/etc/kernel/cmdline, loader/entries/proxmox-*.conf on the ESPs")  # fmt: skip
-    assert failed == (
-        f"localhost: the trial boot did not come up on the new line (running: BOOT_IMAGE=/vmlinuz {OLD_LINE}"
-        + ("; booted entry proxmox-6.8.12-5-pve.conf" if node.bootloader == "systemd-boot" else "")
-        + f"); the default boot entry is unchanged ({files}), trial entry removed; nothing else was changed"
+    said = (
+        "the trial boot did not come up on the new line (running: BOOT_IMAGE=/vmlinuz " + OLD_LINE + ")"
+        if node.bootloader == "grub"
+        else "the trial boot never ran, so the new line was not tried: systemd-boot did not take the one-shot: "
+        "LoaderEntryOneShot still named provision-trial+1.conf after the reboot, which booted proxmox-6.8.12-5-pve.conf"
     )
+    unchanged = f"the default boot entry is unchanged ({files}), trial entry removed; nothing else was changed"
+    assert failed == f"localhost: {said}; {unchanged}"
     assert boot_config(node) == before and trial_left(node) == [] and NEW_ARG not in running(node)
     assert not (node.state / "cmdline-changed").exists()
 
@@ -500,6 +558,15 @@ FAULT_ROWS = [
         "new line until its next boot",
         "yes: with room made, the next run writes the default without another reboot",
         "tests/unit/test_kernel_cmdline_trial.py::test_a_full_boot_when_the_trial_is_committed[grub]", True, True),
+    Row("firmware drops the trial's one-shot at the reset (`LoaderEntryOneShot` read back as armed, gone after the "
+        "reboot)", "kernel",
+        "`<host>: the trial boot never ran, so the new line was not tried: the firmware did not keep systemd-boot's "
+        "one-shot through the reboot: …`",
+        "the default boot configuration and the running line as before, the trial entry removed, the loss recorded "
+        "in `kernel-cmdline/oneshot-lost.json`",
+        "yes: the next run boots no trial there (`auto` warns, makes the line the default and reboots, monitored)",
+        "tests/lab/test_b_kernel.py::"
+        "test_a_one_shot_the_firmware_drops_at_the_reset_is_no_trial_and_the_next_run_reboots_monitored", True, True),
 ]  # fmt: skip
 
 

@@ -135,13 +135,13 @@ def test_an_armed_systemd_boot_one_shot_is_read_from_its_efi_variable_and_the_tr
     """A systemd-boot node with the kernel phase's one-shot armed: its line comes from the trial record (the entry is
     on an unmounted ESP); a one-shot of another entry is listed with its line unknown, and may translate. The node
     keeps /etc/default/grub too (PVE installs GRUB's packages beside systemd-boot): its line is listed as GRUB's."""
-    trial = _node(bootloader="systemd-boot", oneshot="provision-trial.conf", trial_line=PROFILE + " lab_new=1")
+    trial = _node(bootloader="systemd-boot", oneshot="provision-trial+1.conf", trial_line=PROFILE + " lab_new=1")
     spec, _ = _spec(tmp_path, trial, _container())
     found = next_boot.report(spec)["pve1"]["lines"]
     assert [(b["source"], b["cmdline"]) for b in found] == [
         ("/etc/default/grub (the line update-grub writes next)", PROFILE),
         ("/etc/kernel/cmdline (every loader entry at the next proxmox-boot-tool refresh)", PROFILE),
-        ("one-shot loader entry provision-trial.conf (LoaderEntryOneShot)", PROFILE + " lab_new=1"),
+        ("one-shot loader entry provision-trial+1.conf (LoaderEntryOneShot)", PROFILE + " lab_new=1"),
     ]
     other = _node(bootloader="systemd-boot", oneshot="proxmox-6.14.8-2-pve.conf")
     spec, _ = _spec(tmp_path, other, _container())
