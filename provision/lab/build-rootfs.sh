@@ -14,7 +14,7 @@ set -euo pipefail
 OUT=$1 CACHE=$2
 mkdir -p "$CACHE"
 rm -rf "$OUT.tmp"
-PACKAGES=systemd-sysv,udev,dbus,linux-image-amd64,grub-pc,systemd-boot,openssh-server,python3,python3-apt
+PACKAGES=systemd-sysv,udev,dbus,grub-pc,systemd-boot,openssh-server,python3,python3-apt
 PACKAGES+=,python3-venv,python3-pip,iproute2,sudo,kmod,procps,ca-certificates,less,zstd,e2fsprogs,dosfstools
 PACKAGES+=,pciutils,curl
 # What the sglang role installs into a GPU container at run time (roles/sglang/defaults sglang_runtime_packages:
@@ -23,10 +23,17 @@ PACKAGES+=,pciutils,curl
 # them, as one made from PVE's minimal template does. Its Packages index is what apt-ftparchive writes: each .deb's
 # control fields, then Filename, Size and SHA256.
 export CT_RUNTIME_PACKAGES="gcc libc6-dev python3-dev"
-# A kernel newer than the image boots, for `provision lab kernel` (a kernel update on a node): bookworm-backports'
-# cloud flavour, whose modules include what the lab's VMs load (virtio, qemu_fw_cfg, efivarfs), downloaded into the same
-# repository with the lab's headers package for it (lab-headers-deb.sh).
-export NEXT_KERNEL=linux-image-cloud-amd64/bookworm-backports
+# Two real kernels of Debian 12's 6.1 series, the last two ABIs its pockets hold (bookworm main keeps the previous
+# point release's beside its own, and bookworm-security often has a newer one): the image boots the older, and the
+# newer is downloaded into the lab's apt repository, with the lab's headers package for it (lab-headers-deb.sh), for
+# `provision lab kernel` (a kernel update on a node). A newer series is no choice under this machine's qemu 7.2 TCG:
+# bookworm-backports' 6.12 died of a double fault in the SLUB allocator at every boot, whatever the CPU model.
+export LAB_KERNELS='set -e
+kernels=$(apt-cache pkgnames linux-image-6.1.0- | grep -E "^linux-image-6[.]1[.]0-[0-9]+-amd64\$" | sort -V | tail -n2)
+[ "$(echo "$kernels" | wc -w)" = 2 ] || { echo "want two linux-image-6.1.0-N-amd64 in bookworm, found: $kernels" >&2; exit 1; }
+DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(echo "$kernels" | head -n1)
+mkdir -p /srv/lab-apt/partial
+apt-get install --download-only --no-install-recommends -y -o Dir::Cache::Archives=/srv/lab-apt/ $(echo "$kernels" | tail -n1)'
 export LAB_APT_INDEX='cd /srv/lab-apt && rm -rf partial lock && for d in *.deb; do dpkg-deb -f "$d"; printf "Filename: ./%s\nSize: %s\nSHA256: %s\n\n" "$d" "$(stat -c %s "$d")" "$(sha256sum "$d" | cut -d" " -f1)"; done > Packages'
 mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   --include="$PACKAGES" \
@@ -34,11 +41,11 @@ mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
   --setup-hook="sync-in $CACHE /var/cache/apt/archives/" \
   --essential-hook='chroot "$1" dpkg-divert --local --rename --add /usr/sbin/update-initramfs && ln -s /bin/true "$1"/usr/sbin/update-initramfs' \
+  --customize-hook='chroot "$1" sh -c "$LAB_KERNELS"' \
   --customize-hook="sync-out /var/cache/apt/archives $CACHE" \
   --customize-hook='printf "\nvirtio_pci\nvirtio_blk\next4\n" >> "$1"/etc/initramfs-tools/modules && echo MODULES=list > "$1"/etc/initramfs-tools/conf.d/lab-modules.conf' \
   --customize-hook='rm "$1"/usr/sbin/update-initramfs && chroot "$1" dpkg-divert --local --rename --remove /usr/sbin/update-initramfs && chroot "$1" update-initramfs -c -k all' \
   --customize-hook='mkdir -p "$1"/srv/lab-apt/partial && chroot "$1" apt-get install --download-only --no-install-recommends -y -o Dir::Cache::Archives=/srv/lab-apt/ $CT_RUNTIME_PACKAGES' \
-  --customize-hook='chroot "$1" apt-get install --download-only --no-install-recommends -y -o Dir::Cache::Archives=/srv/lab-apt/ $NEXT_KERNEL' \
   --customize-hook="$(dirname "$0")"'/lab-headers-deb.sh "$1"/srv/lab-apt' \
   --customize-hook='chroot "$1" sh -c "$LAB_APT_INDEX"' \
   --customize-hook='echo "deb [trusted=yes] file:/srv/lab-apt ./" > "$1"/etc/apt/sources.list' \
@@ -48,7 +55,6 @@ mmdebstrap --variant=apt --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
   bookworm "$OUT.tmp" \
   "deb http://deb.debian.org/debian bookworm main" \
   "deb http://deb.debian.org/debian bookworm-updates main" \
-  "deb http://deb.debian.org/debian-security bookworm-security main" \
-  "deb http://deb.debian.org/debian bookworm-backports main"
+  "deb http://deb.debian.org/debian-security bookworm-security main"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"

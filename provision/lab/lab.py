@@ -312,7 +312,8 @@ class Lab:
 
     def install_kernel(self, vm_name: str, headers: bool = False) -> str:
         """Install on a node, as an `apt full-upgrade` does, the newer kernel the lab's apt repository holds
-        (bookworm-backports' cloud flavour), with or without its headers; returns its release. The kernel's own
+        (the newest Debian 12 kernel ABI; the image boots the one before it), with or without its headers; returns
+        its release. The kernel's own
         hooks run: initramfs, update-grub on the GRUB node, and dkms's, which builds the node's DKMS modules for it
         where its headers are. On the systemd-boot node `proxmox-boot-tool refresh` follows, as PVE's
         zz-proxmox-boot hook runs it. The node boots it at its next reboot."""
