@@ -195,7 +195,9 @@ def test_a_kernel_update_without_headers_fails_verify_until_apply_builds_for_it_
     """A newer kernel installed without its headers (a kernel update on a node without proxmox-default-headers):
     DKMS builds nothing for it, and dkms's hook says so. Before any reboot, verify exits 1 naming that kernel; the
     driver phase installs its headers and DKMS builds the pinned module for it, with no reboot; verify passes; the
-    node then reboots by itself into that kernel, with the module loaded, and its onboot container serves."""
+    node then reboots by itself into that kernel, with the module loaded and /dev/nvidiactl made by the boot unit,
+    and its onboot container serves. verify then asks for the kernel phase's findings of that boot, and passes once
+    apply has recorded them."""
     vm = bare.vm("pve-grub")
     running = vm.ssh("uname -r").stdout.strip()
     release = bare.install_kernel("pve-grub")
@@ -231,6 +233,15 @@ def test_a_kernel_update_without_headers_fails_verify_until_apply_builds_for_it_
         unit = vm.ssh("systemctl is-active provision-nvidia-nodes; systemctl show -p Result --value "
                       "provision-nvidia-nodes; stat -c %F /dev/nvidiactl")  # fmt: skip
         assert unit.stdout.split("\n") == ["active", "success", "character special file", ""], unit.stdout
+        # a reboot outside provision: the kernel findings (the IOMMU's mode, SEV-SNP) are recorded per boot by the
+        # kernel phase, and verify names them, and only them, until it has run in this boot
+        code, report = verify(inventory, tmp_path / "runs")
+        findings = {("pve-grub", "test_iommu_and_snp_findings"), ("pve-grub", "test_sev_snp_proven")}
+        assert code == 1 and set(failed_checks(report)) == findings, failed_checks(report)
+        assert {failed_checks(report)[f] for f in findings} == {
+            "the findings are from an earlier boot: run provision apply --tags kernel"}  # fmt: skip
+        code, _, err = apply(inventory, tmp_path / "runs", "--tags", "kernel", *ONLY_NODES)
+        assert code == 0, err[-3000:]
         code, report = verify(inventory, tmp_path / "runs")
         assert code == 0, failed_checks(report)
     finally:
