@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from provision.lab import wheelhouse
-from tests.lab.helpers import inside, pve_api, wait_task
+from tests.lab.common import inside, pve_api, wait_task
 
 LAB_CHANGES = {"ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"kernel", "gpu", "sglang", "ct"}

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import (
+from tests.lab.common import (
     PROFILE_ARGS,
     apply,
     boots,

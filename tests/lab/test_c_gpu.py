@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, inside, interrupt_at, pve_api, set_host_vars, wait_task
+from tests.lab.common import apply, inside, interrupt_at, pve_api, set_host_vars, wait_task
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
 LAB_NEEDS_UNCHANGED = {"gpu"}

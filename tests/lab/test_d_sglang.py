@@ -11,7 +11,7 @@ import pytest
 
 from provision.lab import wheelhouse
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, ensure_converged, interrupt_at, pve_api, set_host_vars, wait_task
+from tests.lab.common import apply, ensure_converged, interrupt_at, pve_api, set_host_vars, wait_task
 from tests.processes import start_apply, wait_for_task
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py

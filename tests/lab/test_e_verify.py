@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars, wait_ready
+from tests.lab.common import apply, restart_and_wait_ready, set_host_vars, wait_ready
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)

@@ -14,7 +14,7 @@ import pytest
 
 from provision.lab import wheelhouse
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, restart_and_wait_ready, set_host_vars
+from tests.lab.common import apply, restart_and_wait_ready, set_host_vars
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, ensure_converged
+from tests.lab.common import apply, ensure_converged
 from tests.proxy import bastion_dir
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py

@@ -12,7 +12,7 @@ import pytest
 from provision.lab import hfhub
 from provision.lab.specs import HUB_MODEL_PATH as MODEL_PATH
 from provision.lab.specs import hub_model_vars
-from tests.lab.helpers import apply, ensure_converged, set_host_vars
+from tests.lab.common import apply, ensure_converged, set_host_vars
 
 LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)

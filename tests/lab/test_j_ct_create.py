@@ -24,7 +24,7 @@ from provision import locks
 from provision.lab.ctbody import _link_in_use, net_index
 from provision.lab.specs import ct_spec
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, as_root, pve_api, wait_task
+from tests.lab.common import apply, as_root, pve_api, wait_task
 
 LAB_CHANGES = {"gpu", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)

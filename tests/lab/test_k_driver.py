@@ -36,7 +36,7 @@ from provision.lab import hfhub, wheelhouse
 from provision.lab.lab import CONTAINER_NAME, CONTAINER_VMID, DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
 from provision.lab.specs import HUB_MODEL_PATH
 from tests.conftest import run_provision
-from tests.lab.helpers import apply, as_root, boots, set_host_vars, wait_ready
+from tests.lab.common import apply, as_root, boots, set_host_vars, wait_ready
 
 # tests/lab/conftest.py: it changes only its own bare lab, and leaves the lab down
 LAB_CHANGES = {"down"}
