@@ -10,7 +10,7 @@ fresh lab, made again from the cached image and booted snapshots (`Lab.recreate`
 none needs one. A module that leaves the lab down (test_k, which brings up a bare lab of its own) names "down": the next
 lab module brings a normal lab up first, and when none follows, nothing is brought up for nothing. A module that starts
 from converged phases brings them there itself
-(`helpers.ensure_converged`), which costs one read per host when they already are.
+(`common.ensure_converged`), which costs one read per host when they already are.
 
 A module names the nodes it needs (`LAB_NODES`): "vm" (the default: qemu VMs, a bootloader, real reboots) or "nspawn"
 (nodes as nspawn containers, for modules that never change a node's kernel line: docs/lab.md); None for a module that
