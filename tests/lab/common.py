@@ -66,6 +66,11 @@ split_cmdline = _kernel_cmdline.split
 canonical = _kernel_cmdline.canonical
 
 
+def failed_checks(report: dict) -> dict[tuple[str, str], str]:
+    """verify's failed checks in a --json result: (host, check) -> the reason."""
+    return {(c["host"], c["name"]): c["reason"] for c in report.get("checks", []) if not c["passed"]}
+
+
 def as_root(lab, body):
     """A CT created through the lab's API, reached as root (its spec gives root the lab's client key), its host key
     checked against the lab's known_hosts, where the apply put the key it read on the CT's node."""

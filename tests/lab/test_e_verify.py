@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.conftest import run_provision
-from tests.lab.common import apply, restart_and_wait_ready, set_host_vars, wait_ready
+from tests.lab.common import apply, failed_checks, restart_and_wait_ready, set_host_vars, wait_ready
 
 LAB_CHANGES = {"kernel", "gpu", "sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
@@ -36,10 +36,6 @@ def verify(inv, runs, *extra, env=None, timeout=1800):
     proc = run_provision("verify", "--inventory", str(inv), "--json", "--runs-dir", str(runs), *extra,
                          env={**ENV, **(env or {})}, timeout=timeout)  # fmt: skip
     return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}
-
-
-def failed(report) -> dict[tuple[str, str], str]:
-    return {(c["host"], c["name"]): c["reason"] for c in report["checks"] if not c["passed"]}
 
 
 def test_site_converges_and_a_second_run_changes_nothing(lab, converged, runs):
@@ -92,7 +88,7 @@ def test_a_converged_phase_is_skipped_until_its_state_or_its_inputs_change(lab, 
 def test_every_check_passes_and_junit_lists_them(lab, converged, runs, tmp_path):
     junit = tmp_path / "verify.xml"
     rc, report = verify(converged["inventory"], runs, "--junit", str(junit))
-    assert rc == 0, failed(report)
+    assert rc == 0, failed_checks(report)
     names = {c["name"] for c in report["checks"]}
     for check in ("test_kernel_arguments_in_running_kernel", "test_iommu_and_snp_findings", "test_sev_snp_proven",
                   "test_gpu_device_nodes", "test_userspace_matches_host_driver", "test_service_enabled",
@@ -135,7 +131,7 @@ def test_stopped_service_fails_its_check(lab, converged, runs):
     finally:
         ct.ssh("systemctl start sglang")
     assert rc == 1
-    assert "the sglang unit is not running" in failed(report)[("sglang-01", "test_service_active")]
+    assert "the sglang unit is not running" in failed_checks(report)[("sglang-01", "test_service_active")]
 
 
 def test_removed_kernel_argument_fails_its_check(lab, converged, runs):
@@ -148,7 +144,8 @@ def test_removed_kernel_argument_fails_its_check(lab, converged, runs):
     finally:
         vm.ssh(f"mv {path}.keep {path}")
     assert rc == 1
-    assert "/proc/cmdline lacks lab_gone=1" in failed(report)[("pve-sdboot", "test_kernel_arguments_in_running_kernel")]
+    reasons = failed_checks(report)
+    assert "/proc/cmdline lacks lab_gone=1" in reasons[("pve-sdboot", "test_kernel_arguments_in_running_kernel")]
 
 
 def test_missing_env_var_fails_the_p2p_check(lab, converged, runs):
@@ -163,7 +160,7 @@ def test_missing_env_var_fails_the_p2p_check(lab, converged, runs):
     assert rc == 1
     assert (
         "NCCL_P2P_DISABLE=1 is not in its environment"
-        in failed(report)[("sglang-01", "test_process_matches_p2p_policy")]
+        in failed_checks(report)[("sglang-01", "test_process_matches_p2p_policy")]
     )
 
 
@@ -178,7 +175,8 @@ def test_missing_gpu_node_fails_its_check(lab, converged, runs):
         ct.ssh("systemctl reboot", timeout=20)
         ct.wait_for_ssh(120, not_boot_id=old)
     assert rc == 1
-    assert "/dev/nvidia-uvm is missing in the container" in failed(report)[("sglang-01", "test_gpu_nodes_visible")]
+    reasons = failed_checks(report)
+    assert "/dev/nvidia-uvm is missing in the container" in reasons[("sglang-01", "test_gpu_nodes_visible")]
 
 
 def test_wrong_answer_fails_the_smoke_check(lab, converged, runs):
@@ -189,7 +187,7 @@ def test_wrong_answer_fails_the_smoke_check(lab, converged, runs):
     finally:
         set_host_vars(converged["inventory"], "sglang-01", KEY)
     assert rc == 1
-    reason = failed(report)[("sglang-01", "test_smoke_answer")]
+    reason = failed_checks(report)[("sglang-01", "test_smoke_answer")]
     assert "expected '92' in the answer" in reason and "91" in reason
 
 
@@ -212,7 +210,7 @@ def test_a_gpu_dma_fault_after_the_service_started_fails_verify_naming_the_line(
     try:
         # another device's faults are a note on a passing check: they are not this container's GPUs'
         rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "dma_faults")
-        assert rc == 0, failed(report)
+        assert rc == 0, failed_checks(report)
         check = next(c for c in report["checks"] if c["name"] == "test_no_gpu_dma_faults_since_the_service_started")
         assert check["reason"].startswith("2 fault line(s) of other devices since sglang started: "), check
         assert "mlx5_core 0000:c1:00.0" in check["reason"] and "NVRM: Xid (PCI:0000:81:00)" in check["reason"]
@@ -221,18 +219,18 @@ def test_a_gpu_dma_fault_after_the_service_started_fails_verify_naming_the_line(
     finally:  # a new start of the service opens a new window
         restart_and_wait_ready(ct)
     assert rc == 1
-    reason = failed(report)[("sglang-01", "test_no_gpu_dma_faults_since_the_service_started")]
+    reason = failed_checks(report)[("sglang-01", "test_no_gpu_dma_faults_since_the_service_started")]
     assert f"node {node} logged 1 GPU DMA fault line(s) since sglang started" in reason
     assert "AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0019 address=0x3fffe000 flags=0x0020]" in reason
     rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "dma_faults")
-    assert rc == 0, failed(report)
+    assert rc == 0, failed_checks(report)
 
 
 def test_after_reboot_reboots_each_host_and_everything_passes(lab, converged, runs):
     before = {n: lab.vm(n).boot_id() for n in ("pve-grub", "pve-sdboot")}
     ct_before = lab.container().boot_id()
     rc, report = verify(converged["inventory"], runs, "--after-reboot", "--yes")
-    assert rc == 0, (failed(report), report.get("reboot_failures"))
+    assert rc == 0, (failed_checks(report), report.get("reboot_failures"))
     for name, old in before.items():
         new = lab.vm(name).boot_id()
         assert new != old
@@ -338,7 +336,7 @@ def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, r
             "iommu=pt' then, 'iommu=nopt' now): run provision apply to decide for this boot" in journal
         ), journal[-2000:]
         rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
-        assert rc == 1 and "the unit's start guard started the server with P2P off" in failed(report)[
+        assert rc == 1 and "the unit's start guard started the server with P2P off" in failed_checks(report)[
             ("sglang-01", "test_process_matches_p2p_policy")]  # fmt: skip
 
         # a pending line: the decision is made for the next boot
@@ -353,7 +351,7 @@ def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, r
                                           "IOMMU (at the next boot: /etc/default/grub"), decided(result)  # fmt: skip
         assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
         rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy or next_boot")
-        assert rc == 0, failed(report)
+        assert rc == 0, failed_checks(report)
         # verify names the pending line, what it does to the IOMMU, and what the unit starts with in that boot
         boot = report["next_boot"]["pve-grub"]
         pending = {b["source"]: b["iommu"] for b in boot["lines"] if b["pending"]}
@@ -363,7 +361,7 @@ def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, r
         reboot_by_itself(lab, node)
         assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
         rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
-        assert rc == 0, failed(report)
+        assert rc == 0, failed_checks(report)
     finally:
         node.ssh(f"rm -f {PT_SNIPPET}")
         set_host_vars(inv, "sglang-01", KEY)

@@ -36,7 +36,7 @@ from provision.lab import hfhub, wheelhouse
 from provision.lab.lab import CONTAINER_NAME, CONTAINER_VMID, DRIVER_VERSION, NODE_DRIVER_MIRROR, _pipe_to_node
 from provision.lab.specs import HUB_MODEL_PATH
 from tests.conftest import run_provision
-from tests.lab.common import apply, as_root, boots, set_host_vars, wait_ready
+from tests.lab.common import apply, as_root, boots, failed_checks, set_host_vars, wait_ready
 
 # tests/lab/conftest.py: it changes only its own bare lab, and leaves the lab down
 LAB_CHANGES = {"down"}
@@ -66,10 +66,6 @@ def verify(inventory, runs, *extra) -> tuple[int, dict]:
     proc = run_provision("verify", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), *extra,
                          timeout=1800)  # fmt: skip
     return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}
-
-
-def failed_checks(report) -> dict[tuple[str, str], str]:
-    return {(c["host"], c["name"]): c["reason"] for c in report.get("checks", []) if not c["passed"]}
 
 
 def node_state(vm) -> dict:
