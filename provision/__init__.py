@@ -17,7 +17,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("provision")
+        return version("provision-pve-sglang")
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "0.0.0+source"
 

@@ -12,6 +12,7 @@ turned into a report people plan with.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,11 @@ def _validate(opts: BenchOptions) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be 1 or more (got {getattr(opts, name)})")
     if not 0 < opts.threshold < 1:
         raise UsageError(f"--threshold must be between 0 and 1 (got {opts.threshold})")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(
+            "bench draws its report's charts with matplotlib, which is not installed: "
+            "pip install 'provision-pve-sglang[charts]'"
+        )
 
 
 def _extravars(opts: BenchOptions, run_id: str, fetch_dir: Path) -> dict[str, Any]:

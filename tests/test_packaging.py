@@ -14,7 +14,7 @@ def test_wheel_install_finds_packaged_playbooks_and_roles(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)], check=True)
     target = tmp_path / "site"
-    wheel = next(wheels.glob("provision-*.whl"))
+    wheel = next(wheels.glob("provision_pve_sglang-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True)  # fmt: skip
     elsewhere = tmp_path / "elsewhere"

@@ -442,7 +442,8 @@ class Lab:
         try:
             import fakepve  # noqa: F401
         except ImportError as exc:
-            raise ProvisionError("the lab needs fakepve: pip install 'provision[lab]' (or run .ci/setup)") from exc
+            needs = "the lab needs fakepve: pip install 'provision-pve-sglang[lab]' (or run .ci/setup)"
+            raise ProvisionError(needs) from exc
         with (self.dir / "pve.log").open("a") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "provision.lab.pve", str(self.dir)],

@@ -156,6 +156,16 @@ def test_bad_flags_fail_before_anything_is_contacted(tmp_path, capsys):
     assert f"--baseline {missing}: cannot read it" in capsys.readouterr().err
 
 
+def test_without_the_charts_extra_bench_names_it_before_anything_is_contacted(monkeypatch, capsys):
+    real_find_spec = bench.importlib.util.find_spec
+    monkeypatch.setattr(
+        bench.importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    assert cli.main(["bench", "--inventory", "example"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "pip install 'provision-pve-sglang[charts]'" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_levels_above_the_servers_max_running_requests_are_flagged(tmp_path):
     # the client copies /server_info into each line; internal_states carries the scheduler's own limit
     # (for the scenario's Qwen3.5 at tp=2, the hybrid state pool caps it well below the sweep's top levels)
