@@ -16,7 +16,7 @@ from provision import inventory as inventory_mod
 from provision.errors import Interrupted, ProvisionError, UsageError
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, SUMMARY, RunRecord
-from provision.runner import RunResult, UserOptions, base_extravars, run_playbook
+from provision.runner import PlaybookConfig, RunResult, UserOptions, base_extravars, playbook_tasks, run_playbook
 
 PHASES = ("kernel", "driver", "gpu", "sglang", "verify")
 SITE_PLAYBOOK = "site.yml"
@@ -175,6 +175,15 @@ def _release_left(opts: ApplyOptions, inv, record: RunRecord, held: locks.LockSe
         raise_interrupt=False,
     )  # fmt: skip
     return sorted(set(left) - locks.released(again.path, held.nodes))
+
+
+def list_tasks(opts: ApplyOptions, inv, playbook: str = SITE_PLAYBOOK) -> str:
+    """--list-tasks: ansible-playbook's own listing of the plays and tasks of the run these options make."""
+    config = PlaybookConfig(
+        playbook, inv.path, len(inv.hosts), opts.limit, opts.tags, opts.check, opts.diff, _extravars(opts),
+        opts.host_key_checking, opts.vault, opts.user,
+    )  # fmt: skip
+    return playbook_tasks(config)
 
 
 def stopped_at(result: RunResult) -> dict[str, dict[str, Any]]:

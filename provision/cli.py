@@ -150,6 +150,9 @@ def _playbook_opts(p: argparse.ArgumentParser, skip: bool = True) -> None:
     p.add_argument("--user", "-u", help="as ansible-playbook's: connect as this user where the inventory names none")
     p.add_argument("--become", "-b", action="store_true", help="as ansible-playbook's: become root for every task")
     p.add_argument("--list-hosts", action="store_true", help="print the hosts the run would reach, and run nothing")
+    p.add_argument(
+        "--list-tasks", action="store_true", help="print ansible-playbook's list of the run's tasks, and run nothing"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -426,6 +429,11 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     inventory.require(inv, scope, phases, opts.reboot)
     if args.list_hosts:
         return _list_hosts(out, args, inv, scope)
+    if args.list_tasks:
+        listing = apply_mod.list_tasks(opts, inv)
+        if not args.json:
+            out.print(listing, end="", highlight=False, markup=False)
+        return Outcome(EXIT_OK, {"tasks": listing})
     if not plan:
         _confirm(args, err)
     result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")

@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -453,6 +454,28 @@ class PlaybookConfig:
             "quiet": not user.verbosity,  # -v: Ansible's own output too
             "ident": "run",
         }
+
+
+def playbook_tasks(config: PlaybookConfig) -> str:
+    """`ansible-playbook --list-tasks` with the run's arguments, environment and collection: the plays and tasks
+    Ansible would run, in its own listing (a dynamic include is listed as the include task). Nothing connects."""
+    with private_data_dir() as pdd:
+        args = config.runner_args(pdd)
+        extravars = pdd / "extravars.json"
+        fd = os.open(extravars, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(args["extravars"], handle)
+        cmd = ["ansible-playbook", "--list-tasks", "--inventory", args["inventory"], "--extra-vars", f"@{extravars}"]
+        for flag in ("limit", "tags", "skip_tags"):
+            cmd += [f"--{flag.replace('_', '-')}", args[flag]] if args[flag] else []
+        cmd += ["-" + "v" * args["verbosity"]] if args["verbosity"] else []
+        cmd += [*shlex.split(args["cmdline"] or ""), args["playbook"]]
+        env = {**os.environ, **args["envvars"]}
+        proc = subprocess.run(cmd, env=env, cwd=args["project_dir"], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        said = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise ProvisionError(f"ansible-playbook --list-tasks failed: {said[-1] if said else proc.returncode}")
+    return proc.stdout
 
 
 def run_playbook(

@@ -1,6 +1,6 @@
 """ansible-playbook's own options on `apply` and `plan` (provision/cli.py _playbook_opts): --extra-vars parsed by
-Ansible itself and checked as inventory values are, --skip-tags by phase, -v, and --list-hosts, which runs nothing.
-The hosts are in TEST-NET-1 (192.0.2.0/24): nothing here reaches one."""
+Ansible itself and checked as inventory values are, --skip-tags by phase, -v, and --list-hosts and --list-tasks,
+which run nothing. The hosts are in TEST-NET-1 (192.0.2.0/24): nothing here reaches one."""
 
 from __future__ import annotations
 
@@ -74,6 +74,17 @@ def test_list_hosts_prints_the_hosts_of_the_limit_and_runs_nothing(tmp_path, cap
     assert code == 0 and capsys.readouterr().out == "proxmox_hosts (0):\ngpu_containers (1):\n  ct1\n"
     code, env = _run(capsys, "plan", "-i", str(root), "--list-hosts", "--runs-dir", str(runs))
     assert (code, env["result"]) == (0, {"hosts": {"proxmox_hosts": ["pve1"], "gpu_containers": ["ct1"]}})
+    assert not runs.exists(), "nothing ran"
+
+
+def test_list_tasks_is_ansible_playbooks_listing_of_the_chosen_phases_and_runs_nothing(tmp_path, capsys):
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": CT})
+    runs = tmp_path / "runs"
+    code, env = _run(capsys, "apply", "-i", str(root), "--tags", "sglang", "--list-tasks", "--runs-dir", str(runs))
+    listing = env["result"]["tasks"]
+    assert code == 0 and listing.startswith("\nplaybook: "), env
+    assert "sglang : Install" in listing and "TAGS: [sglang]" in listing
+    assert "kernel_cmdline : Configure" not in listing, "a phase left out by --tags is not listed"
     assert not runs.exists(), "nothing ran"
 
 
