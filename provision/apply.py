@@ -14,11 +14,12 @@ from typing import Any
 from provision import interrupts, locks
 from provision import inventory as inventory_mod
 from provision.errors import Interrupted, ProvisionError, UsageError
+from provision.paths import module_util
 from provision.progress import SILENT, Progress
 from provision.record import DEFAULT_RUNS_DIR, SUMMARY, RunRecord
 from provision.runner import PlaybookConfig, RunResult, UserOptions, base_extravars, playbook_tasks, run_playbook
 
-PHASES = ("kernel", "driver", "gpu", "sglang", "verify")
+PHASES = module_util("provision_phases").PHASES
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
 UNLOCK_PLAYBOOK = "unlock.yml"

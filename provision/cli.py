@@ -39,7 +39,10 @@ from provision.errors import (
     Signalled,
     UsageError,
 )
+from provision.paths import module_util
 from provision.record import DEFAULT_RUNS_DIR
+
+PHASE_LIST = ",".join(module_util("provision_phases").PHASES)
 
 JSON_SCHEMA_VERSION = 1
 
@@ -145,7 +148,7 @@ def _playbook_opts(p: argparse.ArgumentParser, skip: bool = True) -> None:
         help="as ansible-playbook's (repeatable): variables above every inventory value, checked as the inventory's",
     )  # fmt: skip
     if skip:
-        p.add_argument("--skip-tags", help="comma-separated phases to leave out")
+        p.add_argument("--skip-tags", help=f"comma-separated phases to leave out: {PHASE_LIST}")
     p.add_argument("--verbose", "-v", action="count", default=0, help="as ansible-playbook's, up to -vvvv")
     p.add_argument("--user", "-u", help="as ansible-playbook's: connect as this user where the inventory names none")
     p.add_argument("--become", "-b", action="store_true", help="as ansible-playbook's: become root for every task")
@@ -165,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("apply", help="converge hosts: kernel args, NVIDIA driver, GPU passthrough, SGLang service")
     _common(p)
-    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
+    p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}")
     p.add_argument("--check", action="store_true", help="report what would change without changing it")
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument(
@@ -188,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
-    p.add_argument("--tags", "-t", help="comma-separated phases: kernel,driver,gpu,sglang,verify")
+    p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}")
     _full(p)
     _runs_dir(p)
     _playbook_opts(p)

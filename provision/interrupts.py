@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 from provision.locks import NODE_READ_TASK, NODE_RELEASE_TASK, READ_TASK, RELEASE_TASK
+from provision.paths import module_util
 from provision.run_processes import GRACE_S, RUN_MARKER, run_processes, stop_run
 
 __all__ = ["GRACE_S", "RUN_MARKER", "SignalTrap", "left_behind", "run_processes", "stop_run"]
@@ -193,14 +194,13 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "run done, the host lock of the container's node given back",
     ),
 }
-PHASE_OF_ROLE = {"kernel_cmdline": "kernel", "nvidia_driver": "driver", "gpu_passthrough": "gpu", "sglang": "sglang"}
 
 
 def left_behind(task: str, role: str = "", finished: bool = False) -> str:
     """What stopping in (or just after) `task` leaves on a host."""
     if task in LEFT_BY_TASK:
         return LEFT_BY_TASK[task][1 if finished else 0]
-    phase = PHASE_OF_ROLE.get(role.rsplit(".", 1)[-1], "")
+    phase = module_util("provision_phases").PHASE_OF_ROLE.get(role.rsplit(".", 1)[-1], "")
     where = f"the {phase} phase" if phase else "the run"
     if finished:
         return f"{where} stopped after {task!r}: run apply again to finish it"

@@ -64,6 +64,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.provision_fingerprint import digest, fingerprint_path
+from ansible_collections.provision.pve_sglang.plugins.module_utils.provision_phases import PHASES
 
 
 def record_text(phase, version):
@@ -119,7 +120,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             dir=dict(type="path", required=True),
-            phase=dict(type="str", choices=["kernel", "driver", "gpu", "sglang", "verify"]),
+            phase=dict(type="str", choices=list(PHASES)),
             version=dict(type="str"),
             fingerprint=dict(
                 type="dict",
