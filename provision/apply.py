@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import difflib
 import itertools
-import json
 import signal
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
@@ -218,32 +216,3 @@ def _host_state(result: RunResult, host: str, broken: bool) -> str:
     if stats.changed:
         return "changes pending" if result.check else "changed"
     return "up to date" if result.check else "ok"
-
-
-def plan_summary(result: RunResult) -> dict[str, list[str]]:
-    """Per host, the tasks that would change."""
-    per_host: dict[str, list[str]] = {h: [] for h in result.hosts}
-    for item in result.changed_tasks:
-        per_host.setdefault(item["host"], []).append(item["task"])
-    return per_host
-
-
-def diff_lines(diff: dict[str, Any]) -> list[str]:
-    """One task's --diff as unified diff lines (Ansible's before/after form, or its prepared text)."""
-    if diff.get("prepared"):
-        return str(diff["prepared"]).splitlines()
-    before, after = diff.get("before", ""), diff.get("after", "")
-    if not isinstance(before, str) or not isinstance(after, str):
-        before, after = json.dumps(before, indent=2, sort_keys=True), json.dumps(after, indent=2, sort_keys=True)
-    return list(
-        difflib.unified_diff(
-            before.splitlines(), after.splitlines(),
-            str(diff.get("before_header") or "before"), str(diff.get("after_header") or "after"), lineterm="",
-        )
-    )  # fmt: skip
-
-
-def host_warnings(result: RunResult) -> list[str]:
-    """The run's warnings about a host (a module's, such as unverified TLS to the PVE API), for the console; the
-    summary keeps Ansible's own notices too (deprecations, our playbooks' empty host patterns)."""
-    return [w for w in result.warnings if w.split(": ", 1)[0] in result.hosts]

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from provision.ansible_values import from_vault, is_template
 from provision.paths import playbooks_dir, roles_dir
 
 COLLECTION = "provision.pve_sglang."
@@ -107,7 +108,7 @@ def _roles(groups: set[str], playbooks: tuple[str, ...] | None = None) -> list[s
     return sorted(set().union(*(roles_by_group(playbooks).get(g, ()) for g in groups)))
 
 
-def _checkable(value: Any, is_template, from_vault) -> bool:
+def _checkable(value: Any) -> bool:
     return value is not None and not is_template(value) and not from_vault(value)
 
 
@@ -118,9 +119,7 @@ def missing(groups: set[str], variables: dict, playbooks: tuple[str, ...] | None
     return [(var, f"{var}: missing or empty: the roles that run on this host need it") for var in found]
 
 
-def host_problems(
-    groups: set[str], variables: dict, is_template, from_vault, checked_elsewhere=frozenset()
-) -> list[tuple[str, str]]:
+def host_problems(groups: set[str], variables: dict, checked_elsewhere=frozenset()) -> list[tuple[str, str]]:
     """(variable, problem) for a host in `groups` with these (inventory) variables: a value of the wrong type or out
     of its choices (ArgumentSpecValidator's own words). Variables in `checked_elsewhere` have stricter rules of their
     own (provision/inventory.py VARIABLE_TYPES). Presence is missing()'s to say, for the commands that run the roles:
@@ -132,7 +131,7 @@ def host_problems(
         for option, spec in role_options().get(role, {}).items():
             if option not in checked_elsewhere:
                 options.setdefault(option, {**spec, "required": False})
-    params = {k: v for k, v in variables.items() if k in options and _checkable(v, is_template, from_vault)}
+    params = {k: v for k, v in variables.items() if k in options and _checkable(v)}
     result = ArgumentSpecValidator(options).validate(params)
     return [(_named(message, params), message) for message in result.error_messages]
 
@@ -149,11 +148,11 @@ def int_options() -> frozenset[str]:
     )
 
 
-def bound_problems(variables: dict, is_template, from_vault) -> list[tuple[str, str]]:
+def bound_problems(variables: dict) -> list[tuple[str, str]]:
     """(variable, problem) for each integer option out of its range (_AT_LEAST_ONE, ports)."""
     found = []
     for var, value in sorted(variables.items()):
-        if var not in int_options() or not _checkable(value, is_template, from_vault) or type(value) is bool:
+        if var not in int_options() or not _checkable(value) or type(value) is bool:
             continue
         if not isinstance(value, int):
             continue  # the type is host_problems()'s to say

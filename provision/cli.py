@@ -442,7 +442,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")
     data = result.to_dict()
     if plan:
-        data["would_change"] = apply_mod.plan_summary(result)
+        data["would_change"] = result.changed_by_host()
     if not args.json:
         title = "plan (check mode: nothing was changed)" if plan else "apply"
         present.print_apply(out, result, title, show_diff=opts.diff)

@@ -17,7 +17,6 @@ variable. Values that are Jinja templates cannot be checked before a play render
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -43,6 +42,8 @@ from provision.ansible_config import (
     run_setting_warnings,
     user_config_file,
 )
+from provision.ansible_values import captured_warnings, from_vault, is_template
+from provision.ansible_values import origin as value_origin
 from provision.errors import EMPTY_LIMIT, InventoryError, UsageError, one_line
 from provision.paths import example_inventory_dir, module_util, roles_dir
 
@@ -125,7 +126,7 @@ class Host:
         if name in self.origins:
             return self.origins[name]
         # a value Ansible keeps no origin for (true/false, None): only the inventory is known
-        return _origin(self.vars.get(name)) or self.source
+        return value_origin(self.vars.get(name)) or self.source
 
 
 def limit_parts(limit: str) -> list[str]:
@@ -215,34 +216,6 @@ def resolve(name_or_path: str | Path) -> Path:
     )
 
 
-def _origin(value: Any) -> str | None:
-    """`file:line` that ansible-core 2.19+ tags on every value it loaded; None where unknown."""
-    try:
-        from ansible._internal._datatag._tags import Origin
-    except ImportError:  # older ansible-core: no origins
-        return None
-    tag = value if isinstance(value, Origin) else Origin.get_tag(value)
-    if tag is None or not tag.path:
-        return None
-    return f"{tag.path}:{tag.line_num}" if tag.line_num else tag.path
-
-
-@contextlib.contextmanager
-def captured_warnings() -> Iterator[list[tuple[str, BaseException | None]]]:
-    """Ansible reports each plugin's parse failure as a warning on stderr; collect them instead."""
-    from ansible.utils.display import Display
-
-    caught: list[tuple[str, BaseException | None]] = []
-    saved = Display.warning, Display.error_as_warning, Display.deprecated
-    Display.warning = lambda self, msg, *a, **k: caught.append((str(msg), None))
-    Display.error_as_warning = lambda self, msg, exception, **k: caught.append((str(msg), exception))
-    Display.deprecated = lambda self, *a, **k: None  # e.g. "could not be decoded as utf-8": its failure says it
-    try:
-        yield caught
-    finally:
-        Display.warning, Display.error_as_warning, Display.deprecated = saved
-
-
 GIVE_THE_VAULT_PASSWORD = (
     "give the password it was encrypted with: --vault-password-file, --vault-id, or vault_password_file in ansible.cfg"
 )
@@ -258,7 +231,7 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
 
 def _error_line(source: Path, exc: BaseException) -> str:
     message = one_line(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
-    where = next(filter(None, (_origin(getattr(e, "obj", None)) for e in _chain(exc))), str(source))
+    where = next(filter(None, (value_origin(getattr(e, "obj", None)) for e in _chain(exc))), str(source))
     if "no vault secrets" in message or "Decryption failed" in message:
         return f"{where}: cannot decrypt: {message} ({GIVE_THE_VAULT_PASSWORD})"
     return f"{where}: {message}"
@@ -268,7 +241,7 @@ def _failure_source(exc: BaseException) -> str:
     """The file a plugin failed on: its origin path, or the source named in the plugin's description."""
     origin = getattr(exc, "obj", None)
     found = re.search(r"with source '(.+)'>", str(getattr(origin, "description", "") or ""))
-    return found.group(1) if found else (_origin(origin) or "").rsplit(":", 1)[0]
+    return found.group(1) if found else (value_origin(origin) or "").rsplit(":", 1)[0]
 
 
 def _rank(msg: str, exc: BaseException) -> int:
@@ -403,7 +376,7 @@ def parse(source: Path, vault: VaultOptions = VaultOptions(), extra_vars: tuple[
         for host in manager.get_hosts():
             hostvars = {**variables.get_vars(host=host, include_hostvars=False), **given}  # above every other value
             groups = {g.name for g in host.get_groups()}
-            origin = _origin(host.name) or str(source)
+            origin = value_origin(host.name) or str(source)
             inv.hosts[host.name] = Host(str(host.name), groups, dict(hostvars), origin, str(source), extra)
         for name, group in manager.groups.items():
             inv.groups[name] = {h.name for h in group.get_hosts()}
@@ -483,10 +456,6 @@ def _describe(value: Any) -> str:
     kind = _kind(value)
     plain = kind(value) if kind in (int, float, str, list, dict) else value
     return f"{plain!r} ({kind.__name__})"
-
-
-def is_template(value: Any) -> bool:
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 # variables a host has before its play that the play fills in: the facts (empty here)
@@ -813,10 +782,8 @@ CHECKED_BY_OWN_RULES = frozenset({*VARIABLE_TYPES, "proxmox_vmid", "proxmox_ct_s
 
 def _check_specs(host: Host) -> list[tuple[str, str, str]]:
     """(where, host, problem) against the argument specs of the roles that run on the host (provision/arg_specs.py)."""
-    found = arg_specs.host_problems(host.groups, host.vars, is_template, from_vault, CHECKED_BY_OWN_RULES)
-    found += [
-        (v, p) for v, p in arg_specs.bound_problems(host.vars, is_template, from_vault) if v not in CHECKED_BY_OWN_RULES
-    ]
+    found = arg_specs.host_problems(host.groups, host.vars, CHECKED_BY_OWN_RULES)
+    found += [(v, p) for v, p in arg_specs.bound_problems(host.vars) if v not in CHECKED_BY_OWN_RULES]
     return [(host.where(var) if var in host.vars else host.where(), host.name, problem) for var, problem in found]
 
 
@@ -944,7 +911,7 @@ def _check_size(host: Host) -> list[tuple[str, str, str]]:
          "are expanded: nothing provision runs needs that many")
         for name, value in sorted(host.vars.items())
         # a value read from the inventory's files (Ansible's own, such as `groups`, grow with the fleet)
-        if isinstance(value, dict | list | tuple) and _origin(value) and _item_count_over(value)
+        if isinstance(value, dict | list | tuple) and value_origin(value) and _item_count_over(value)
     ]  # fmt: skip
 
 
@@ -1002,23 +969,6 @@ def validate(inv: Inventory, host_key_checking: bool = True) -> list[str]:
     for ct in inv.gpu_containers:
         problems += _check_container(inv, ct, vmids)
     return problems + host_key_checking_problems(inv, host_key_checking) + run_setting_problems()
-
-
-@functools.cache
-def _vaulted_file(path: str) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(14) == b"$ANSIBLE_VAULT"
-    except OSError:
-        return False
-
-
-def from_vault(value: Any) -> bool:
-    """An inline `!vault` value, or any value read from a whole-file vaulted vars file."""
-    if type(value).__name__ == "EncryptedString":
-        return True
-    origin = _origin(value)
-    return origin is not None and _vaulted_file(origin.rsplit(":", 1)[0] if origin.count(":") else origin)
 
 
 def unverified_tls_warnings(inv: Inventory) -> list[str]:

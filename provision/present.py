@@ -10,6 +10,7 @@ elsewhere (CI logs, pipes) it is one line per task and per failure.
 
 from __future__ import annotations
 
+import difflib
 import json
 import queue
 import threading
@@ -21,7 +22,6 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from provision.apply import diff_lines, host_warnings, plan_summary
 from provision.bench_report import format_ms
 from provision.progress import Progress
 from provision.runner import HostStats, RunResult
@@ -158,6 +158,21 @@ class ConsoleProgress(Progress):
         self.console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
 
+def diff_lines(diff: dict[str, Any]) -> list[str]:
+    """One task's --diff as unified diff lines (Ansible's before/after form, or its prepared text)."""
+    if diff.get("prepared"):
+        return str(diff["prepared"]).splitlines()
+    before, after = diff.get("before", ""), diff.get("after", "")
+    if not isinstance(before, str) or not isinstance(after, str):
+        before, after = json.dumps(before, indent=2, sort_keys=True), json.dumps(after, indent=2, sort_keys=True)
+    return list(
+        difflib.unified_diff(
+            before.splitlines(), after.splitlines(),
+            str(diff.get("before_header") or "before"), str(diff.get("after_header") or "after"), lineterm="",
+        )
+    )  # fmt: skip
+
+
 def summary_table(result: RunResult, title: str) -> Table:
     table = Table(title=title)
     for col in ("host", "status", "ok", "changed", "failed", "unreachable", "skipped", "time"):
@@ -196,13 +211,13 @@ def print_apply(console: Console, result: RunResult, title: str, show_diff: bool
     for host, messages in sorted(result.reports.items()):
         for message in messages:
             console.print(f"{escape(host)}: {escape(message)}", highlight=False)
-    for warning in host_warnings(result):
+    for warning in result.host_warnings():
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     for failure in result.failures:
         where = f"{failure['host']}: " if failure["host"] else ""
         task = f"[{failure['task']}] " if failure["task"] else ""
         console.print(f"[red]FAILED[/] {escape(where + task + failure['message'])}", highlight=False)
-    pending = plan_summary(result) if result.check else {}
+    pending = result.changed_by_host() if result.check else {}
     for host, state in sorted(result.host_states.items()):
         console.print(f"{escape(host)}: {state}", highlight=False)
         for task in pending.get(host, []):

@@ -87,6 +87,18 @@ class RunResult:
             and not any(h.failed or h.unreachable for h in self.hosts.values())
         )
 
+    def changed_by_host(self) -> dict[str, list[str]]:
+        """Per host, the tasks that changed (in check mode: would change)."""
+        per_host: dict[str, list[str]] = {h: [] for h in self.hosts}
+        for item in self.changed_tasks:
+            per_host.setdefault(item["host"], []).append(item["task"])
+        return per_host
+
+    def host_warnings(self) -> list[str]:
+        """The run's warnings about a host (a module's, such as unverified TLS to the PVE API), for the console; the
+        summary keeps Ansible's own notices too (deprecations, our playbooks' empty host patterns)."""
+        return [w for w in self.warnings if w.split(": ", 1)[0] in self.hosts]
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["succeeded"] = self.succeeded

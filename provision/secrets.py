@@ -35,6 +35,7 @@ from urllib.parse import quote, quote_plus
 
 import yaml
 
+from provision.ansible_values import captured_warnings, from_vault, is_template
 from provision.paths import roles_dir
 
 REDACTED = "********"
@@ -124,8 +125,6 @@ def weak_warnings(inv: Any) -> list[str]:
 
 def _inventory_secrets(inv: Any) -> Iterator[tuple[Any, str, str]]:
     """(host, variable, text) for every secret leaf of the inventory, templates rendered as Ansible will."""
-    from provision.inventory import captured_warnings, from_vault, is_template
-
     names = secret_names()
     with captured_warnings():  # a lookup that cannot render here warns; the run says it where it matters
         for host in inv.hosts.values():

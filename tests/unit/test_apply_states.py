@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from provision.apply import diff_lines, host_states
+from provision.apply import host_states
 from provision.cli import _plan_exit
+from provision.present import diff_lines
 from provision.runner import HostStats, RunResult
 
 
