@@ -228,9 +228,10 @@ def rows() -> list[Row]:
     from tests.unit.test_kernel_cmdline_faults import FAULT_ROWS as kernel
     from tests.unit.test_kernel_cmdline_trial import FAULT_ROWS as trial
     from tests.unit.test_proxmox_lxc_gpu_faults import FAULT_ROWS as api
+    from tests.unit.test_pve_api_tfa import FAULT_ROWS as second_factor
     from tests.unit.test_pve_node_guests import FAULT_ROWS as before_reboot
 
-    sources = [(api, "hard fault: the PVE API"), (kernel, "hard fault: kernel line regeneration"),
+    sources = [(api, "hard fault: the PVE API"), (second_factor, ""), (kernel, "hard fault: kernel line regeneration"),
                (trial, "hard fault: the trial boot"), (before_reboot, "hard fault: the check before a reboot"),
                (CITED, "hard fault: runs, locks, hosts and services"), (hostile, "")]  # fmt: skip
     return [row if row.kind else replace(row, kind=kind) for found, kind in sources for row in found]

@@ -27,6 +27,11 @@ options:
     type: str
     description:
       - The user's password (a ticket login). Never logged, never in the result.
+  api_totp_secret:
+    type: str
+    description:
+      - The base32 secret of the user's TOTP entry, where PVE asks that user for a second factor at login. The code
+        is computed at each login (RFC 6238, 30 s steps, 6 digits). Never logged, never in the result.
   api_token_id:
     type: str
     description: An API token's name (no user! prefix) instead of a password.

@@ -6,15 +6,19 @@ cut off or answers 5xx/59x, and PVE's refusals turned into one line that says wh
 was doing (`what`) and, for a 403, where the privilege is needed (`grant_on`); the module adds its own prefix
 ("CT 101 on pve1: ", "pve1: ").
 
-`p` is the module's params: api_host, api_port, api_user, api_password, api_token_id, api_token_secret,
-validate_certs, ca_file, retries (and for proxmox_lxc_gpu's ssh backend: backend, ssh_*). proxmoxer is imported
-only when a call is made, so this file loads without it.
+`p` is the module's params: api_host, api_port, api_user, api_password, api_totp_secret, api_token_id,
+api_token_secret, validate_certs, ca_file, retries (and for proxmox_lxc_gpu's ssh backend: backend, ssh_*).
+proxmoxer is imported only when a call is made, so this file loads without it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import os
 import re
+import struct
 import time
 
 RETRYABLE_STATUS = (500, 502, 503, 595, 596, 597, 598, 599)
@@ -22,6 +26,8 @@ MODIFIED = "detected modified configuration"
 DEVICE_MISSING = re.compile(r"Device (\S+) does not exist")
 CERTIFICATE_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed", re.I)
 CHECK_LOGIN = "check proxmox_api_user and proxmox_api_password (or the API token), then run again"
+# proxmoxer's words when PVE asked for a second factor and refused the one it was given (or none)
+SECOND_FACTOR_REFUSED = "missing Two Factor Authentication"
 RUN_AGAIN = "run again once it answers"
 UNVERIFIED = "proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified"
 
@@ -31,6 +37,7 @@ ARGUMENT_SPEC = dict(
     api_port=dict(type="int", default=8006),
     api_user=dict(type="str", default="root@pam"),
     api_password=dict(type="str", no_log=True),
+    api_totp_secret=dict(type="str", no_log=True),
     api_token_id=dict(type="str", no_log=False),
     api_token_secret=dict(type="str", no_log=True),
     validate_certs=dict(type="bool", default=True),
@@ -68,6 +75,46 @@ def proxmoxer_modules():
         ) from exc
 
 
+def totp(secret: str, at: float | None = None, step: int = 30, digits: int = 6) -> str:
+    """The TOTP code of a base32 secret at `at` (now): RFC 6238 over HMAC-SHA1, PVE's TOTP (30 s steps, 6
+    digits, SHA-1: what PVE's TOTP enrolment sets)."""
+    key = base64.b32decode(secret.replace(" ", "").upper() + "=" * (-len(secret.replace(" ", "")) % 8))
+    counter = int((time.time() if at is None else at) // step)
+    mac = hmac.new(key, struct.pack(">Q", counter), hashlib.sha1).digest()
+    offset = mac[-1] & 0x0F
+    code = (struct.unpack(">I", mac[offset : offset + 4])[0] & 0x7FFFFFFF) % 10**digits
+    return str(code).zfill(digits)
+
+
+def _second_factor(p) -> dict:
+    """proxmoxer's arguments for the second factor PVE asks of a user with TOTP: the code of api_totp_secret
+    (ignored where PVE asks for none). A secret that is not base32 is an ApiFailure naming the variable."""
+    if not p.get("api_totp_secret"):
+        return {}
+    try:
+        return dict(otp=totp(p["api_totp_secret"]))  # proxmoxer answers it as `totp:<code>`
+    except (ValueError, base64.binascii.Error) as exc:
+        raise ApiFailure(
+            "proxmox_api_totp_secret is not a base32 TOTP secret (as PVE's TOTP enrolment shows it)"
+        ) from exc
+
+
+def _refused_login(p, where: str, exc: Exception) -> ApiFailure:
+    """The one line for a login PVE refused: a second factor it asked for and did not get (or did not accept)
+    says which variable gives it; anything else, the user and password."""
+    if SECOND_FACTOR_REFUSED not in str(exc):
+        return ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})")
+    if p.get("api_totp_secret"):
+        return ApiFailure(
+            f"{p['api_user']} at {where} refused the TOTP code of proxmox_api_totp_secret: check that it is the "
+            "secret of the user's TOTP entry and that this controller's clock is right"
+        )
+    return ApiFailure(
+        f"{p['api_user']} at {where} asks for a second factor (TFA): set proxmox_api_totp_secret to the secret of its "
+        "TOTP entry, or use an API token (and gpu_passthrough_api_backend: ssh for devN entries)"
+    )
+
+
 def connect(p):
     """A logged-in proxmoxer.ProxmoxAPI. A login PVE did not answer (5xx/59x) is raised as ResourceException, so
     that with_retries tries again; a refused one, or a certificate that does not verify, is an ApiFailure."""
@@ -84,7 +131,7 @@ def connect(p):
     else:
         if not p["api_password"]:
             raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
-        kwargs["password"] = p["api_password"]
+        kwargs.update(password=p["api_password"], **_second_factor(p))
     try:
         api = proxmoxer.ProxmoxAPI(p["api_host"], backend="https", **kwargs)
         if p["api_token_id"]:
@@ -95,7 +142,7 @@ def connect(p):
         if code and int(code.group(1)) in RETRYABLE_STATUS:  # PVE did not answer the login: not a refusal
             _, ResourceException = proxmoxer_modules()
             raise ResourceException(int(code.group(1)), "while logging in", str(exc)) from exc
-        raise ApiFailure(f"authentication failed for {p['api_user']} at {where}: {CHECK_LOGIN} ({exc})") from exc
+        raise _refused_login(p, where, exc) from exc
     except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
         text = str(exc)
         if "SSL" in type(exc).__name__ or CERTIFICATE_FAILED.search(text):

@@ -11,7 +11,8 @@ Control socket (HTTP over the unix socket STATE_DIR/pve-control.sock):
   POST /ct-config {"vmid", "set": {...}, "delete": [...]}  change a config underneath clients
   GET  /ct/VMID   the container's config, pending changes, digest and status
   GET  /requests  every request seen so far as [method, path] (bodies left out)
-  POST /settings  {"time_scale": float, "version": "8.4.1"}
+  POST /settings  {"time_scale": float, "version": "8.4.1", "totp_secrets": {"root@pam": BASE32}}: a user named in
+                  totp_secrets logs in with PVE's TOTP second factor (pve_tfa.py); {} turns it off
 
 Like pmxcfs on a real node, each node holds its containers' configurations as files: every change
 through the API or the control socket is written to the node's /etc/pve/lxc/<vmid>.conf before the
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.lab.ctbody import DEV_KEY, TEMPLATE_VOLID, Bodies, StartRefused, pve_major
+from provision.lab.pve_tfa import totp_pve
 
 SEED_FILE = "pve-seed.json"
 MIRROR_INTERVAL_S = 0.5
@@ -51,7 +53,7 @@ async def serve(state_dir: Path) -> None:
     creating: dict[int, CreateRequest] = {}  # vmid -> what the create's task needs of its request
     starts: set[asyncio.Future] = set()  # the starts that follow a create with start=1
 
-    class NodeBackedPve(FakePve):
+    class NodeBackedPve(totp_pve(FakePve)):
         """fakepve whose containers are the lab's nspawn containers (`ctbody.py`)."""
 
         def _build_app(self):
@@ -194,6 +196,8 @@ async def serve(state_dir: Path) -> None:
         body = await request.json()
         if "time_scale" in body:
             pve.time_scale = float(body["time_scale"])
+        if "totp_secrets" in body:
+            pve.totp_secrets = dict(body["totp_secrets"])
         if "version" in body:
             pve.version = body["version"]
             pve.release_version = ".".join(body["version"].split(".")[:2])

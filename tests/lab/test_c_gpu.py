@@ -12,6 +12,7 @@ TLS endpoint, a closed port and a real token.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -188,6 +189,31 @@ def test_api_that_is_down_gets_a_clear_error(lab, inv, runs):
     rc, result, _ = apply(inv, runs, "--tags", "gpu")
     assert rc == 1
     assert "keeps failing" in " ".join(f["message"] for f in result["failures"])
+
+
+def test_root_pam_with_a_totp_second_factor_stops_at_the_login_then_converges_with_its_secret(lab, inv, runs):
+    """The lab's API asks root@pam for a TOTP code, as PVE does for a user with a TOTP entry: without
+    proxmox_api_totp_secret the gpu phase stops at the login with one line, the config untouched; with it (vaulted or
+    from the environment) the phase logs in and writes the entries, and the secret is in no run record."""
+    drop_our_entries(lab)
+    digest = ct_config(lab)["digest"]
+    secret = base64.b32encode(os.urandom(20)).decode()
+    lab.pve_control("POST", "/settings", {"totp_secrets": {"root@pam": secret}})
+    try:
+        rc, result, _ = apply(inv, runs, "--tags", "gpu")
+        message = " ".join(f["message"] for f in result["failures"])
+        assert rc == 1 and "root@pam at https://127.0.0.1:" in message, message
+        assert "asks for a second factor (TFA): set proxmox_api_totp_secret" in message, message
+        assert ct_config(lab)["digest"] == digest, "the config must be untouched"
+        set_host_vars(inv, "sglang-01", {"proxmox_api_totp_secret": "{{ lookup('ansible.builtin.env', 'PVE_TOTP') }}"})
+        rc, _, err = apply(inv, runs, "--tags", "gpu", env={"PVE_TOTP": secret})
+        assert rc == 0, err[-2000:]
+    finally:
+        lab.pve_control("POST", "/settings", {"totp_secrets": {}})
+    written = {v.split(",")[0].replace("path=", "") for v in dev_entries(ct_config(lab)["config"]).values()}
+    assert OUR_PATHS.issubset(written), written
+    leaked = [p for p in runs.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaked, leaked
 
 
 def test_device_nodes_inside_follow_the_entries_and_apply_puts_them_back(lab, inv, runs):

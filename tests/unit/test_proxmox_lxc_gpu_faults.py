@@ -171,6 +171,7 @@ class Clock:
     """The module's `time`: each sleep is recorded and taken 50 times shorter (backoffs, task polls)."""
 
     monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)  # a TOTP code's time step (pve_api.totp)
 
     def __init__(self):
         self.sleeps: list[float] = []
