@@ -47,17 +47,35 @@ def next_kernel(bootloader: str | None, grub_cfg: str | None, pin: str | None, v
 
 def detect_bootloader(module) -> tuple[str, str]:
     """(bootloader, how it was told) as the PVE docs and proxmox-boot-tool do, for a module on the node:
-    `proxmox-boot-tool status` exits 0 and lists an ESP 'configured with: uefi' -> systemd-boot; exit 2 (no uuids
-    file), only 'grub', or no tool -> GRUB."""
+    `proxmox-boot-tool status` exits 0 and lists ESPs 'configured with: uefi' -> systemd-boot; exit 2 (no uuids
+    file), only 'grub', or no tool -> GRUB. ESPs of both kinds fail the module: the firmware may boot either, and
+    systemd-boot reads the kernel line from /etc/kernel/cmdline where GRUB reads /etc/default/grub."""
     tool = module.get_bin_path("proxmox-boot-tool")
     if tool is None:
         return "grub", "proxmox-boot-tool not installed"
     rc, out, _ = module.run_command([tool, "status"])
-    if rc == 0 and "configured with: uefi" in out:
-        return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
     if rc == 2:
         return "grub", "proxmox-boot-tool status: no ESPs managed (exit 2)"
+    kinds = esp_kinds(out)
+    if "uefi" in kinds and "grub" in kinds:
+        module.fail_json(
+            msg=f"proxmox-boot-tool status lists ESPs configured with uefi ({', '.join(kinds['uefi'])}) and with grub "
+            f"({', '.join(kinds['grub'])}): the firmware may boot either, and systemd-boot reads the kernel line from "
+            "/etc/kernel/cmdline where GRUB reads /etc/default/grub; make every ESP one kind (proxmox-boot-tool init "
+            "on the odd one, or proxmox-boot-tool clean for one that is gone), then run again"
+        )
+    if rc == 0 and "uefi" in kinds:
+        return "systemd-boot", "proxmox-boot-tool status: ESP configured with uefi"
     return "grub", "proxmox-boot-tool status: ESPs use grub"
+
+
+def esp_kinds(status: str) -> dict[str, list[str]]:
+    """kind -> the ESPs `proxmox-boot-tool status` says are configured with it ("<UUID> is configured with: uefi
+    (versions: ...)")."""
+    kinds: dict[str, list[str]] = {}
+    for uuid, kind in re.findall(r"^(\S+) is configured with: (\w+)", status, re.M):
+        kinds.setdefault(kind, []).append(uuid)
+    return kinds
 
 
 def read_text(path: str) -> str | None:
