@@ -183,10 +183,36 @@ def read_guests(p, api, cluster):
     return sorted(guests, key=lambda g: g["vmid"])
 
 
+def read_disarm(p, api):
+    """The HA stack's disarm ({mode, state}) while it is disarming or disarmed (`ha-manager crm-command disarm-ha`,
+    pve-ha-manager 5.1.3 and later), else None: PVE/HA/Manager.pm drops a node maintenance request then ("ignoring
+    maintenance command ... HA stack is disarmed") and moves no service. A PVE that cannot say is taken as armed."""
+    try:
+        status = with_retries(p, "reading the HA manager's status", lambda: api.cluster.ha.status.manager_status.get())
+    except ApiFailure:
+        return None
+    return ((status or {}).get("manager_status") or {}).get("disarm") or None
+
+
+def refuse_disarmed(p, api, guests):
+    """Fail at once, naming the guests that stay, where the HA stack is disarmed: no wait would move them."""
+    disarm = read_disarm(p, api)
+    if disarm:
+        staying = ", ".join(label(g) for g in still_on_node(guests))
+        state, mode = disarm.get("state", "disarmed"), disarm.get("mode", "?")
+        raise ApiFailure(
+            f"the HA stack is {state} (resource mode {mode}): its CRM drops a maintenance request and moves no guest, "
+            f"so {staying} stay on the node: arm it (ha-manager crm-command arm-ha) or move them yourself, then run "
+            "again: not rebooting"
+        )
+
+
 def wait_ha_away(p, api, cluster, guests):
     """Poll until no guest HA manages runs on the node (maintenance mode migrates them), or fail after
     wait_ha_away seconds naming those that stay."""
     deadline = time.monotonic() + p["wait_ha_away"]
+    if still_on_node(guests):
+        refuse_disarmed(p, api, guests)
     while still_on_node(guests):
         if time.monotonic() > deadline:
             staying = ", ".join(label(g) for g in still_on_node(guests))

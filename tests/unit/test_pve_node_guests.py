@@ -60,12 +60,29 @@ NOT_OURS = "; stop or migrate them, or set kernel_cmdline_reboot_running_guests:
 
 
 def node_pve_class():
+    from aiohttp import web
     from fakepve.server import ok
 
     class NodePve(faulty_pve_class()):
-        """FaultyPve whose node may be in no cluster."""
+        """FaultyPve whose node may be in no cluster, and whose HA stack may be disarmed (`disarm`, as
+        pve-ha-manager's manager status holds it: {"mode": "freeze"|"ignore", "state": "disarming"|"disarmed"})."""
 
         standalone = False
+        disarm: dict | None = None
+
+        def _build_app(self):
+            app = super()._build_app()
+            app.middlewares.insert(0, self._manager_status)
+            return app
+
+        @web.middleware
+        async def _manager_status(self, request, handler):
+            """GET /cluster/ha/status/manager_status as pve-ha-manager's API2/HA/Status.pm answers it."""
+            if not request.path.endswith("/cluster/ha/status/manager_status"):
+                return await handler(request)
+            status = {"master_node": NODE, "timestamp": int(time.time()), "node_status": {NODE: "online"},
+                      "service_status": {}, **({"disarm": self.disarm} if self.disarm else {})}  # fmt: skip
+            return ok({"manager_status": status, "quorum": {"node": NODE, "quorate": "1"}, "lrm_status": {}})
 
         async def _cluster_status(self, request):
             if not self.standalone:
@@ -214,6 +231,22 @@ def test_the_wait_ends_when_ha_has_moved_its_guests_off_the_node(served, module)
     assert module.time.sleeps == [5, 5] and result["ha_managed"] == [] and result["foreign_running"] == []
 
 
+@pytest.mark.parametrize("mode", ["freeze", "ignore"])
+def test_a_disarmed_ha_stack_is_named_at_once_instead_of_waiting_for_a_move_it_never_makes(served, module, mode):
+    """pve-ha-manager drops a maintenance request while disarmed (PVE/HA/Manager.pm): waiting cannot help."""
+    tenant(served, ha="started")
+    served.pve.disarm = {"mode": mode, "state": "disarmed"}
+    result = run(module, served, running_guests="allow", wait_ha_away=60)
+    assert result.get("failed") and result["msg"] == (
+        f"{NODE}: the HA stack is disarmed (resource mode {mode}): its CRM drops a maintenance request and moves no "
+        f"guest, so VM {TENANT} (snp-tenant) stay on the node: arm it (ha-manager crm-command arm-ha) or move them "
+        "yourself, then run again: not rebooting"
+    )
+    assert module.time.sleeps == [], "no wait"
+    served.pve.disarm = None
+    assert run(module, served, running_guests="allow", wait_ha_away=1)["msg"].startswith(f"{NODE}: in HA maintenance")
+
+
 def test_a_user_that_cannot_audit_every_guest_is_refused(served, module):
     """PVE leaves out of the lists the guests a user may not audit: such a user must not pass the check."""
     served.pve.users["ops@pve"] = "ops-password"
@@ -279,6 +312,16 @@ def _move_tenant(served: Served) -> None:
     served.pve.guest(TENANT).node = OTHER_NODE
 
 
+def _disarm(served: Served) -> None:
+    tenant(served, ha="started")
+    served.pve.disarm = {"mode": "freeze", "state": "disarmed"}
+
+
+def _arm_and_move(served: Served) -> None:
+    served.pve.disarm = None
+    _move_tenant(served)
+
+
 def _api_cases() -> list[Case]:
     """401 and 596 on every call, the 403 PVE checks (/cluster/status: Sys.Audit), an offline node (595) and a
     connection reset."""
@@ -341,6 +384,12 @@ def _state_cases() -> list[Case]:
              "rebooting", setup=lambda s: tenant(s, ha="started"), clear=_move_tenant,
              note="once HA has moved it, the next run passes the check",
              params=(("running_guests", "allow"), ("wait_ha_away", 1))),
+        Case("ha-disarmed", "the HA stack disarmed (`ha-manager crm-command disarm-ha freeze`), an HA-managed VM on "
+             "the node", f"the HA stack is disarmed (resource mode freeze): its CRM drops a maintenance request and "
+             f"moves no guest, so VM {TENANT} (snp-tenant) stay on the node: arm it (ha-manager crm-command arm-ha) or "
+             "move them yourself, then run again: not rebooting", setup=_disarm, clear=_arm_and_move,
+             note="armed again, HA moves it and the next run passes the check",
+             params=(("running_guests", "allow"), ("wait_ha_away", 60))),
     ]  # fmt: skip
 
 
