@@ -30,7 +30,9 @@ Authorization header, file_download.py l.1817-1821): files are served from the r
 (no `X-Xet-*` headers, so the client takes plain HTTP, l.2014-2036); pagination of a large tree; rate limits.
 
 `corrupt(name)` makes the server send other bytes of the same size for one file while every route still reports
-the true sha256: what a client sees when a mirror or a proxy hands it a bad copy.
+the true sha256: what a client sees when a mirror or a proxy hands it a bad copy. `cut(name)` makes it send half of
+what a GET of the file asks for and close the connection, every time: a transfer cut mid-file (a dropped link, a
+proxy's timeout) that the client's own resumes do not get past.
 """
 
 from __future__ import annotations
@@ -143,11 +145,15 @@ class Hub:
         self.repos = {r.repo_id: r for r in repos}
         self.tokens = set(tokens)
         self.corrupted: set[tuple[str, str]] = set()
+        self.cuts: set[tuple[str, str]] = set()
         self.requests: list[dict] = []  # method, path, whether a token came (never the token)
         self.httpd: ThreadingHTTPServer | None = None
 
     def corrupt(self, repo_id: str, path: str, on: bool = True) -> None:
         (self.corrupted.add if on else self.corrupted.discard)((repo_id, path))
+
+    def cut(self, repo_id: str, path: str, on: bool = True) -> None:
+        (self.cuts.add if on else self.cuts.discard)((repo_id, path))
 
     def body_of(self, repo: HubRepo, f: HubFile) -> bytes:
         if (repo.repo_id, f.path) not in self.corrupted:
@@ -308,8 +314,15 @@ class HubHandler(BaseHTTPRequestHandler):
         if start:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.end_headers()
-        if not head:
-            self.wfile.write(data[start:])
+        if head:
+            return
+        if (repo.repo_id, f.path) in self.server_hub.cuts:  # half of what was promised, then the connection goes
+            self.wfile.write(data[start : start + (len(data) - start) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data[start:])
 
     def range_start(self, size: int) -> int:
         """The start of a `Range: bytes=N-` request (the only form the client sends), else 0."""

@@ -272,6 +272,26 @@ def test_a_failed_download_keeps_what_it_verified_and_the_next_run_fetches_only_
     assert done["downloaded_bytes"] == len(repo.file(names[-1]).data), "the space check counted the staged files"
 
 
+def test_a_transfer_cut_in_file_k_of_n_keeps_the_files_before_it_and_the_next_run_fetches_k_to_n(hub, tmp_path):
+    """The hub cuts every transfer of one file halfway (the client's own resumes included): the run fails naming it,
+    keeps the files verified before it, and the next run asks the hub for that file and the ones after it only."""
+    repo = hub.repos[hfhub.REPO_ID]
+    names = [f.path for f in repo.files]
+    k = 1  # the second of three: a file before it and one after
+    hub.cut(hfhub.REPO_ID, names[k])
+    failed = main_result(weights, args(hub, tmp_path))
+    staging = tmp_path / ms.STAGING
+    assert failed.get("failed") and names[k] in failed["msg"], failed
+    assert failed["msg"].endswith(f"; {k} verified file(s) kept in {staging} for the next run"), failed
+    assert sorted(p.name for p in staging.iterdir() if p.is_file()) == sorted([ms.STAGING_RECORD, *names[:k]])
+    hub.cut(hfhub.REPO_ID, names[k], on=False)
+    hub.requests.clear()
+    done = main_result(weights, args(hub, tmp_path))
+    assert done["changed"] is True and tree(tmp_path) == as_served(repo) and not staging.exists()
+    fetched = [r["path"].rsplit("/", 1)[-1] for r in hub.requests if "/resolve/" in r["path"] and r["method"] == "GET"]
+    assert fetched == names[k:], hub.requests
+
+
 def test_a_file_no_download_put_there_is_left_with_a_warning(hub, tmp_path, capsys):
     (tmp_path / "NOTES.local").write_text("mine\n")
     result = main_result(weights, args(hub, tmp_path))
