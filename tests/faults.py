@@ -200,20 +200,20 @@ CITED = [
         "exit 2, one line: `…/ansible.cfg [defaults] forks: Config 'DEFAULT_FORKS' from "
         "'…/ansible.cfg' has an invalid value: …`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
-        "[cfg-forks]", True, False, "the environment"),
+        "[cfg-forks]", True, False, "hostile input: the environment"),
     Row("`ANSIBLE_FORKS=-x` in the environment, beside an ansible.cfg that sets forks", "all",
         "exit 2, one line: `$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' "
         "from 'env: ANSIBLE_FORKS' has an invalid value: …`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
-        "[env-forks]", True, False, "the environment"),
+        "[env-forks]", True, False, "hostile input: the environment"),
     Row("`ANSIBLE_STDOUT_CALLBACK=json` (sshd targets)", "verify", "one warning: `… stdout_callback = json: "
         "provision's runs use Ansible's default stdout callback …`; the run succeeds", "converged, nothing changed",
         "yes: the run itself", SSH + "test_a_users_callbacks_change_nothing_provision_reads[stdout-json]", True, True,
-        "the environment"),
+        "hostile input: the environment"),
     Row("`ANSIBLE_GATHERING=sometimes`, a setting with a list of values", "all", "exit 2, one line naming the "
         "variable and the values it takes: `… It takes: implicit, explicit, smart.`", "no host contacted", NOT_SHOWN,
         "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
-        "[env-choice]", True, False, "the environment"),
+        "[env-choice]", True, False, "hostile input: the environment"),
 ]  # fmt: skip
 
 # Faults in the matrix's scope that no test injects yet (docs/reliability.md lists them apart from the table).
