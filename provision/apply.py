@@ -30,7 +30,7 @@ HOST_LOCK_LEFT = (
 
 @dataclass
 class ApplyOptions:
-    inventory: str
+    inventory: str | inventory_mod.Inventory  # a name or path, or the inventory the CLI loaded (inventory.loaded)
     limit: str | None = None
     tags: list[str] = field(default_factory=list)
     check: bool = False
@@ -92,7 +92,7 @@ def apply(
 
     Raises LockHeld when another run holds the inventory, and Interrupted, once the record is written, when
     SIGINT or SIGTERM stopped the run. `progress` hears the run as it goes (silent when left out)."""
-    inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking, opts.user.extra_vars)
+    inv = inventory_mod.loaded(opts.inventory, opts.vault, opts.host_key_checking, opts.user.extra_vars)
     clashes = user_extra_problems(inv, opts)
     if clashes:
         raise UsageError("; ".join(clashes))

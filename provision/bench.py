@@ -32,7 +32,7 @@ DEFAULT_CONCURRENCY = (1, 4, 16, 32, 64, 128)
 
 @dataclass
 class BenchOptions:
-    inventory: str
+    inventory: str | inventory_mod.Inventory  # as ApplyOptions.inventory
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     input_len: int = 1024
     output_len: int = 1024
@@ -273,7 +273,7 @@ def bench(opts: BenchOptions, progress: Progress | None = None) -> BenchResult:
     progress = progress or SILENT
     _validate(opts)
     baseline = load_baseline(opts.baseline) if opts.baseline else None
-    inv = inventory_mod.load(opts.inventory, opts.vault, opts.host_key_checking)
+    inv = inventory_mod.loaded(opts.inventory, opts.vault, opts.host_key_checking)
     if not inv.gpu_containers:
         raise UsageError(f"{inv.path}: no hosts in group gpu_containers: nothing to benchmark")
     with RunRecord(opts.runs_dir, "bench", inv) as record:

@@ -314,6 +314,7 @@ def _load(args: argparse.Namespace, err: Console):
     from provision import inventory, present, secrets
 
     inv = inventory.load(args.inventory, _vault(args), args.host_key_checking, _extra_vars(args))
+    args.loaded = inv  # handed to the command's API call, which uses it instead of loading it again
     present.print_warnings(err, inv.warnings)
     args.secrets = secrets.values(inv)
     _runs_dir_outside(getattr(args, "runs_dir", None), inv.path)
@@ -362,7 +363,7 @@ def _apply_options(args: argparse.Namespace, plan: bool = False, **overrides: An
     from provision import runner
 
     fields = {
-        "inventory": args.inventory,
+        "inventory": getattr(args, "loaded", None) or args.inventory,
         **_run_options(args),
         "tags": apply_mod.parse_tags(getattr(args, "tags", None)),
         "check": plan or getattr(args, "check", False),
@@ -387,8 +388,8 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
 
     if not args.limit:
         raise UsageError("rollback needs --limit HOST: roll back the nodes you mean, by name or pattern")
-    opts = _apply_options(args)
     _load(args, err).scope(args.limit)  # validate before asking anything
+    opts = _apply_options(args)
     _confirm(args, err)
     result = apply_mod.apply(opts, progress=_progress(err), kind="rollback", playbook=apply_mod.ROLLBACK_PLAYBOOK)
     if not args.json:
@@ -421,8 +422,8 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     from provision import apply as apply_mod
     from provision import inventory, present
 
-    opts = _apply_options(args, plan)
     inv = _load(args, err)
+    opts = _apply_options(args, plan)
     # validate before asking anything: the scope, --extra-vars, and what the roles of the chosen phases require of it
     scope = inv.scope(args.limit)
     clashes = apply_mod.user_extra_problems(inv, opts)
@@ -483,7 +484,7 @@ def _cmd_verify(args: argparse.Namespace, out: Console, err: Console) -> Outcome
         args.check = False
         _confirm(args, err, what="reboots every host in the inventory")
     report = verify.verify(
-        args.inventory,
+        inv,
         junit=args.junit,
         after_reboot=args.after_reboot,
         select=args.checks,
@@ -500,8 +501,9 @@ def _cmd_capacity(args: argparse.Namespace, out: Console, err: Console) -> Outco
     from provision.capacity import parse_session_tokens
 
     sizes = parse_session_tokens(args.session_tokens)
-    _load(args, err).scope(args.limit)
-    report = verify.capacity_report(args.inventory, session_tokens=sizes, **_run_options(args, err))
+    inv = _load(args, err)
+    inv.scope(args.limit)
+    report = verify.capacity_report(inv, session_tokens=sizes, **_run_options(args, err))
     if not args.json:
         present.print_capacity_run(out, report)
     result = {"capacity": report.capacity, "checks": [c.__dict__ for c in report.checks]}
@@ -535,8 +537,9 @@ def _console(stderr: bool) -> Console:
 def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import diag, present
 
-    _load(args, err).scope(args.limit)
-    report = diag.diag(args.inventory, include_hosts=args.hosts, **_run_options(args, err))
+    inv = _load(args, err)
+    inv.scope(args.limit)
+    report = diag.diag(inv, include_hosts=args.hosts, **_run_options(args, err))
     if not args.json:
         present.print_diag(out, report)
     hosts = {h: str(r.get("verdict", "unknown")) for h, r in report.results.items()}
@@ -547,9 +550,10 @@ def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import bench, present
 
     concurrency = bench.parse_concurrency(args.concurrency)
-    _load(args, err).scope(args.limit)
+    inv = _load(args, err)
+    inv.scope(args.limit)
     opts = bench.BenchOptions(
-        inventory=args.inventory,
+        inventory=inv,
         concurrency=concurrency,
         input_len=args.input_len,
         output_len=args.output_len,

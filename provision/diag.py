@@ -55,7 +55,7 @@ def results_from_stats(record_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def diag(
-    inventory: str,
+    inventory: str | inventory_mod.Inventory,
     limit: str | None = None,
     include_hosts: bool = False,
     runs_dir: Path = DEFAULT_RUNS_DIR,
@@ -65,7 +65,7 @@ def diag(
 ) -> DiagReport:
     """Run playbooks/diag.yml on the containers (and with `include_hosts` the nodes), keep each verdict in the
     record (diag-<host>.json) and return them; `progress` hears the run as it goes (silent when left out)."""
-    inv = inventory_mod.load(inventory, vault, host_key_checking)
+    inv = inventory_mod.loaded(inventory, vault, host_key_checking)
     targets = inventory_mod.GPU_CONTAINERS + (f":{inventory_mod.PROXMOX_HOSTS}" if include_hosts else "")
     with RunRecord(runs_dir, "diag", inv) as record:
         run = run_playbook(

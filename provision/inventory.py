@@ -157,6 +157,10 @@ class Inventory:
     host_key_checking: bool = True
     manager: Any = field(default=None, repr=False)  # ansible's InventoryManager, for host patterns
     loader: Any = field(default=None, repr=False)  # ansible's DataLoader (with the vault secrets), for templating
+    given: str = ""  # the name or path the user gave (--inventory)
+
+    def __str__(self) -> str:
+        return self.given or str(self.path)
 
     def match(self, limit: str | None, pattern: str = f"{PROXMOX_HOSTS}:{GPU_CONTAINERS}") -> list[str]:
         """The hosts a play on `pattern` reaches under `--limit`, by Ansible's own pattern rules."""
@@ -1036,6 +1040,19 @@ def plain_text_secret_warnings(inv: Inventory) -> list[str]:
     return warnings
 
 
+def loaded(
+    inventory: str | Path | Inventory,
+    vault: VaultOptions | None = None,
+    host_key_checking: bool = True,
+    extra_vars: tuple[str, ...] = (),
+) -> Inventory:
+    """The inventory a command works on: the one its caller loaded and checked already (the CLI loads each command's
+    once, and hands it on), or else `load`ed now."""
+    if isinstance(inventory, Inventory):
+        return inventory
+    return load(inventory, vault, host_key_checking, extra_vars)
+
+
 def load(
     name_or_path: str | Path,
     vault: VaultOptions | None = None,
@@ -1046,7 +1063,7 @@ def load(
     (--extra-vars, absolute_extra_vars) are every host's variables above the inventory's, checked as they are."""
     source = resolve(name_or_path)
     inv = parse(source, vault or VaultOptions(), extra_vars)
-    inv.host_key_checking = host_key_checking
+    inv.host_key_checking, inv.given = host_key_checking, str(name_or_path)
     problems = validate(inv, host_key_checking)
     if problems:
         raise InventoryError(problems, frozenset(secrets.values(inv)))

@@ -279,7 +279,7 @@ def targets(inv: inventory_mod.Inventory, limit: str | None) -> list[inventory_m
 
 
 def verify(
-    inventory: str,
+    inventory: str | inventory_mod.Inventory,
     limit: str | None = None,
     junit: Path | None = None,
     runs_dir: Path = DEFAULT_RUNS_DIR,
@@ -302,7 +302,7 @@ def verify(
     (artifacts/run), the reboot run's under reboot/ with --after-reboot, verify.json (the report) and
     summary.json; the report returned, the record and the JUnit file are scrubbed of secrets. `progress` hears
     the runs as they go (silent when left out)."""
-    inv = inventory_mod.load(inventory, vault, host_key_checking)
+    inv = inventory_mod.loaded(inventory, vault, host_key_checking)
     hosts = targets(inv, limit)
     mine = user_checks(check_dir) if checks else []
     report = VerifyReport(inventory=str(inv.path))
@@ -322,7 +322,7 @@ def verify(
 
 
 def capacity_report(
-    inventory: str,
+    inventory: str | inventory_mod.Inventory,
     limit: str | None = None,
     runs_dir: Path = DEFAULT_RUNS_DIR,
     session_tokens: tuple[int, ...] | None = None,

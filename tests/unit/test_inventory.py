@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision import inventory, secrets
+from provision import cli, inventory, secrets
 from provision.errors import InventoryError
 from tests.conftest import API_GROUPS, API_VARS, vault_encrypt, vault_encrypt_string
 
@@ -394,3 +394,31 @@ def test_the_size_bound_counts_the_inventorys_values_not_ansibles_own():
     """`groups`, which Ansible gives every host, lists the whole fleet: a fleet of 12,000 hosts is no alias bomb."""
     host = inventory.Host("pve1", vars={"groups": {"all": [f"pve{i}" for i in range(12_000)]}})
     assert inventory._check_size(host) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["plan"], ["apply", "--yes"], ["rollback", "--yes", "--limit", "pve1"], ["verify"], ["capacity"], ["diag"],
+     ["bench"]],
+    ids=lambda argv: argv[0],
+)  # fmt: skip
+def test_each_command_loads_its_inventory_once(argv, tmp_path, monkeypatch):
+    """The CLI loads and checks the inventory, then hands that one to the command (inventory.loaded): Ansible's
+    loader runs once per command, bench's capacity read included. The first playbook run stops the command here."""
+    from provision import apply, bench, diag, verify
+
+    ran = []
+
+    def first_run(*args, **kwargs):
+        ran.append(args[0])
+        raise RuntimeError("the first playbook run")
+
+    for module in (apply, bench, diag, verify):
+        monkeypatch.setattr(module, "run_playbook", first_run)
+    parses = []
+    real_parse = inventory.parse
+    monkeypatch.setattr(inventory, "parse", lambda *a, **k: parses.append(a[0]) or real_parse(*a, **k))
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_model_path: /srv/m\n"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cli.main([argv[0], "-i", str(root), "--runs-dir", str(tmp_path / "runs"), *argv[1:]])
+    assert ran and len(parses) == 1, (ran, parses)
