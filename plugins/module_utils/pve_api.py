@@ -107,12 +107,30 @@ def _refused_login(p, where: str, exc: Exception) -> ApiFailure:
     if p.get("api_totp_secret"):
         return ApiFailure(
             f"{p['api_user']} at {where} refused the TOTP code of proxmox_api_totp_secret: check that it is the "
-            "secret of the user's TOTP entry and that this controller's clock is right"
+            "secret of the user's TOTP entry and that this controller's clock is right (PVE locks a user's TOTP after "
+            "repeated refused codes; pveum user tfa unlock lifts it)"
         )
     return ApiFailure(
         f"{p['api_user']} at {where} asks for a second factor (TFA): set proxmox_api_totp_secret to the secret of its "
         "TOTP entry, or use an API token (and gpu_passthrough_api_backend: ssh for devN entries)"
     )
+
+
+def _asks_second_factor(p, where: str, kwargs: dict, proxmoxer) -> bool:
+    """Whether PVE asks this user for a second factor at login: the first step of the ticket login alone. proxmoxer
+    answers a second-factor request with whatever code it holds (none: `totp:None`), and PVE locks a user's TOTP after
+    repeated refused codes, so no code is sent where there is none to send. A login PVE refuses or does not answer
+    fails here, as proxmoxer's would."""
+    import requests
+
+    url = f"{where}/api2/json/access/ticket"
+    data = {"username": p["api_user"], "password": p["api_password"]}
+    answer = requests.post(url, data=data, verify=kwargs["verify_ssl"], timeout=kwargs["timeout"])
+    if answer.status_code != 200:
+        raise proxmoxer.AuthenticationError(
+            f"Couldn't authenticate user: {p['api_user']} to {url} code: {answer.status_code}"
+        )
+    return bool((answer.json().get("data") or {}).get("NeedTFA"))
 
 
 def connect(p):
@@ -133,6 +151,8 @@ def connect(p):
             raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
         kwargs.update(password=p["api_password"], **_second_factor(p))
     try:
+        if not p["api_token_id"] and not p.get("api_totp_secret") and _asks_second_factor(p, where, kwargs, proxmoxer):
+            raise _refused_login(p, where, proxmoxer.AuthenticationError(SECOND_FACTOR_REFUSED))
         api = proxmoxer.ProxmoxAPI(p["api_host"], backend="https", **kwargs)
         if p["api_token_id"]:
             api.version.get()  # tokens are checked on the first request, not at construction

@@ -48,6 +48,7 @@ def totp_pve(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.totp_secrets = {}
+            self.answers: list[tuple[str, bool]] = []  # (user, accepted) for each second step: PVE counts refusals
             self._challenges: dict[str, tuple[str, float]] = {}
 
         async def _ticket(self, request):
@@ -67,7 +68,9 @@ def totp_pve(base):
             kind, _, code = str(p.get("password", "")).partition(":")
             if not pending or pending[0] != user or pending[1] < time.monotonic():
                 raise PveError(401, "authentication failure")
-            if kind != "totp" or not accepts(self.totp_secrets[user], code):
+            accepted = kind == "totp" and accepts(self.totp_secrets[user], code)
+            self.answers.append((user, accepted))
+            if not accepted:
                 raise PveError(401, "authentication failure")
             ticket, csrf = self.issue_ticket(user)
             return ok({"ticket": ticket, "CSRFPreventionToken": csrf, "username": user, "cap": {}})

@@ -32,8 +32,9 @@ ASKS = (
     "secret of its TOTP entry, or use an API token (and gpu_passthrough_api_backend: ssh for devN entries)"
 )
 REFUSED = (
-    f"{PREFIX}root@pam at https://127.0.0.1:… refused the TOTP code of proxmox_api_totp_secret: check that it "
-    "is the secret of the user's TOTP entry and that this controller's clock is right"
+    f"{PREFIX}root@pam at https://127.0.0.1:… refused the TOTP code of proxmox_api_totp_secret: check that it is the "
+    "secret of the user's TOTP entry and that this controller's clock is right (PVE locks a user's TOTP after "
+    "repeated refused codes; pveum user tfa unlock lifts it)"
 )
 NOT_BASE32 = f"{PREFIX}proxmox_api_totp_secret is not a base32 TOTP secret (as PVE's TOTP enrolment shows it)"
 PASSWORD = "pve-lab-password-7d1c"  # not a word of the messages, which Ansible would mask as a no_log value
@@ -72,17 +73,19 @@ def test_with_the_totp_secret_the_module_logs_in_and_converges(served, monkeypat
     assert SECRET not in str(result) and module.pve_api.totp(SECRET) not in result.get("msg", "")
 
 
-# (id, what the inventory gives, the line the user sees)
+# (id, what the inventory gives, the line the user sees, the codes PVE is sent: each refused one counts toward its
+# TOTP lockout)
 CASES = [
-    ("no-secret", {}, ASKS),
-    ("wrong-secret", {"api_totp_secret": base64.b32encode(b"another-users-secret").decode()}, REFUSED),
-    ("not-base32", {"api_totp_secret": "not a secret!"}, NOT_BASE32),
-]
+    ("no-secret", {}, ASKS, []),
+    ("wrong-secret", {"api_totp_secret": base64.b32encode(b"another-users-secret").decode()}, REFUSED,
+     [("root@pam", False)]),
+    ("not-base32", {"api_totp_secret": "not a secret!"}, NOT_BASE32, []),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("given", "sees"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("given", "sees", "answers"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_second_factor_pve_asks_for_and_does_not_get_is_one_line_before_anything_is_written(
-    given, sees, served, monkeypatch
+    given, sees, answers, served, monkeypatch
 ):
     module = clocked(monkeypatch, "proxmox_lxc_gpu", Clock())
     before = served.state()
@@ -90,6 +93,7 @@ def test_a_second_factor_pve_asks_for_and_does_not_get_is_one_line_before_anythi
     assert result.get("failed") and result["msg"] == sees.replace("127.0.0.1:…", f"127.0.0.1:{served.pve.port}")
     assert served.state() == before, "nothing was written"
     assert [p for _, p, _ in served.pve.requests if not p.endswith("/access/ticket")] == [], "no call but the login"
+    assert served.pve.answers == answers, "no code is sent where there is none to send"
 
 
 @pytest.mark.parametrize("name", ["pve_node_guests", "proxmox_lxc_ct", "proxmox_lxc_mount"])
