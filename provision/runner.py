@@ -483,10 +483,13 @@ def playbook_tasks(config: PlaybookConfig) -> str:
         cmd += ["-" + "v" * args["verbosity"]] if args["verbosity"] else []
         cmd += [*shlex.split(args["cmdline"] or ""), args["playbook"]]
         env = {**os.environ, **args["envvars"]}
-        proc = subprocess.run(cmd, env=env, cwd=args["project_dir"], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            cmd, env=env, cwd=args["project_dir"], capture_output=True, text=True, check=False, timeout=300
+        )
     if proc.returncode:
-        said = [line for line in proc.stderr.splitlines() if line.strip()]
-        raise ProvisionError(f"ansible-playbook --list-tasks failed: {said[-1] if said else proc.returncode}")
+        said = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        errors = [line for line in said if line.startswith(("[ERROR]", "ERROR!"))]
+        raise ProvisionError(f"ansible-playbook --list-tasks failed: {(errors or said or [proc.returncode])[0]}")
     return proc.stdout
 
 

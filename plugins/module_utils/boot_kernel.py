@@ -70,11 +70,16 @@ def detect_bootloader(module) -> tuple[str, str]:
 
 
 def esp_kinds(status: str) -> dict[str, list[str]]:
-    """kind -> the ESPs `proxmox-boot-tool status` says are configured with it ("<UUID> is configured with: uefi
-    (versions: ...)")."""
+    """kind -> the ESPs `proxmox-boot-tool status` says are configured with it: "<UUID> is configured with: uefi
+    (versions: ...)", or "uefi (versions: ...), grub (versions: ...)" for an ESP that holds both (GRUB's files stay
+    after `proxmox-boot-tool init` moves an ESP to systemd-boot). Such an ESP counts as uefi: UEFI firmware boots its
+    systemd-boot. "grub" lists the ESPs that are GRUB's alone."""
     kinds: dict[str, list[str]] = {}
-    for uuid, kind in re.findall(r"^(\S+) is configured with: (\w+)", status, re.M):
-        kinds.setdefault(kind, []).append(uuid)
+    for uuid, rest in re.findall(r"^(\S+) is configured with: (.*)$", status, re.M):
+        found = set(re.findall(r"(\w+) \(versions", rest)) or set(re.findall(r"^(\w+)", rest))
+        kind = "uefi" if "uefi" in found else "grub" if "grub" in found else None
+        if kind:
+            kinds.setdefault(kind, []).append(uuid)
     return kinds
 
 

@@ -13,6 +13,7 @@ HEAD = "Re-executing '/usr/sbin/proxmox-boot-tool' in new private mount namespac
 UEFI = HEAD + "System currently booted with uefi\n6D31-87F4 is configured with: uefi (versions: 6.8.12-4-pve)\n"
 GRUB = HEAD + "System currently booted with legacy bios\n865E-6ADE is configured with: grub (versions: 6.8.12-4-pve)\n"
 MIXED = UEFI + "865E-6ADE is configured with: grub (versions: 6.8.12-4-pve, 6.8.12-8-pve)\n"
+BOTH_ON_ONE = UEFI.replace("(versions: 6.8.12-4-pve)", "(versions: 6.8.12-4-pve), grub (versions: 6.8.12-4-pve)")
 NONE = HEAD + "System currently booted with uefi\nE: /etc/kernel/proxmox-boot-uuids does not exist.\n"
 
 
@@ -39,11 +40,22 @@ class Node:
 
 @pytest.mark.parametrize(
     ("status", "rc", "bootloader"),
-    [(UEFI, 0, "systemd-boot"), (GRUB, 0, "grub"), (NONE, 2, "grub"), (None, 0, "grub")],
-    ids=["uefi", "grub", "no-esps", "no-tool"],
+    [
+        (UEFI, 0, "systemd-boot"),
+        (GRUB, 0, "grub"),
+        (BOTH_ON_ONE, 0, "systemd-boot"),
+        (NONE, 2, "grub"),
+        (None, 0, "grub"),
+    ],
+    ids=["uefi", "grub", "uefi-and-grub-on-one-esp", "no-esps", "no-tool"],
 )
 def test_the_esps_kind_names_the_bootloader(status, rc, bootloader):
     assert boot_kernel.detect_bootloader(Node(status, rc))[0] == bootloader
+
+
+def test_an_esp_that_holds_both_kinds_is_uefi_and_another_that_is_grubs_alone_is_named():
+    kinds = boot_kernel.esp_kinds(BOTH_ON_ONE + "865E-6ADE is configured with: grub (versions: 6.8.12-4-pve)\n")
+    assert kinds == {"uefi": ["6D31-87F4"], "grub": ["865E-6ADE"]}
 
 
 def test_esps_of_both_kinds_fail_naming_each_and_the_files_each_reads():
