@@ -35,9 +35,11 @@ def cpu_args(accel: str) -> list[str]:
     """The virtual CPUs: the guest boots with them, so a booted snapshot is only good for the same ones."""
     if accel == "kvm":
         return ["-smp", "2", "-accel", "kvm", "-cpu", "host,-arch-capabilities"]
-    # measured on 2 cores (2026-12-02): -smp 1 booted in 45 s against 31 s and ran no task faster; -cpu qemu64 saved
-    # about 5% on a kernel-phase check, not worth a CPU further from the hosts' (docs/lab.md)
-    return ["-smp", "2", "-accel", "tcg,thread=multi,tb-size=512", "-cpu", "max"]
+    # One vCPU: the tests run two VM labs at once on this machine's 2 cores (.ci/run), and there a second vCPU per
+    # guest only adds threads that wait for each other (docs/lab.md, "Test durations": update-initramfs and a
+    # reboot on all four VMs of two labs at once took 147 s and 127 s with one vCPU, 174 s and 140 s with two). -cpu
+    # qemu64 saved about 5% on a kernel-phase check, not worth a CPU further from the hosts'.
+    return ["-smp", "1", "-accel", "tcg,thread=multi,tb-size=512", "-cpu", "max"]
 
 
 def choose_accel() -> str:
