@@ -133,6 +133,20 @@ def _asks_second_factor(p, where: str, kwargs: dict, proxmoxer) -> bool:
     return bool((answer.json().get("data") or {}).get("NeedTFA"))
 
 
+def _login_args(p, where: str) -> dict:
+    """proxmoxer.ProxmoxAPI's arguments for this login: TLS as the params say, and a token, or a password (with the
+    second factor's code where there is a TOTP secret)."""
+    kwargs = dict(port=p["api_port"], user=p["api_user"], timeout=30, service="PVE")
+    kwargs["verify_ssl"] = (p["ca_file"] or True) if p["validate_certs"] else False
+    if p["api_token_id"]:
+        if not p["api_token_secret"]:
+            raise ApiFailure("proxmox_api_token_id is set but proxmox_api_token_secret is empty")
+        return dict(kwargs, token_name=p["api_token_id"], token_value=p["api_token_secret"])
+    if not p["api_password"]:
+        raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
+    return dict(kwargs, password=p["api_password"], **_second_factor(p))
+
+
 def connect(p):
     """A logged-in proxmoxer.ProxmoxAPI. A login PVE did not answer (5xx/59x) is raised as ResourceException, so
     that with_retries tries again; a refused one, or a certificate that does not verify, is an ApiFailure."""
@@ -140,16 +154,7 @@ def connect(p):
     if p.get("backend", "https") == "ssh":
         return connect_ssh(p, proxmoxer)
     where = f"https://{p['api_host']}:{p['api_port']}"
-    kwargs = dict(port=p["api_port"], user=p["api_user"], timeout=30, service="PVE")
-    kwargs["verify_ssl"] = (p["ca_file"] or True) if p["validate_certs"] else False
-    if p["api_token_id"]:
-        if not p["api_token_secret"]:
-            raise ApiFailure("proxmox_api_token_id is set but proxmox_api_token_secret is empty")
-        kwargs.update(token_name=p["api_token_id"], token_value=p["api_token_secret"])
-    else:
-        if not p["api_password"]:
-            raise ApiFailure(f"no credentials for {where}: set proxmox_api_password (or a token)")
-        kwargs.update(password=p["api_password"], **_second_factor(p))
+    kwargs = _login_args(p, where)
     try:
         if not p["api_token_id"] and not p.get("api_totp_secret") and _asks_second_factor(p, where, kwargs, proxmoxer):
             raise _refused_login(p, where, proxmoxer.AuthenticationError(SECOND_FACTOR_REFUSED))
