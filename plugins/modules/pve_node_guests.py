@@ -99,9 +99,10 @@ def foreign(guests, owned):
     return [g for g in guests if g["status"] == "running" and not (g["type"] == "lxc" and g["vmid"] in mine)]
 
 
-def refusal(node, cluster, strangers, running_guests, own_ha=()):
-    """Why `node` must not reboot now, as one line (empty: it may)."""
-    reasons = []
+def refusal(node, cluster, strangers, running_guests, own_ha=(), disarmed=None):
+    """Why `node` must not reboot now, as one line (empty: it may). `disarmed`: (the HA stack's disarm, the node's
+    guests) where it is disarmed: maintenance mode would move none of them."""
+    reasons = [disarmed_reason(*disarmed)] if disarmed else []
     if own_ha:
         resources = ", ".join(f"{label(g)} (HA resource ct:{g['vmid']}, {g['ha']})" for g in own_ha)
         reasons.append(
@@ -194,17 +195,20 @@ def read_disarm(p, api):
     return ((status or {}).get("manager_status") or {}).get("disarm") or None
 
 
+def disarmed_reason(disarm, guests) -> str:
+    staying = ", ".join(label(g) for g in still_on_node(guests))
+    state, mode = disarm.get("state", "disarmed"), disarm.get("mode", "?")
+    return (
+        f"the HA stack is {state} (resource mode {mode}): its CRM drops a maintenance request and moves no guest, so "
+        f"{staying} stay on the node: arm it (ha-manager crm-command arm-ha) or move them yourself, then run again"
+    )
+
+
 def refuse_disarmed(p, api, guests):
     """Fail at once, naming the guests that stay, where the HA stack is disarmed: no wait would move them."""
     disarm = read_disarm(p, api)
     if disarm:
-        staying = ", ".join(label(g) for g in still_on_node(guests))
-        state, mode = disarm.get("state", "disarmed"), disarm.get("mode", "?")
-        raise ApiFailure(
-            f"the HA stack is {state} (resource mode {mode}): its CRM drops a maintenance request and moves no guest, "
-            f"so {staying} stay on the node: arm it (ha-manager crm-command arm-ha) or move them yourself, then run "
-            "again: not rebooting"
-        )
+        raise ApiFailure(disarmed_reason(disarm, guests) + ": not rebooting")
 
 
 def wait_ha_away(p, api, cluster, guests):
@@ -237,6 +241,7 @@ def run(module):
     if p["wait_ha_away"] and not module.check_mode:
         guests = wait_ha_away(p, api, cluster, guests)
     strangers = foreign(guests, p["owned"])
+    disarm = read_disarm(p, api) if cluster and still_on_node(guests) else None
     return dict(
         changed=False,
         guests=guests,
@@ -244,7 +249,9 @@ def run(module):
         foreign_running=[label(g) for g in strangers],
         cluster=cluster,
         ha_managed=[label(g) for g in guests if g["ha"]],
-        refusal=refusal(p["node"], cluster, strangers, p["running_guests"], own_ha(guests, p["owned"])),
+        refusal=refusal(
+            p["node"], cluster, strangers, p["running_guests"], own_ha(guests, p["owned"]), disarm and (disarm, guests)
+        ),
     )
 
 

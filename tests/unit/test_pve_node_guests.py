@@ -243,6 +243,8 @@ def test_a_disarmed_ha_stack_is_named_at_once_instead_of_waiting_for_a_move_it_n
         "yourself, then run again: not rebooting"
     )
     assert module.time.sleeps == [], "no wait"
+    planned = run(module, served, check=True, running_guests="allow", wait_ha_away=60)
+    assert planned["refusal"] == f"{NODE}: not rebooting: " + result["msg"][len(f"{NODE}: ") : -len(": not rebooting")]
     served.pve.disarm = None
     assert run(module, served, running_guests="allow", wait_ha_away=1)["msg"].startswith(f"{NODE}: in HA maintenance")
 
