@@ -22,7 +22,7 @@ import pytest
 
 from provision.checks.support import SMOKE_EXPECT, SMOKE_MAX_TOKENS, SMOKE_QUESTION, smoke_failure
 from provision.lab import wheelhouse
-from tests.loaders import load_file
+from tests.loaders import load_file, repo_file
 
 CACHED_WHEELS = sorted((Path.home() / ".cache/provision/lab/wheels").glob(f"sglang-{wheelhouse.SGLANG_VERSION}-*.whl"))
 KEY = "sk-standin-" + "9f4c21"
@@ -315,6 +315,32 @@ def test_the_first_generate_builds_the_launcher_with_cc_and_a_later_start_takes_
     second = standin()
     second.wait_ready()
     assert built[0].stat().st_mtime_ns == stamp
+
+
+def test_launchers_built_at_once_each_go_into_the_cache_whole(tmp_path, monkeypatch):
+    """First kernel launches at once, each building the launcher (eight threads, five fresh caches): each writer puts
+    its copy in place under a name of its own, as Triton's cache does, and none finds another's half-renamed file."""
+    launcher = repo_file("provision/lab/standin/sglang_labserver/triton_launcher.py")
+    launcher.sysconfig.get_config_vars()  # as in the server, read before any launch (its first read is not thread-safe)
+    failures = []
+
+    def first_launch(start):
+        start.wait()
+        try:
+            launcher.load()
+        except Exception as exc:  # a writer that lost the race
+            failures.append(repr(exc))
+
+    for round_ in range(5):
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / f"triton{round_}"))
+        start = threading.Barrier(8)
+        threads = [threading.Thread(target=first_launch, args=(start,)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        kept = [p.name for p in (tmp_path / f"triton{round_}").rglob("*") if p.is_file()]
+        assert failures == [] and kept == ["cuda_utils" + launcher.sysconfig.get_config_var("EXT_SUFFIX")], kept
 
 
 def test_without_a_c_compiler_the_first_generate_takes_the_server_down_naming_it(standin, tmp_path):

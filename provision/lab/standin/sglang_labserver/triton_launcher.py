@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+import uuid
 from pathlib import Path
 
 NAME = "cuda_utils"
@@ -87,7 +88,9 @@ def load():
             Path(src).write_text(SOURCE)
             so = build(src, tmp)
             cached.parent.mkdir(parents=True, exist_ok=True)
-            part = cached.with_suffix(".tmp")
+            # a name of this writer's own, as Triton's FileCacheManager.put makes one: two first generates at once
+            # each build, and each puts its copy in place whole
+            part = cached.with_name(f"{cached.name}.tmp.pid_{os.getpid()}_{uuid.uuid4()}")
             shutil.copyfile(so, part)
             part.replace(cached)
     spec = importlib.util.spec_from_file_location(NAME, cached)
