@@ -380,6 +380,15 @@ def private_data_dir():
             shutil.rmtree(pdd, ignore_errors=True)
 
 
+def private_file(path: Path, text: str) -> Path:
+    """`text` in a new file readable by its owner alone (a run's values that may hold a secret, kept off every
+    command line)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return path
+
+
 def _prepare(pdd: Path) -> None:
     """runner's settings file: look at the cancel callback every second, not every 5 (its default), so that a
     signal stops the run at once. (runner drops a `settings` argument when this file is missing.)"""
@@ -410,12 +419,8 @@ class UserOptions:
             if value.startswith("@"):
                 found.append(value)
                 continue
-            path = pdd / f"extra-vars-{i}.yml"
             text = value if value[:1] in ("[", "{") else json.dumps(parse_kv(value))
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-            found.append(f"@{path}")
+            found.append(f"@{private_file(pdd / f'extra-vars-{i}.yml', text)}")
         return found
 
 
@@ -473,10 +478,7 @@ def playbook_tasks(config: PlaybookConfig) -> str:
     Ansible would run, in its own listing (a dynamic include is listed as the include task). Nothing connects."""
     with private_data_dir() as pdd:
         args = config.runner_args(pdd)
-        extravars = pdd / "extravars.json"
-        fd = os.open(extravars, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(args["extravars"], handle)
+        extravars = private_file(pdd / "extravars.json", json.dumps(args["extravars"]))
         cmd = ["ansible-playbook", "--list-tasks", "--inventory", args["inventory"], "--extra-vars", f"@{extravars}"]
         for flag in ("limit", "tags", "skip_tags"):
             cmd += [f"--{flag.replace('_', '-')}", args[flag]] if args[flag] else []
