@@ -10,6 +10,7 @@ elsewhere (CI logs, pipes) it is one line per task and per failure.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import queue
@@ -45,9 +46,11 @@ class LiveProgress:
     def __init__(self, console: Console, title: str):
         self.console = console
         self.title = title
-        self._events: queue.Queue[tuple[str, str, str, bool, bool]] = queue.Queue()
+        self._events: queue.Queue[tuple[str, str, str, bool, bool, dict | None]] = queue.Queue()
         self._hosts: dict[str, HostStats] = {}
         self._task: dict[str, str] = {}
+        self._detail: dict[str, str] = {}  # a loop's progress within the host's current task
+        self._transfer: dict[str, tuple[int, float]] = {}  # per host: bytes and seconds of the task's transfers
         self._play_task = ""
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -63,6 +66,7 @@ class LiveProgress:
                 data.get("task", ""),
                 bool(isinstance(res, dict) and res.get("changed")),
                 bool(data.get("ignore_errors")),
+                res.get("progress") if kind == "runner_item_on_ok" and isinstance(res, dict) else None,
             )
         )
 
@@ -76,15 +80,19 @@ class LiveProgress:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def _apply(self, item: tuple[str, str, str, bool, bool]) -> str | None:
-        kind, host, task, changed, ignored = item
+    def _apply(self, item: tuple[str, str, str, bool, bool, dict | None]) -> str | None:
+        kind, host, task, changed, ignored, progress = item
         if kind == "playbook_on_task_start":
             self._play_task = task
             return f"TASK {task}"
         if kind == "runner_on_start" and host:
             self._task[host] = task
             self._hosts.setdefault(host, HostStats())
+            self._detail.pop(host, None)
+            self._transfer.pop(host, None)
             return None
+        if isinstance(progress, dict) and host:
+            return self._progress(host, progress)
         counter = _COUNTED.get(kind)
         if not counter or not host:
             return None
@@ -100,6 +108,19 @@ class LiveProgress:
             return f"  {counter.upper()}: {host} ({task})"
         return None
 
+    def _progress(self, host: str, progress: dict) -> str | None:
+        """A loop item's `progress` (a download's, as sglang_weights reports it): the host's detail line, with the
+        rate of the task's transfers so far and the time left at that rate."""
+        done, seconds = self._transfer.get(host, (0, 0.0))
+        with contextlib.suppress(TypeError, ValueError):
+            done, seconds = done + int(progress.get("downloaded_bytes", 0)), seconds + float(progress.get("seconds", 0))
+        self._transfer[host] = (done, seconds)
+        line = download_line(progress, done / seconds if done and seconds > 0 else None)
+        if line is None:
+            return None
+        self._detail[host] = line
+        return f"  {host}: {line}"
+
     def _table(self) -> Table:
         elapsed = time.monotonic() - self._started
         table = Table(title=f"{self.title}  [{elapsed:5.0f}s]", expand=False)
@@ -109,7 +130,7 @@ class LiveProgress:
             s = self._hosts[host]
             table.add_row(
                 host,
-                self._task.get(host, ""),
+                escape(self._task.get(host, "") + (f" ({self._detail[host]})" if host in self._detail else "")),
                 str(s.ok),
                 str(s.changed),
                 str(s.failed),
@@ -140,6 +161,30 @@ class LiveProgress:
             while not self._stop.wait(0.2):
                 self._drain(lines=True)
             self._drain(lines=True)
+
+
+def download_line(progress: dict, rate: float | None) -> str | None:
+    """'1.2 GB of 3.4 GB, 2 of 5 files, 98.1 MB/s, 0:00:22 left' from a download's progress and its rate in bytes per
+    second (None before a byte has moved); None when `progress` is not a download's."""
+    try:
+        staged, total = int(progress["bytes_staged"]), int(progress["bytes"])
+        files, of = int(progress["files_staged"]), int(progress["files"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    line = f"{_size(staged)} of {_size(total)}, {files} of {of} files"
+    if rate:
+        left = int((total - staged) / rate)
+        line += f", {_size(rate)}/s, {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} left"
+    return line
+
+
+def _size(n: float) -> str:
+    """Bytes in decimal units, as the hub and df -H print them."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 class ConsoleProgress(Progress):

@@ -7,9 +7,11 @@ import textwrap
 
 
 def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_outcome: str = "",
-                          pre_tasks: str = "") -> str:  # fmt: skip
+                          pre_tasks: str = "", handlers: bool = True) -> str:  # fmt: skip
     """A localhost play that includes provision.pve_sglang.<role> (`tasks_from` if given) under the task name `what`;
-    `extra_outcome` adds Jinja dict entries to the outcome (", 'changed': x"); `pre_tasks` is YAML for tasks first."""
+    `extra_outcome` adds Jinja dict entries to the outcome (", 'changed': x"); `pre_tasks` is YAML for tasks first.
+    With `handlers=False` the play ends before the handlers the role notified (a service restart, say, on a machine
+    without systemd)."""
     include = f"name: provision.pve_sglang.{role}" + (f"\n    tasks_from: {tasks_from}" if tasks_from else "")
     play = f"""\
 - hosts: localhost
@@ -34,6 +36,8 @@ def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_o
             mode: "0600"
           check_mode: false  # a test of check mode reads it too
 """
+    if not handlers:
+        play += "    - name: End before the handlers\n      ansible.builtin.meta: end_play\n"
     return play
 
 

@@ -49,6 +49,15 @@ options:
     description:
       - The hub's URL. Default is the client's own (C(HF_ENDPOINT) of the module's environment, else
         https://huggingface.co).
+  files:
+    type: list
+    elements: str
+    description:
+      - Only these files of the revision, into the staging directory (each verified), and nothing put in place; the
+        result's I(progress) says where the whole download stands. A run without I(files) then puts the revision in
+        place, downloading only what is not staged yet.
+      - The sglang role calls it once per missing file, so that the console shows the download's progress between
+        files.
 attributes:
   check_mode:
     support: full
@@ -66,6 +75,15 @@ EXAMPLES = r"""
   vars:
     ansible_python_interpreter: /opt/sglang/venv/bin/python
   no_log: true
+
+- name: Stage one file of the revision (verified), leaving the model directory as it is
+  provision.pve_sglang.sglang_weights:
+    repo: Qwen/Qwen3-8B
+    revision: 9c925d64d72725edaf899c6cb9c377fd0709d9c5
+    path: /models/Qwen3-8B
+    files: [model-00001-of-00005.safetensors]
+  vars:
+    ansible_python_interpreter: /opt/sglang/venv/bin/python
 """
 
 RETURN = r"""
@@ -85,6 +103,13 @@ client_version:
   description: The huggingface_hub version that ran; null in check mode when it is not installed yet.
   type: str
   returned: always
+progress:
+  description:
+    - With I(files), where the download of the revision's missing files stands after this call - C(files) and
+      C(bytes) to download in all, C(files_staged) and C(bytes_staged) verified in the staging directory so far, and
+      C(downloaded_bytes) and C(seconds) of this call's transfers.
+  type: dict
+  returned: when I(files) is given
 msg:
   description: In check mode without the client, that the download is pending and why the files are not listed.
   type: str
@@ -96,6 +121,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import model_source as ms
@@ -211,18 +237,29 @@ def download(hf, p, staging: str, expected: dict) -> None:
     if problem:
         remove_download(staging, name)
         raise WeightsError(f"{target}: downloaded file does not match the hub's record ({problem}); removed it")
+    mark_verified(p, staging, name)
 
 
-def staging_of_this_revision(p) -> bool:
-    """Whether the staging directory holds files of this repo and revision (its record says so)."""
-    mark = os.path.join(p["path"], ms.STAGING, ms.STAGING_RECORD)
-    return read_json(mark) == {"repo": p["repo"], "revision": p["revision"]}
+def staging_record(p) -> dict | None:
+    """The staging directory's record when it is of this repo and revision: {"repo", "revision", "verified": {name:
+    stat key}}; None for a staging of another revision, or none."""
+    mark = read_json(os.path.join(p["path"], ms.STAGING, ms.STAGING_RECORD))
+    if not isinstance(mark, dict) or (mark.get("repo"), mark.get("revision")) != (p["repo"], p["revision"]):
+        return None
+    return mark | {"verified": mark.get("verified") if isinstance(mark.get("verified"), dict) else {}}
+
+
+def write_staging_record(staging: str, mark: dict) -> None:
+    path = os.path.join(staging, ms.STAGING_RECORD)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(mark, handle)
+    os.replace(path + ".tmp", path)
 
 
 def drop_other_staging(p, check_mode: bool) -> int:
     """A staging directory of another revision goes (in check mode it stays, and would go); the bytes it held."""
     staging = os.path.join(p["path"], ms.STAGING)
-    if not os.path.isdir(staging) or staging_of_this_revision(p):
+    if not os.path.isdir(staging) or staging_record(p) is not None:
         return 0
     held = sum(os.path.getsize(os.path.join(staging, n)) for n in ms.files_under(staging))
     if not check_mode:
@@ -236,32 +273,56 @@ def staging_for(p) -> str:
     staging = os.path.join(p["path"], ms.STAGING)
     drop_other_staging(p, check_mode=False)
     os.makedirs(staging, mode=0o755, exist_ok=True)
-    with open(os.path.join(staging, ms.STAGING_RECORD), "w") as handle:
-        json.dump({"repo": p["repo"], "revision": p["revision"]}, handle)
+    if staging_record(p) is None:
+        write_staging_record(staging, {"repo": p["repo"], "revision": p["revision"], "verified": {}})
     return staging
 
 
-def staged(staging: str, expected: dict) -> bool:
-    """Whether an earlier run of this revision left this file in the staging directory, verified."""
+def staged(p, staging: str, expected: dict) -> bool:
+    """Whether this file is in the staging directory, verified: unchanged since a run verified it there (its stat
+    key in the staging record), or hashed now and found right (then recorded)."""
     path = os.path.join(staging, expected["name"])
-    return os.path.isfile(path) and ms.mismatch(expected, *ms.file_digests(path)) is None
+    if recorded_staged(p, expected):
+        return True
+    if not os.path.isfile(path):
+        return False
+    if ms.mismatch(expected, *ms.file_digests(path)) is not None:
+        # the client trusts its own record of a file it put there (written over within a second of it, or with its
+        # mtime kept): the file and that record go, so that the download fetches it again
+        remove_download(staging, expected["name"])
+        return False
+    mark_verified(p, staging, expected["name"])
+    return True
 
 
-def download_all(hf, p, missing: list[dict]) -> str:
+def recorded_staged(p, expected: dict) -> bool:
+    """Whether the staging record says this file was verified there and it has not changed since."""
+    key = ms.stat_key(os.path.join(p["path"], ms.STAGING, expected["name"]))
+    return key is not None and (staging_record(p) or {"verified": {}})["verified"].get(expected["name"]) == key
+
+
+def mark_verified(p, staging: str, name: str) -> None:
+    mark = staging_record(p) or {"repo": p["repo"], "revision": p["revision"], "verified": {}}
+    mark["verified"][name] = ms.stat_key(os.path.join(staging, name))
+    write_staging_record(staging, mark)
+
+
+def download_all(hf, p, missing: list[dict]) -> tuple[str, int]:
     """Every missing file into the staging directory, verified; the model directory is as it was until all are. On a
-    failure the files verified so far stay there, and the next run of the same revision downloads only the rest."""
+    failure the files verified so far stay there, and the next run of the same revision downloads only the rest.
+    Returns the staging directory and the bytes downloaded."""
     staging = staging_for(p)
-    kept = 0
+    kept = fetched = 0
     for expected in missing:
-        if staged(staging, expected):
+        if staged(p, staging, expected):
             kept += 1
             continue
         try:
             download(hf, p, staging, expected)
         except WeightsError as exc:
             raise WeightsError(f"{exc}; {kept} verified file(s) kept in {staging} for the next run") from exc
-        kept += 1
-    return staging
+        kept, fetched = kept + 1, fetched + expected["size"]
+    return staging, fetched
 
 
 def put_in_place(root: str, staging: str, missing: list[dict], stale: list[str]) -> None:
@@ -308,6 +369,8 @@ def run(module) -> dict:
     problem = ms.space_problem(root, need, where, free + (reclaimed if module.check_mode else 0))
     if problem:
         raise WeightsError(problem)
+    if p["files"] is not None:
+        return result | stage_some(hf, p, files, missing, module.check_mode)
     # the record is a cache of what was verified, not a change of the weights: changed means files to fetch or remove
     result.update(downloaded_bytes=need, changed=bool(missing or stale))
     if not module.check_mode:
@@ -316,11 +379,42 @@ def run(module) -> dict:
     return result
 
 
+def stage_some(hf, p, files: list[dict], missing: list[dict], check_mode: bool) -> dict:
+    """The `files` option: only the named files into the staging directory, verified; nothing is put in place.
+    The result's `progress` is where the whole download stands after this call."""
+    unknown = sorted(set(p["files"]) - {f["name"] for f in files})
+    if unknown:
+        raise WeightsError(f"{p['repo']} at {p['revision']} lists no file {', '.join(unknown)} (files)")
+    todo = [f for f in missing if f["name"] in p["files"]]
+    started, fetched = time.monotonic(), 0
+    if not check_mode and todo:
+        fetched = download_all(hf, p, todo)[1]
+    action = "would_stage" if check_mode else "staged"
+    lines = [file_line(f, action if f in todo else "present") for f in files if f["name"] in p["files"]]
+    pending = [f for f in todo if not recorded_staged(p, f)]
+    return dict(changed=bool(fetched) or (check_mode and bool(pending)), files=lines, downloaded_bytes=fetched,
+                progress=progress(p, missing, fetched, time.monotonic() - started))  # fmt: skip
+
+
+def progress(p, missing: list[dict], fetched: int, seconds: float) -> dict:
+    """Where the download of the revision's missing files stands: files and bytes verified in the staging
+    directory, of how many; the bytes this call fetched and the seconds it took."""
+    done = [f for f in missing if recorded_staged(p, f)]
+    return {
+        "files": len(missing),
+        "files_staged": len(done),
+        "bytes": sum(f["size"] for f in missing),
+        "bytes_staged": sum(f["size"] for f in done),
+        "downloaded_bytes": fetched,
+        "seconds": round(seconds, 3),
+    }
+
+
 def staging_sizes(root: str, p, missing: list[dict]) -> int:
     """The bytes of the missing files already in a staging directory of this revision, by their sizes (verified
     before use)."""
     staging = os.path.join(root, ms.STAGING)
-    if not staging_of_this_revision(p):
+    if staging_record(p) is None:
         return 0
     found = [f for f in missing if os.path.isfile(os.path.join(staging, f["name"]))]
     return sum(f["size"] for f in found if os.path.getsize(os.path.join(staging, f["name"])) == f["size"])
@@ -330,7 +424,7 @@ def converge(hf, p, record: dict, missing: list[dict], stale: list[str]) -> None
     """Download what is missing, put it in place, remove what the revision does not list, and record it all."""
     root = p["path"]
     os.makedirs(root, mode=0o755, exist_ok=True)
-    put_in_place(root, download_all(hf, p, missing), missing, stale)
+    put_in_place(root, download_all(hf, p, missing)[0], missing, stale)
     record.update({e["name"]: record_entry(e, os.path.join(root, e["name"])) for e in missing})
     write_manifest(os.path.join(root, ms.MANIFEST), p, record)
 
@@ -387,6 +481,7 @@ def main():
             path=dict(type="path", required=True),
             token=dict(type="str", no_log=True),
             endpoint=dict(type="str"),
+            files=dict(type="list", elements="str"),
         ),
         supports_check_mode=True,
     )

@@ -292,6 +292,58 @@ def test_a_transfer_cut_in_file_k_of_n_keeps_the_files_before_it_and_the_next_ru
     assert fetched == names[k:], hub.requests
 
 
+def resolved(hub) -> list[str]:
+    """The files the hub was asked for (their downloads), in order."""
+    return [r["path"].rsplit("/", 1)[-1] for r in hub.requests if "/resolve/" in r["path"] and r["method"] == "GET"]
+
+
+def test_files_stages_only_the_named_ones_and_says_where_the_whole_download_stands(hub, tmp_path):
+    """One call per file, as the role makes them: each stages its file verified and leaves the model directory as it
+    was; `progress` counts files and bytes over the whole revision; the run without `files` then fetches nothing more
+    and puts the revision in place."""
+    repo = hub.repos[hfhub.REPO_ID]
+    sizes = {f.path: len(f.data) for f in repo.files}
+    names = list(sizes)
+    for k, name in enumerate(names, start=1):
+        hub.requests.clear()
+        step = main_result(weights, args(hub, tmp_path, files=[name]))
+        assert step["changed"] is True and resolved(hub) == [name] and tree(tmp_path) == {}, step
+        assert step["files"] == [{"name": name, "size": sizes[name], "action": "staged"}]
+        seconds = step["progress"].pop("seconds")
+        assert seconds >= 0 and step["progress"] == {
+            "files": len(names), "files_staged": k, "bytes": sum(sizes.values()),
+            "bytes_staged": sum(sizes[n] for n in names[:k]), "downloaded_bytes": sizes[name],
+        }  # fmt: skip
+    hub.requests.clear()
+    done = main_result(weights, args(hub, tmp_path))
+    assert done["changed"] is True and resolved(hub) == [] and done["downloaded_bytes"] == 0, done
+    assert tree(tmp_path) == as_served(repo) and not (tmp_path / ms.STAGING).exists()
+
+
+def test_a_staged_file_is_hashed_once_and_one_changed_since_is_fetched_again(hub, tmp_path, monkeypatch):
+    """The staging record keeps each verified file's stat: a second call trusts an unchanged file without reading it,
+    and a file written over since (same size, new contents) is hashed, found wrong and fetched again."""
+    repo = hub.repos[hfhub.REPO_ID]
+    first = repo.files[0].path
+    assert main_result(weights, args(hub, tmp_path, files=[first]))["changed"] is True
+    hashed = []
+    digests = ms.file_digests
+    monkeypatch.setattr(ms, "file_digests", lambda path: hashed.append(os.path.basename(path)) or digests(path))
+    again = main_result(weights, args(hub, tmp_path, files=[first]))
+    assert again["changed"] is False and hashed == [] and again["progress"]["files_staged"] == 1, (again, hashed)
+    staged_file = tmp_path / ms.STAGING / first
+    staged_file.write_bytes(b"x" * staged_file.stat().st_size)
+    hub.requests.clear()
+    done = main_result(weights, args(hub, tmp_path))
+    assert not done.get("failed") and first in resolved(hub) and tree(tmp_path) == as_served(repo), done
+
+
+def test_files_naming_a_file_the_revision_does_not_list_fails_in_one_line(hub, tmp_path):
+    result = main_result(weights, args(hub, tmp_path, files=["nope.bin"]))
+    assert result.get("failed") and result["msg"].endswith("lists no file nope.bin (files)"), result
+    assert not (tmp_path / ms.STAGING).exists()
+
+
 def test_a_file_no_download_put_there_is_left_with_a_warning(hub, tmp_path, capsys):
     (tmp_path / "NOTES.local").write_text("mine\n")
     result = main_result(weights, args(hub, tmp_path))

@@ -22,7 +22,12 @@ from tests.unit.conftest import HF_TOKEN
 pip_args = __import__("ansible_collections.provision.pve_sglang.plugins.module_utils.pip_args", fromlist=["x"])
 
 PLAYBOOK = role_outcome_playbook(
-    "sglang", "The weights step", tasks_from="weights.yml", extra_outcome=", 'weights': _sglang_weights | default(None)"
+    "sglang",
+    "The weights step",
+    tasks_from="weights.yml",
+    extra_outcome=", 'weights': _sglang_weights | default(None), "
+    "'staged': _sglang_weights_staged.results | default([]) | map(attribute='files') | list",
+    handlers=False,  # the service restart the download notifies: this machine runs no systemd
 )
 # a fresh container's Python: the one that makes the venv, without huggingface_hub
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -58,6 +63,29 @@ def test_plan_on_a_fresh_container_reports_the_download_pending(hub, tmp_path):
     assert weights["changed"] is True and "pending" in weights["msg"], weights
     assert not (tmp_path / "venv").exists() and not (tmp_path / "models").exists()
     assert hub.requests == [], "nothing to ask the hub with before the client is installed"
+
+
+def test_each_missing_file_is_fetched_once_in_its_own_step_and_a_second_run_fetches_none(hub, tmp_path):
+    """The role with the client installed (this test's own venv stands for the service's): the listing, one loop
+    step per missing file (what the console's progress follows), then the revision put in place; the hub is asked
+    for each file once. A second run lists the files and downloads nothing."""
+    import huggingface_hub
+
+    repo = hub.repos[hfhub.REPO_ID]
+    venv = {"sglang_python": sys.executable, "sglang_venv_dir": sys.prefix,
+            "sglang_hf_client_package": f"huggingface_hub=={huggingface_hub.__version__}"}  # fmt: skip
+    first = outcome(tmp_path, hub, check=False, **venv)
+    assert first["failed"] is None and first["weights"]["changed"] is True, first
+    model = tmp_path / "models" / "tiny"
+    assert {f.path: (model / f.path).read_bytes() == f.data for f in repo.files} == {f.path: True for f in repo.files}
+    gets = [r["path"] for r in hub.requests if "/resolve/" in r["path"] and r["method"] == "GET"]
+    fetched = sorted(path.rsplit("/", 1)[-1] for path in gets)
+    assert fetched == sorted(f.path for f in repo.files), hub.requests
+    assert first["staged"] == [[{"name": f.path, "size": len(f.data), "action": "staged"}] for f in repo.files]
+    hub.requests.clear()
+    again = outcome(tmp_path, hub, check=False, **venv)
+    assert again["failed"] is None and again["weights"]["changed"] is False and again["staged"] == [], again
+    assert [r for r in hub.requests if "/resolve/" in r["path"]] == [], hub.requests
 
 
 class Index(http.server.BaseHTTPRequestHandler):
