@@ -53,7 +53,7 @@ def detect_bootloader(module) -> tuple[str, str]:
     tool = module.get_bin_path("proxmox-boot-tool")
     if tool is None:
         return "grub", "proxmox-boot-tool not installed"
-    rc, out, _ = module.run_command([tool, "status"])
+    rc, out, _err = module.run_command([tool, "status"])
     if rc == 2:
         return "grub", "proxmox-boot-tool status: no ESPs managed (exit 2)"
     kinds = esp_kinds(out)

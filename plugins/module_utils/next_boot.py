@@ -58,7 +58,7 @@ def translates(line: str) -> bool | None:
     line asks for translation, None where the line does not say (the kernel's built-in default decides)."""
     mode = None
     for arg in iommu_args(line):
-        name, _, value = arg.partition("=")
+        name, _sep, value = arg.partition("=")
         if value in _OFF.get(name, ()):
             return False
         mode = _PASSTHROUGH.get(name, {}).get(value, mode)

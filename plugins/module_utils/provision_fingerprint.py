@@ -228,7 +228,7 @@ def main(argv):
         out = dict(lock=renew_lock(state_dir, args[0]))
     else:  # lock
         out = dict(lock=take_lock(state_dir, args[0]))
-    print(json.dumps(out))
+    sys.stdout.write(json.dumps(out) + "\n")
 
 
 if __name__ == "__main__" and sys.argv[1:2] in [[c] for c in COMMANDS]:

@@ -150,7 +150,7 @@ def _login_args(p, where: str) -> dict:
 def connect(p):
     """A logged-in proxmoxer.ProxmoxAPI. A login PVE did not answer (5xx/59x) is raised as ResourceException, so
     that with_retries tries again; a refused one, or a certificate that does not verify, is an ApiFailure."""
-    proxmoxer, _ = proxmoxer_modules()
+    proxmoxer = proxmoxer_modules()[0]
     if p.get("backend", "https") == "ssh":
         return connect_ssh(p, proxmoxer)
     where = f"https://{p['api_host']}:{p['api_port']}"
@@ -165,14 +165,15 @@ def connect(p):
     except proxmoxer.AuthenticationError as exc:
         code = re.search(r"code: (\d+)", str(exc))
         if code and int(code.group(1)) in RETRYABLE_STATUS:  # PVE did not answer the login: not a refusal
-            _, ResourceException = proxmoxer_modules()
+            ResourceException = proxmoxer_modules()[1]
             raise ResourceException(int(code.group(1)), "while logging in", str(exc)) from exc
         raise _refused_login(p, where, exc) from exc
     except Exception as exc:  # requests' SSLError and ConnectionError, without importing requests here
         text = str(exc)
         if "SSL" in type(exc).__name__ or CERTIFICATE_FAILED.search(text):
+            cause = text.split("(Caused by", maxsplit=1)[0].strip()
             raise ApiFailure(
-                f"TLS verification of {where} failed ({text.split('(Caused by')[0].strip()}): set proxmox_api_ca_file "
+                f"TLS verification of {where} failed ({cause}): set proxmox_api_ca_file "
                 "to the CA that signed the PVE certificate (on a node: /etc/pve/pve-root-ca.pem)"
             ) from exc
         status = getattr(exc, "status_code", None)
@@ -233,7 +234,7 @@ def with_retries(p, what, call, explain=None, grant_on="/", still_failing=None):
     ApiFailure that says what to do (`explain(exc)`'s, for the refusals the caller knows, else `refused`'s).
     "detected modified configuration" is re-raised: the caller reads the config again. After the last attempt,
     `still_failing(last)` may name what to do about the last answer (else: run again once the API answers)."""
-    _, ResourceException = proxmoxer_modules()
+    ResourceException = proxmoxer_modules()[1]
     delay, last = 1.0, None
     for attempt in range(1, p["retries"] + 1):
         try:
@@ -275,10 +276,10 @@ def wait_task(p, api, node, upid, what, retry=None, timeout_variable="the module
     """Wait for a task (`what` names it in messages) and check its exitstatus (proxmoxer's blocking_status does
     neither reliably); each read through `retry` (with_retries by default). Past p["task_timeout"], PVE's task goes
     on: the error says so, and names the variable that raises the limit."""
-    retry = retry or (lambda p_, what_, call: with_retries(p_, what_, call))
+    retry = retry or with_retries
     deadline = time.monotonic() + p["task_timeout"]
     while True:
-        status = retry(p, f"reading the status of {what}", lambda: api.nodes(node).tasks(upid).status.get())
+        status = retry(p, f"reading the status of {what}", api.nodes(node).tasks(upid).status.get)
         if status.get("status") == "stopped":
             exitstatus = status.get("exitstatus", "")
             if exitstatus == "OK" or str(exitstatus).startswith("WARNINGS"):

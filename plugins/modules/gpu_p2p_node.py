@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_p2p_node
 short_description: The node's boot id, kernel command line, IOMMU mode and NVIDIA driver version, in one read
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - "Read-only. The IOMMU mode comes from each NVIDIA GPU's IOMMU group (C(/sys/bus/pci/devices/<bus>/iommu_group/type))
     where sysfs shows it, and from this boot's kernel log line C(iommu: Default domain type) (dmesg, else the journal)."
@@ -65,7 +65,7 @@ def default_domain(module):
     for argv in (["dmesg"], ["journalctl", "-k", "-b", "--no-pager", "-o", "cat", "-g", "Default domain type"]):
         if not module.get_bin_path(argv[0]):
             continue
-        rc, out, _ = module.run_command(argv)
+        rc, out, _err = module.run_command(argv)
         found = domain_in(out) if rc == 0 else None
         if found:
             return found
@@ -96,7 +96,7 @@ def cmdline_changed_at(state_dir):
 
 def next_boot_lines(module, state_dir):
     """The lines this node may boot next (module_utils/next_boot.py), from its own files."""
-    rc, out, _ = module.run_command(["sh", "-c", next_boot.GRUB_CONFIGURED])
+    rc, out, _err = module.run_command(["sh", "-c", next_boot.GRUB_CONFIGURED])
     try:
         with open(next_boot.ONESHOT, "rb") as f:
             oneshot = efi_string(f.read())

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: kernel_cmdline
 short_description: Merge kernel command line arguments for GRUB or systemd-boot (proxmox-boot-tool)
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - C(configure) merges I(add) and I(remove) into the configured command line, never overwriting it. On GRUB
     hosts it edits C(GRUB_CMDLINE_LINUX_DEFAULT) where its effective value is defined (C(/etc/default/grub) or
@@ -98,6 +98,8 @@ options:
   line:
     type: str
     description: with action=mark_changed, the new kernel command line
+extends_documentation_fragment:
+  - provision.pve_sglang.attributes
 attributes:
   check_mode: {support: full}
   diff_mode: {support: full}
@@ -111,7 +113,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-bootloader: {description: grub or systemd-boot, and how it was detected, type: str, returned: always}
+bootloader: {description: "grub or systemd-boot, and how it was detected", type: str, returned: always}
 line: {description: the configured (effective) command line after the change, type: str, returned: configure}
 previous: {description: the configured command line before, type: str, returned: configure}
 files: {description: files changed, type: list, returned: configure}
@@ -320,7 +322,7 @@ def mounted_esp(module, uuid, writable=False):
     if not os.path.exists(device):
         raise EspError(f"ESP {device} listed in {PBT_UUIDS} does not exist")
     mnt = tempfile.mkdtemp(prefix="provision-esp-")
-    rc, _, err = module.run_command(["mount", "-o", "rw" if writable else "ro", device, mnt])
+    rc, _out, err = module.run_command(["mount", "-o", "rw" if writable else "ro", device, mnt])
     if rc != 0:
         os.rmdir(mnt)
         raise EspError(f"cannot mount ESP {device}: {err.strip()}")
@@ -414,7 +416,7 @@ class GrubTrial:
                 else:
                     atomic_write(GRUB_CUSTOM, kept)
         if os.path.exists(GRUBENV) and self.module.get_bin_path("grub-editenv"):
-            rc, listing, _ = self.module.run_command(["grub-editenv", GRUBENV, "list"])
+            rc, listing, _err = self.module.run_command(["grub-editenv", GRUBENV, "list"])
             if rc == 0 and boot_trial.grubenv_next_entry(listing) == boot_trial.TRIAL_ID:
                 removed.append(f"{GRUBENV}: next_entry={boot_trial.TRIAL_ID}")
                 self.booted = False if recorded else None
@@ -640,7 +642,7 @@ def plan_systemd_boot(module, add, remove):
     if os.path.exists(KERNEL_CMDLINE):
         with open(KERNEL_CMDLINE) as f:
             content = f.read()
-        first, _, rest = content.partition("\n")
+        first, _sep, rest = content.partition("\n")
         notes = []
     else:
         with open("/proc/cmdline") as f:
@@ -679,7 +681,7 @@ def refuse_unbootable_snp(module, bootloader, changes, running_check, planned_li
 
 def configure(module, bootloader, add, remove):
     # a trial entry left by an earlier run, or by this run's own trial boot (this call is then its commit), goes first
-    trial_removed, _ = remove_trial(module, bootloader)
+    trial_removed = remove_trial(module, bootloader)[0]
     planner = plan_grub if bootloader == "grub" else plan_systemd_boot
     changes, before, result, notes = planner(module, add, remove)
     running_check = {k: v for k, v in running(add, remove).items() if k != "changed"}
@@ -862,7 +864,7 @@ def run_tool(module):
     def run(argv):
         if not module.get_bin_path(argv[0]):
             return 127, ""
-        rc, out, _ = module.run_command(argv)
+        rc, out, _err = module.run_command(argv)
         return rc, out
 
     return run

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: kernel_faults
 short_description: AMD-Vi IO_PAGE_FAULT / RMP_PAGE_FAULT and NVRM Xid lines logged since a time, and the node's clock
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Read-only. Reads this boot's kernel messages through journalctl (see plugins/module_utils/kernel_faults.py for
     the lines and their sources). Without C(since), returns only the node's clock, to mark the start of a window.
@@ -38,7 +38,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-now: {description: the node's clock, unix time, type: float, returned: always}
+now: {description: "the node's clock, unix time", type: float, returned: always}
 faults: {description: "matching lines since C(since) of C(gpus) or of no named device, as '<UTC time> <message>'",
          type: list, returned: with since}
 other_faults: {description: "matching lines since C(since) that name another device", type: list, returned: with since}

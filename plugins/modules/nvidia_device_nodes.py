@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: nvidia_device_nodes
 short_description: Discover NVIDIA device nodes (nvidiaN, nvidiactl, nvidia-uvm*, nvidia-modeset, nvidia-caps/*)
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Lists each node with its type, mode, major and minor, never a directory (PVE rejects directories, so
     /dev/nvidia-caps is listed node by node). Reads the driver version from nvidia-smi or /proc/driver/nvidia/version.
@@ -22,7 +22,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 nodes: {description: "[{path, type, mode, major, minor}]", type: list, returned: always}
-driver_version: {description: the host driver version, or null when unknown, type: str, returned: always}
+driver_version: {description: "the host driver version, or null when unknown", type: str, returned: always}
 uvm_major: {description: the (dynamic) major of /dev/nvidia-uvm, type: int, returned: when present}
 """
 
@@ -49,7 +49,7 @@ def kind(mode):
 def driver_version(module):
     smi = module.get_bin_path("nvidia-smi")
     if smi:
-        rc, out, _ = module.run_command([smi, "--query-gpu=driver_version", "--format=csv,noheader"])
+        rc, out, _err = module.run_command([smi, "--query-gpu=driver_version", "--format=csv,noheader"])
         versions = sorted({line.strip() for line in out.splitlines() if line.strip()})
         if rc == 0 and versions:
             return versions[0], "nvidia-smi"

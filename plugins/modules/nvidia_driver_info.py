@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: nvidia_driver_info
 short_description: Read a Proxmox node's NVIDIA driver state and decide what a pinned version needs
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Reads the loaded module's version (C(/proc/driver/nvidia/version)), the installed module's version for the
     running kernel (C(modinfo -F version nvidia)), the DKMS status of C(nvidia), whether nouveau is loaded
@@ -58,6 +58,8 @@ options:
       - When that installer started, as ansible.builtin.command returns it (C(start), the host's local time). A log
         older than that is an earlier run's, and its errors are not quoted.
     type: str
+extends_documentation_fragment:
+  - provision.pve_sglang.attributes
 attributes:
   check_mode:
     support: full
@@ -86,8 +88,8 @@ report:
         - The kernel the node boots next (GRUB's default entry, or proxmox-boot-tool's pinned or newest kernel;
           plugins/module_utils/boot_kernel.py), which DKMS must have built the module for before the node reboots.
       type: str
-    loaded: {description: the loaded module's version, or null, type: str}
-    installed: {description: the installed module's version for the running kernel, or null, type: str}
+    loaded: {description: "the loaded module's version, or null", type: str}
+    installed: {description: "the installed module's version for the running kernel, or null", type: str}
     dkms: {description: "the DKMS entries of nvidia, [{version, kernel, arch, state}]", type: list}
     nouveau_loaded: {description: nouveau is loaded, type: bool}
     nvswitch: {description: the node has NVSwitches (fabric manager needed), type: bool}
@@ -130,8 +132,8 @@ secure_boot:
   contains:
     "on": {description: Secure Boot is on, type: bool}
     certificate: {description: the signing certificate's path, type: str}
-    problem: {description: why the module would not load, or null, type: str}
-    remedy: {description: what makes it load (the certificate made and enrolled), or null, type: str}
+    problem: {description: "why the module would not load, or null", type: str}
+    remedy: {description: "what makes it load (the certificate made and enrolled), or null", type: str}
 """
 
 import glob
@@ -148,7 +150,7 @@ def _run(module, argv: list[str]) -> str | None:
     tool = module.get_bin_path(argv[0])
     if not tool:
         return None
-    rc, out, _ = module.run_command([tool, *argv[1:]])
+    rc, out, _err = module.run_command([tool, *argv[1:]])
     return out if rc == 0 else None
 
 
@@ -191,7 +193,7 @@ def secure_boot(module, args: list[str]) -> dict:
     exists, said = os.path.exists(certificate), None
     tool = module.get_bin_path("mokutil") if on and exists else None
     if tool:
-        _, out, err = module.run_command([tool, "--test-key", certificate])
+        _rc, out, err = module.run_command([tool, "--test-key", certificate])
         said = out + err
     problem = rules.secure_boot_problem(on, certificate, exists, said)
     return {"on": on, "certificate": certificate, "problem": problem,
@@ -214,7 +216,7 @@ def input_problems(params: dict) -> list[str]:
 def main():
     module = AnsibleModule(
         argument_spec={
-            "version": {"type": "str", "required": True},
+            "version": {"type": "str", "default": ""},
             "installer": {"type": "str"},
             "installer_sha256": {"type": "str"},
             "installer_args": {"type": "list", "elements": "str", "default": []},

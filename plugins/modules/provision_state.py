@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: provision_state
 short_description: Write <dir>/<phase>.json and the phase's fingerprint when they differ
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - "One call instead of a C(file) and a C(copy) task (each its own round trip): creates I(dir) (0755, root),
     compares the record with what is on the host, and writes it atomically (0644, root) only when it differs."

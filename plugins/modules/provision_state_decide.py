@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: provision_state_decide
 short_description: Decide which phases are as recorded, and put the host in the groups of those it still needs
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Runs on the controller only (an action plugin); it opens no connection to the host.
   - Digests each phase's inputs with the lookup C(provision.pve_sglang.provision_inputs) (the variables whose names
@@ -45,6 +45,8 @@ options:
     elements: str
     default: []
     description: The phases that also record a part on the container's node.
+extends_documentation_fragment:
+  - provision.pve_sglang.attributes
 attributes:
   check_mode: {support: full}
   diff_mode: {support: none}

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_lxc_ct
 short_description: Create a Proxmox LXC container from a spec when its VMID does not exist (proxmoxer)
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Looks for the VMID in the cluster (C(GET /cluster/resources)). When it is not there, makes sure the OS template
     is on its storage (C(POST /nodes/{node}/storage/{storage}/download-url) with the template's sha256 when a URL is
@@ -21,6 +21,7 @@ description:
   - Runs on the controller. Supports check mode (what it would create is returned, nothing is asked of PVE but reads).
 extends_documentation_fragment:
   - provision.pve_sglang.pve_api
+  - provision.pve_sglang.attributes
 options:
   node: {type: str, required: true, description: the PVE node the container lives on}
   vmid: {type: int, required: true, description: the container's VMID}
@@ -50,8 +51,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-created: {description: whether the container was created (in check mode, would be), type: bool, returned: always}
-steps: {description: what was done (or would be, in check mode), in order, type: list, returned: always}
+created: {description: "whether the container was created (in check mode, would be)", type: bool, returned: always}
+steps: {description: "what was done (or would be, in check mode), in order", type: list, returned: always}
 status:
   description: the container's status after the run (none in check mode before a create)
   type: str
@@ -62,6 +63,8 @@ differences:
   type: list
   returned: always
 """
+
+import functools
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import lxc_spec, pve_api
@@ -93,7 +96,7 @@ def existing(module, api, guest):
             "inventory name, or pick another proxmox_vmid (nothing is migrated or deleted)"
         )
     ct = api.nodes(p["node"]).lxc(p["vmid"])
-    config = with_retries(p, "reading the container config", lambda: ct.config.get())
+    config = with_retries(p, "reading the container config", ct.config.get)
     found = lxc_spec.differences(p["spec"], config)
     if found:
         module.warn(
@@ -119,16 +122,17 @@ def download_template(p, api):
     """The template onto its storage: download-url with the spec's sha256 (PVE checks it and refuses a file that
     does not match), else the appliance index (aplinfo), PVE's own list of templates and their checksums."""
     spec, node = p["spec"], p["node"]
-    storage, _, volname = spec["template"].partition(":")
+    storage, _sep, volname = spec["template"].partition(":")
     filename = volname.removeprefix("vztmpl/")
     if spec.get("template_url"):
-        call = lambda: api.nodes(node).storage(storage)("download-url").post(  # noqa: E731
+        call = functools.partial(
+            api.nodes(node).storage(storage)("download-url").post,
             content="vztmpl", filename=filename, url=spec["template_url"], checksum=spec["template_sha256"].lower(),
             **{"checksum-algorithm": "sha256"},
         )  # fmt: skip
         what = f"downloading {filename} from template_url to storage {storage}"
     else:
-        call = lambda: api.nodes(node).aplinfo.post(storage=storage, template=filename)  # noqa: E731
+        call = functools.partial(api.nodes(node).aplinfo.post, storage=storage, template=filename)
         what = f"downloading {filename} from PVE's appliance index to storage {storage}"
     upid = with_retries(p, what, call)
     return pve_api.wait_task(p, api, node, upid, what, timeout_variable="proxmox_ct_task_timeout")
@@ -177,8 +181,8 @@ def create(module, api):
     params = lxc_spec.create_params(p["spec"], vmid)
     once(p, api, CREATE_TASK, f"creating CT {vmid}", lambda: api.nodes(node).lxc.post(**params))
     ct = api.nodes(node).lxc(vmid)
-    once(p, api, START_TASK, f"starting CT {vmid}", lambda: ct.status.start.post())
-    result["status"] = with_retries(p, "reading the container status", lambda: ct.status.current.get())["status"]
+    once(p, api, START_TASK, f"starting CT {vmid}", ct.status.start.post)
+    result["status"] = with_retries(p, "reading the container status", ct.status.current.get)["status"]
     return result
 
 

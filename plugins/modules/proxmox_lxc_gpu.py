@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_lxc_gpu
 short_description: Pass NVIDIA device nodes into a Proxmox LXC container as devN entries (proxmoxer)
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Reads the container config with its digest, keeps unrelated devN/mpN/... entries, puts the NVIDIA
     entries into free slots and writes with the digest, retrying a bounded number of times when PVE answers
@@ -188,12 +188,12 @@ def write_with_digest(module, api, ct, wanted):
     """Read the config, plan, and PUT the change with the digest read; when the config changed in between (PVE
     refuses the digest), read and plan again, up to `retries` more times."""
     p = module.params
-    _, ResourceException = pve_api.proxmoxer_modules()
+    ResourceException = pve_api.proxmoxer_modules()[1]
     result = dict(changed=False, restarted=False, set={}, deleted=[], attempts=0)
     for attempt in range(1, p["retries"] + 2):
         # GET config merges pending changes in; what the CT runs with is current=1 (pve-guest-common
         # load_current_config). Write towards the merged view; restart while the running one differs.
-        config = with_retries(p, "reading the container config", lambda: ct.config.get())
+        config = with_retries(p, "reading the container config", ct.config.get)
         body = plan_body(module, config, wanted, result, attempt)
         if body is None:
             return result
@@ -249,7 +249,7 @@ def restart_for_pending(module, api, ct, wanted, result):
     result["pending"], result["nesting_pending"] = left_pending(running, wanted, p["nesting"])
     if not result["pending"] and not result["nesting_pending"]:
         return result
-    status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
+    status = with_retries(p, "reading the container status", ct.status.current.get)
     if status.get("status") != "running":
         return result  # the next start applies them
     if p["restart"] == "auto" and module.check_mode:

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_lxc_mount
 short_description: Bind-mount a node directory read-only into a Proxmox LXC container as an mpN entry
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - >-
     Reads the container config with its digest (pending changes merged in), keeps every other entry, and writes
@@ -22,6 +22,7 @@ description:
   - Login, retries and refusals are module_utils/pve_api.py's. Runs on the controller. Supports check mode and diff.
 extends_documentation_fragment:
   - provision.pve_sglang.pve_api
+  - provision.pve_sglang.attributes
 options:
   node: {type: str, required: true, description: the container's PVE node.}
   vmid: {type: int, required: true, description: the container's VMID.}
@@ -92,9 +93,9 @@ def put_refused(p, exc):
 def write(module, ct, result):
     """Plan from the config (pending merged in) and PUT with its digest; again when the config changed between."""
     p = module.params
-    _, ResourceException = pve_api.proxmoxer_modules()
+    ResourceException = pve_api.proxmoxer_modules()[1]
     for attempt in range(p["retries"] + 1):
-        config = with_retries(p, "reading the container config", lambda: ct.config.get())
+        config = with_retries(p, "reading the container config", ct.config.get)
         plan = lxc_mounts.plan_mount(config, p["host_path"], p["ct_path"])
         result.update(key=plan["key"], value=plan["value"], set=plan["set"])
         if not plan["set"]:
@@ -124,19 +125,19 @@ def apply_pending(module, api, ct, result, plan):
     running = with_retries(p, "reading the running config", lambda: ct.config.get(current=1))
     status = None
     if module.check_mode and plan["set"]:
-        status = with_retries(p, "reading the container status", lambda: ct.status.current.get())
+        status = with_retries(p, "reading the container status", ct.status.current.get)
         running = lxc_mounts.running_after_write(running, plan, status.get("status") == "running")
     result["pending"] = not lxc_mounts.in_effect(running, p["host_path"], p["ct_path"])
     if not result["pending"]:
         return
-    status = status or with_retries(p, "reading the container status", lambda: ct.status.current.get())
+    status = status or with_retries(p, "reading the container status", ct.status.current.get)
     if status.get("status") != "running" or p["restart"] != "auto":
         return  # the next start mounts it
     result["changed"] = True
     if module.check_mode:
         result.update(would_restart=True, pending=False)
         return
-    upid = with_retries(p, "rebooting the container", lambda: ct.status.reboot.post())
+    upid = with_retries(p, "rebooting the container", ct.status.reboot.post)
     pve_api.wait_task(p, api, p["node"], upid, "the container's reboot", with_retries)
     result.update(restarted=True, pending=False)
 

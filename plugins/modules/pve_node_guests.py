@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: pve_node_guests
 short_description: Check a Proxmox VE node's guests, quorum and HA state before it reboots (proxmoxer)
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Lists the node's VMs and containers (C(GET /nodes/{node}/qemu) and C(/lxc)), reads whether it is in a cluster
     and that cluster's quorum (C(GET /cluster/status)), and on a cluster which guests HA manages
@@ -28,6 +28,7 @@ attributes:
   diff_mode: {support: none, description: nothing is changed}
 extends_documentation_fragment:
   - provision.pve_sglang.pve_api
+  - provision.pve_sglang.attributes
 options:
   node: {type: str, required: true, description: the node's name in PVE}
   owned:
@@ -89,7 +90,7 @@ HA_NOT_ACTING = ("ignored",)
 
 def label(guest):
     """A guest as messages name it: "VM 105 (snp-tenant)", "CT 101 (sglang)"."""
-    kind = dict((k, word) for k, word, _ in KINDS)[guest["type"]]
+    kind = dict((k, word) for k, word, _plural in KINDS)[guest["type"]]
     return f"{kind} {guest['vmid']}" + (f" ({guest['name']})" if guest.get("name") else "")
 
 
@@ -151,7 +152,7 @@ def check_visibility(p, api):
 def read_cluster(p, api):
     """The node's cluster (name, quorate, nodes), or None for a node in no cluster: pve-manager PVE/API2/Cluster.pm
     get_status answers a `cluster` entry only where corosync has members, else only the node's own entry."""
-    entries = with_retries(p, "reading the cluster status", lambda: api.cluster.status.get())
+    entries = with_retries(p, "reading the cluster status", api.cluster.status.get)
     for entry in entries:
         if entry.get("type") == "cluster":
             return dict(name=entry.get("name"), quorate=bool(int(entry.get("quorate") or 0)), nodes=entry.get("nodes"))
@@ -173,7 +174,7 @@ def read_guests(p, api, cluster):
     """The node's VMs and containers as the node lists them, each with its HA state (on a cluster)."""
     node = api.nodes(p["node"])
     guests = []
-    for kind, _, plural in KINDS:
+    for kind, _name, plural in KINDS:
         listing = getattr(node, kind)
         for item in with_retries(p, f"listing the node's {plural}", listing.get):
             guests.append(dict(type=kind, vmid=int(item["vmid"]), name=item.get("name") or "",
@@ -189,7 +190,7 @@ def read_disarm(p, api):
     pve-ha-manager 5.1.3 and later), else None: PVE/HA/Manager.pm drops a node maintenance request then ("ignoring
     maintenance command ... HA stack is disarmed") and moves no service. A PVE that cannot say is taken as armed."""
     try:
-        status = with_retries(p, "reading the HA manager's status", lambda: api.cluster.ha.status.manager_status.get())
+        status = with_retries(p, "reading the HA manager's status", api.cluster.ha.status.manager_status.get)
     except ApiFailure:
         return None
     return ((status or {}).get("manager_status") or {}).get("disarm") or None

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_bench_results
 short_description: Take the API key out of the JSONL that SGLang's benchmark client wrote
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - SGLang's benchmark client copies the server's C(/server_info) into every line of its C(--output-file), and
     SGLang 0.5.23 returns the API key there, as C(api_key) and inside C(launch_command).

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_flag_check
 short_description: Fail on flags the pinned SGLang release does not have, before anything is rendered
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Reads the flag list from the sglang wheel's source (no torch, no GPU needed; see
     plugins/module_utils/sglang_flags.py), looking for the wheel in I(wheel_dirs) and downloading it

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_p2p
 short_description: The P2P policy for SGLang's GPUs, decided per link, with its reason and the context it holds in
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Read-only. Reads the container's GPUs and the links between them (C(nvidia-smi topo -m)), the stored GPU
     diagnostic verdict, and combines them with the node's context (module gpu_p2p_node, run on the node).
@@ -42,7 +42,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 policy: {description: "on or off", type: str, returned: always}
-reason: {description: why, in one line, type: str, returned: always}
+reason: {description: "why, in one line", type: str, returned: always}
 topology: {description: "{gpus, links: [{a, b, link}]}", type: dict, returned: always}
 context: {description: "{boot_id, cmdline, iommu, driver_version, gpus}: what a verdict taken now is valid for",
           type: dict, returned: always}
@@ -85,8 +85,8 @@ def container_gpus(module):
     nodes = sorted(p for p in glob.glob("/dev/nvidia*") if is_gpu_node(p))
     smi = module.get_bin_path("nvidia-smi")
     if smi:
-        rc, topo, _ = module.run_command([smi, "topo", "-m"])
-        rc2, buses, _ = module.run_command([smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"])
+        rc, topo, _err = module.run_command([smi, "topo", "-m"])
+        rc2, buses, _err = module.run_command([smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"])
         if rc == 0 and rc2 == 0:
             parsed, found = parse_topo(topo), bus_ids(buses)
             if len(parsed["gpus"]) == len(found) == len(nodes):

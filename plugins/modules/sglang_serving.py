@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_serving
 short_description: Whether a container's SGLang service serves; optionally wait until it answers again
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Reads the service record the sglang role writes (C(<state_dir>/sglang-service.json)), which names the unit and its
     readiness URL on this host. A container without that record runs no SGLang of provision's, and is not serving.
@@ -45,7 +45,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-service: {description: the unit's name, or null without a service record, type: str, returned: always}
+service: {description: "the unit's name, or null without a service record", type: str, returned: always}
 ready_url: {description: the readiness URL on this host, type: str, returned: always}
 active: {description: whether systemd reports the unit active, type: bool, returned: always}
 ready: {description: whether the readiness URL answered 200 (at the last try), type: bool, returned: always}
@@ -56,9 +56,10 @@ waited_s: {description: seconds spent waiting, type: float, returned: always}
 import os
 import time
 import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json
 
 POLL_S = 1  # one local HTTP request a second: the reboot rollout waits on this before the next node goes
@@ -66,9 +67,9 @@ POLL_S = 1  # one local HTTP request a second: the reboot rollout waits on this 
 
 def answers(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with open_url(url, timeout=10) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, UrlsConnectionError, OSError, ValueError):
         return False
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_weights
 short_description: Download a Hugging Face model repo at a pinned commit with huggingface_hub, and verify each file
-author: provision maintainers
+author: provision maintainers (!UNKNOWN)
 description:
   - Runs in the container with the Python of the venv that holds C(huggingface_hub) (SGLang depends on it).
   - Asks the hub for the repo's files at I(revision) (C(HfApi.model_info) with C(files_metadata=True)), checks that
@@ -58,6 +58,8 @@ options:
         place, downloading only what is not staged yet.
       - The sglang role calls it once per missing file, so that the console shows the download's progress between
         files.
+extends_documentation_fragment:
+  - provision.pve_sglang.attributes
 attributes:
   check_mode:
     support: full

@@ -46,6 +46,9 @@ def test_the_repo_is_downloaded_verified_and_a_second_apply_changes_nothing(lab,
     hub = lab.start_hf_hub()
     rc, _, err = converge(lab, lab_inventory, runs, hub)
     assert rc == 0, err[-3000:]
+    # the CLI's progress off a terminal: one line per file as it lands, the whole download's bytes and files
+    steps = [line.split(", ")[1] for line in err.splitlines() if line.startswith("  sglang-01: ") and " files" in line]
+    assert steps == ["1 of 3 files", "2 of 3 files", "3 of 3 files"], err[-3000:]
     for f in hfhub.tiny_repo().files:
         assert sha256_inside(ct, f.path) == hashlib.sha256(f.data).hexdigest(), f.path
     assert hub["token"] not in "".join(p.read_text(errors="replace") for p in runs.rglob("*") if p.is_file())

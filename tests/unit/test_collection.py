@@ -57,7 +57,9 @@ def test_the_collection_has_the_package_version_and_only_collection_content(inst
     assert manifest["collection_info"]["version"] == version
     tops = {p.name for p in tree.iterdir()}
     assert tops == {"CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "meta", "playbooks",
-                    "plugins", "roles"}, tops  # fmt: skip
+                    "plugins", "roles", "tests"}, tops  # fmt: skip
+    tests = {str(p.relative_to(tree)) for p in (tree / "tests").rglob("*") if p.is_file()}
+    assert tests == {"tests/sanity/ignore-2.19.txt"}, "of the tests, only ansible-test's sanity ignores"
     assert (tree / "roles" / "gpu_diag" / "files" / "gpu_p2p_diag.py").is_file()
     assert (tree / "meta" / "execution-environment.yml").is_file()
 

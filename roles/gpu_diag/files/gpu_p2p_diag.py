@@ -231,12 +231,12 @@ def _wait_for_workers(procs: list[subprocess.Popen], started: float, timeout_s: 
     for proc in procs:
         remaining = max(1.0, timeout_s - (time.monotonic() - started))
         try:
-            out, _ = proc.communicate(timeout=remaining)
+            out, _err = proc.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
             hung = True
             for p in procs:
                 p.kill()
-            out, _ = proc.communicate()
+            out, _err = proc.communicate()
         outputs.append(out or "")
     return outputs, hung
 
@@ -265,7 +265,7 @@ def _allreduce_outcome(log: str, returncodes: list[int], world: int) -> dict[str
 def _run(argv: list[str]) -> tuple[int, str]:
     """(rc, stdout); a tool that is missing or hangs answers 127, as unreadable."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return 127, ""
     return proc.returncode, proc.stdout
@@ -484,7 +484,7 @@ def _torch_peer_copies(
         via_host=lambda data, dst: data.cpu().to(f"cuda:{dst}"),
         equal=lambda a, b: bool(torch.equal(a, b)),
         timeout_s=step_timeout,
-        sync=lambda device: torch.cuda.synchronize(device),
+        sync=torch.cuda.synchronize,
     )
     for c in copies:
         c["can_device_access_peer"] = bool(torch.cuda.can_device_access_peer(c["src"], c["dst"]))
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--nccl-worker"]:
         return nccl_worker(int(argv[1]), int(argv[2]), int(argv[3]))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--sizes-mib", default=",".join(map(str, DEFAULT_SIZES_MIB)), help="copy sizes in MiB")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S)
