@@ -184,7 +184,8 @@ def run_setting_problems() -> list[str]:
 def run_setting_warnings(host_count: int) -> list[str]:
     """One line where the user's environment or ansible.cfg sets fewer forks than provision would give a run of
     `host_count` hosts (forks_for): provision keeps the user's word (a bastion may allow only so many sessions).
-    One where it names a stdout callback, which provision's runs replace (RUN_STDOUT_CALLBACK)."""
+    One where it names a stdout callback, which provision's runs replace (RUN_STDOUT_CALLBACK). One where the
+    installed Mitogen is not tested with the installed ansible-core, and the runs are linear (mitogen_untested)."""
     manager = config_manager(user_config_file())
     found = []
     value, origin = lookup(manager, FORKS)
@@ -192,6 +193,9 @@ def run_setting_warnings(host_count: int) -> list[str]:
     if origin != "default" and int(value) < wanted:
         found.append(f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would "
                      f"work on {wanted} at once")  # fmt: skip
+    untested = mitogen_untested()
+    if untested and not os.environ.get("PROVISION_ANSIBLE_STRATEGY") and lookup(manager, STRATEGY)[1] == "default":
+        found.append(untested)
     value, origin = lookup(manager, STDOUT_CALLBACK)
     if origin != "default" and str(value).rsplit(".", 1)[-1] != RUN_STDOUT_CALLBACK:
         found.append(f"{origin}: stdout_callback = {value}: provision's runs use Ansible's default stdout callback "
@@ -210,6 +214,43 @@ def lookup(manager: Any, setting: tuple[str, str | None], variables: dict | None
     if plugin is None:
         return manager.get_config_value_and_origin(name, variables=variables)
     return manager.get_config_value_and_origin(name, plugin_type="connection", plugin_name=plugin, variables=variables)
+
+
+# The Mitogen releases each ansible-core minor is tested with: the whole suite runs under Mitogen, which patches its
+# strategy into ansible-core's internals while its loader sets no upper bound on the core it accepts. Elsewhere the
+# runs use Ansible's linear strategy, and say so once (run_setting_warnings).
+MITOGEN_TESTED = {(2, 19): ((0, 3, 54), (0, 4))}
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def mitogen_untested() -> str | None:
+    """One line when the installed Mitogen is not a release tested with the installed ansible-core minor
+    (MITOGEN_TESTED); None where it is, or where Mitogen is not installed (the runs are linear without a word)."""
+    from importlib import metadata
+
+    from ansible.release import __version__ as core
+
+    try:
+        mitogen = metadata.version("mitogen")
+    except metadata.PackageNotFoundError:
+        return None
+    low, high = MITOGEN_TESTED.get(_release(core)[:2], ((), ()))
+    if low and low <= _release(mitogen) < high:
+        return None
+    return (f"Mitogen {mitogen} is not tested with ansible-core {core}: the runs use Ansible's linear strategy "
+            "(PROVISION_ANSIBLE_STRATEGY=mitogen_linear uses Mitogen anyway)")  # fmt: skip
+
+
+def _default_strategy() -> str:
+    """Mitogen's where it is installed and tested with this ansible-core, else linear; PROVISION_ANSIBLE_STRATEGY
+    names another."""
+    given = os.environ.get("PROVISION_ANSIBLE_STRATEGY")
+    if given:
+        return given
+    return "mitogen_linear" if mitogen_untested() is None else "linear"
 
 
 def _mitogen_strategy_dir() -> Path | None:
@@ -234,7 +275,7 @@ def _wanted(forks: int, control_dir: Path) -> dict[tuple[str, str | None], str]:
         CONTROL_PATH_DIR: str(control_dir),
         SSH_RETRIES: "1",
     }
-    strategy = os.environ.get("PROVISION_ANSIBLE_STRATEGY", "mitogen_linear")
+    strategy = _default_strategy()
     plugins = _mitogen_strategy_dir() if strategy == "mitogen_linear" else None
     if plugins is not None:
         wanted[STRATEGY_PLUGINS] = str(plugins)

@@ -86,6 +86,32 @@ def test_mitogen_unless_switched_off(in_dir, monkeypatch):
     assert env["ANSIBLE_STRATEGY"] == "linear" and "ANSIBLE_STRATEGY_PLUGINS" not in env
 
 
+def test_a_mitogen_not_tested_with_this_core_gives_linear_runs_and_says_so_once(in_dir, monkeypatch):
+    """A Mitogen release outside MITOGEN_TESTED's range for the installed ansible-core minor: the runs use the
+    linear strategy, and the warnings every command prints name both versions; asked for by name, Mitogen runs."""
+    from importlib import metadata
+
+    from ansible.release import __version__ as core
+
+    monkeypatch.delenv("PROVISION_ANSIBLE_STRATEGY", raising=False)
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.4.1" if name == "mitogen" else real(name))
+    env = ansible_config.environment(3, True, in_dir)
+    assert env["ANSIBLE_STRATEGY"] == "linear" and "ANSIBLE_STRATEGY_PLUGINS" not in env
+    lines = [w for w in ansible_config.run_setting_warnings(1) if "Mitogen" in w]
+    assert lines == [f"Mitogen 0.4.1 is not tested with ansible-core {core}: the runs use Ansible's linear strategy "
+                     "(PROVISION_ANSIBLE_STRATEGY=mitogen_linear uses Mitogen anyway)"]  # fmt: skip
+    monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "mitogen_linear")
+    assert ansible_config.environment(3, True, in_dir)["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert not [w for w in ansible_config.run_setting_warnings(1) if "Mitogen" in w]
+
+
+def test_the_installed_mitogen_and_core_are_a_tested_pair(in_dir, monkeypatch):
+    monkeypatch.delenv("PROVISION_ANSIBLE_STRATEGY", raising=False)
+    assert ansible_config.mitogen_untested() is None, "pyproject.toml installs a pair MITOGEN_TESTED does not list"
+    assert not [w for w in ansible_config.run_setting_warnings(1) if "Mitogen" in w]
+
+
 def test_host_key_checking_is_forced_under_every_name(in_dir, monkeypatch):
     monkeypatch.setenv("ANSIBLE_SSH_HOST_KEY_CHECKING", "False")  # would beat ANSIBLE_HOST_KEY_CHECKING
     monkeypatch.setenv("ANSIBLE_USE_PERSISTENT_CONNECTIONS", "False")
