@@ -50,8 +50,10 @@ ENV = {
 }
 # Every name Ansible reads host key checking from, base and per plugin: all get the same value.
 HOST_KEY_CHECKING_ENV = (
-    "ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_SSH_HOST_KEY_CHECKING", "ANSIBLE_PARAMIKO_HOST_KEY_CHECKING",
-)  # fmt: skip
+    "ANSIBLE_HOST_KEY_CHECKING",
+    "ANSIBLE_SSH_HOST_KEY_CHECKING",
+    "ANSIBLE_PARAMIKO_HOST_KEY_CHECKING",
+)
 CONNECTION_PLUGINS = ("ssh", "paramiko_ssh")
 # paramiko asks "Are you sure you want to continue connecting (yes/no)?" about an unknown key on the run's pty, where
 # nobody answers, unless it believes the connection persistent: then it fails at once naming the key
@@ -191,15 +193,19 @@ def run_setting_warnings(host_count: int) -> list[str]:
     value, origin = lookup(manager, FORKS)
     wanted = forks_for(host_count)
     if origin != "default" and int(value) < wanted:
-        found.append(f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would "
-                     f"work on {wanted} at once")  # fmt: skip
+        found.append(
+            f"{origin}: forks = {value}: Ansible works on {value} host(s) at a time, where provision would "
+            f"work on {wanted} at once"
+        )
     untested = mitogen_untested()
     if untested and not os.environ.get("PROVISION_ANSIBLE_STRATEGY") and lookup(manager, STRATEGY)[1] == "default":
         found.append(untested)
     value, origin = lookup(manager, STDOUT_CALLBACK)
     if origin != "default" and str(value).rsplit(".", 1)[-1] != RUN_STDOUT_CALLBACK:
-        found.append(f"{origin}: stdout_callback = {value}: provision's runs use Ansible's default stdout callback "
-                     "(provision shows and records each run from its events)")  # fmt: skip
+        found.append(
+            f"{origin}: stdout_callback = {value}: provision's runs use Ansible's default stdout callback "
+            "(provision shows and records each run from its events)"
+        )
     return found
 
 
@@ -240,8 +246,10 @@ def mitogen_untested() -> str | None:
     low, high = MITOGEN_TESTED.get(_release(core)[:2], ((), ()))
     if low and low <= _release(mitogen) < high:
         return None
-    return (f"Mitogen {mitogen} is not tested with ansible-core {core}: the runs use Ansible's linear strategy "
-            "(PROVISION_ANSIBLE_STRATEGY=mitogen_linear uses Mitogen anyway)")  # fmt: skip
+    return (
+        f"Mitogen {mitogen} is not tested with ansible-core {core}: the runs use Ansible's linear strategy "
+        "(PROVISION_ANSIBLE_STRATEGY=mitogen_linear uses Mitogen anyway)"
+    )
 
 
 def _default_strategy() -> str:

@@ -121,11 +121,21 @@ def _converge(opts, inv, scope, record: RunRecord, progress: Progress, kind, pla
     extravars = {**_extravars(opts), **({"provision_lock": held.request} if held else {})}
     with _renewal(opts, inv, record, held) as renewal:
         result = run_playbook(
-            playbook, inv.path, record=record, host_count=len(inv.hosts), limit=opts.limit, tags=opts.tags,
-            check=opts.check, diff=opts.diff, extravars=extravars, host_key_checking=opts.host_key_checking,
-            vault=opts.vault, raise_interrupt=False, user=opts.user,
+            playbook,
+            inv.path,
+            record=record,
+            host_count=len(inv.hosts),
+            limit=opts.limit,
+            tags=opts.tags,
+            check=opts.check,
+            diff=opts.diff,
+            extravars=extravars,
+            host_key_checking=opts.host_key_checking,
+            vault=opts.vault,
+            raise_interrupt=False,
+            user=opts.user,
             progress=progress.playbook(f"provision {kind} --inventory {opts.inventory}"),
-        )  # fmt: skip
+        )
     result.host_states = host_states(result, scope)
     summary = {"command": kind, "inventory": str(inv.path), "limit": opts.limit, "tags": opts.tags, **result.to_dict()}
     if held:
@@ -152,10 +162,17 @@ def _renewal(opts: ApplyOptions, inv, record: RunRecord, held: locks.LockSet | N
 
     def renew(stop) -> None:
         run_playbook(
-            RENEW_PLAYBOOK, inv.path, record=record.child("renew").child(str(next(turns))),
-            host_count=len(held.hosts), limit=",".join(held.hosts), extravars={"provision_lock": held.request},
-            host_key_checking=opts.host_key_checking, vault=opts.vault, raise_interrupt=False, cancel=stop.is_set,
-        )  # fmt: skip
+            RENEW_PLAYBOOK,
+            inv.path,
+            record=record.child("renew").child(str(next(turns))),
+            host_count=len(held.hosts),
+            limit=",".join(held.hosts),
+            extravars={"provision_lock": held.request},
+            host_key_checking=opts.host_key_checking,
+            vault=opts.vault,
+            raise_interrupt=False,
+            cancel=stop.is_set,
+        )
 
     return locks.LeaseRenewal(renew, held.period_s)
 
@@ -169,19 +186,34 @@ def _release_left(opts: ApplyOptions, inv, record: RunRecord, held: locks.LockSe
         return []
     again = record.child("unlock")
     run_playbook(
-        UNLOCK_PLAYBOOK, inv.path, record=again, host_count=len(left), limit=",".join(left),
-        extravars={"provision_lock": held.request}, host_key_checking=opts.host_key_checking, vault=opts.vault,
+        UNLOCK_PLAYBOOK,
+        inv.path,
+        record=again,
+        host_count=len(left),
+        limit=",".join(left),
+        extravars={"provision_lock": held.request},
+        host_key_checking=opts.host_key_checking,
+        vault=opts.vault,
         raise_interrupt=False,
-    )  # fmt: skip
+    )
     return sorted(set(left) - locks.released(again.path, held.nodes))
 
 
 def list_tasks(opts: ApplyOptions, inv, playbook: str = SITE_PLAYBOOK) -> str:
     """--list-tasks: ansible-playbook's own listing of the plays and tasks of the run these options make."""
     config = PlaybookConfig(
-        playbook, inv.path, len(inv.hosts), opts.limit, opts.tags, opts.check, opts.diff, _extravars(opts),
-        opts.host_key_checking, opts.vault, opts.user,
-    )  # fmt: skip
+        playbook,
+        inv.path,
+        len(inv.hosts),
+        opts.limit,
+        opts.tags,
+        opts.check,
+        opts.diff,
+        _extravars(opts),
+        opts.host_key_checking,
+        opts.vault,
+        opts.user,
+    )
     return playbook_tasks(config)
 
 

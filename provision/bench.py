@@ -182,9 +182,13 @@ def _capacity(opts: BenchOptions, progress: Progress) -> dict[str, str]:
     # capacity is the containers': a node is read only as a container's node
     limit = opts.limit or inventory_mod.GPU_CONTAINERS
     report = verify.capacity_report(
-        opts.inventory, limit=limit, runs_dir=opts.runs_dir, host_key_checking=opts.host_key_checking,
-        vault=opts.vault, progress=progress,
-    )  # fmt: skip
+        opts.inventory,
+        limit=limit,
+        runs_dir=opts.runs_dir,
+        host_key_checking=opts.host_key_checking,
+        vault=opts.vault,
+        progress=progress,
+    )
     return {host: cap["summary"] for host, cap in report.capacity.items()}
 
 

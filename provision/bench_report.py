@@ -189,8 +189,10 @@ def _limit_lines(levels: list[int], max_running: int | None) -> list[str]:
     if not over:
         return [f"Server limit: max_running_requests = {max_running:,}; every level is within it.", ""]
     named = ", ".join(f"C={c}" for c in over)
-    text = (f"**Above the server's limit:** max_running_requests = {max_running:,}, so at {named} the requests "
-            "beyond it wait in the server's queue: those levels measure queueing, not more parallel work.")  # fmt: skip
+    text = (
+        f"**Above the server's limit:** max_running_requests = {max_running:,}, so at {named} the requests "
+        "beyond it wait in the server's queue: those levels measure queueing, not more parallel work."
+    )
     return [text, ""]
 
 

@@ -99,10 +99,13 @@ def from_server(sglang: dict[str, Any], session_tokens: tuple[int, ...] = DEFAUL
     config = sglang.get("model_config")
     try:
         return compute(
-            json.loads(info["body"]), json.loads(models["body"]), session_tokens=session_tokens,
-            model_config=json.loads(config) if config else None, weights_bytes=sglang.get("weights_bytes"),
+            json.loads(info["body"]),
+            json.loads(models["body"]),
+            session_tokens=session_tokens,
+            model_config=json.loads(config) if config else None,
+            weights_bytes=sglang.get("weights_bytes"),
             predict_tp=PREDICT_TP,
-        )  # fmt: skip
+        )
     except ValueError as exc:  # an answer that is not JSON, or a server that has not finished starting
         raise CapacityUnknown(str(exc)) from None
     except (KeyError, TypeError, AttributeError) as exc:  # JSON of another shape
@@ -168,8 +171,9 @@ def _add_model_figures(
     settings = PoolSettings.from_server_info(info)
     rest = measured_rest(geom, dtype, cap, info)
     if info.get("max_total_tokens"):
-        cap.notes.append("--max-total-tokens capped the pool, so the budget per GPU is unknown: no prediction "
-                         "for another tp")  # fmt: skip
+        cap.notes.append(
+            "--max-total-tokens capped the pool, so the budget per GPU is unknown: no prediction for another tp"
+        )
         tps = ()
     for tp in tps:
         if tp != cap.tp_size:
@@ -178,8 +182,10 @@ def _add_model_figures(
         pred = predict(geom, dtype, cap.tp_size, gib * GIB, cap.context_length, settings)
         cap.predictions.append({"what": f"{gib:g} GiB of KV budget per GPU at tp={cap.tp_size}", **pred})
     if tps and cap.weights_bytes is None:
-        cap.notes.append("no model.safetensors.index.json: each GPU's share of the weights is unknown, "
-                         "so no prediction for another tp")  # fmt: skip
+        cap.notes.append(
+            "no model.safetensors.index.json: each GPU's share of the weights is unknown, "
+            "so no prediction for another tp"
+        )
 
 
 @dataclass
@@ -222,11 +228,14 @@ def predict(
         return {"tp": tp, "fits": False, "why": str(exc)}
     running = sp.max_running_requests(pool, context, settings.requested_max_running)
     return {
-        "tp": tp, "fits": True, "max_total_num_tokens": pool.max_total_num_tokens,
+        "tp": tp,
+        "fits": True,
+        "max_total_num_tokens": pool.max_total_num_tokens,
         "full_context_sessions": round(pool.max_total_num_tokens / context, 2),
-        "kv_bytes_per_token_per_gpu": pool.cell_bytes, "max_mamba_cache_size": pool.mamba_slots,
+        "kv_bytes_per_token_per_gpu": pool.cell_bytes,
+        "max_mamba_cache_size": pool.mamba_slots,
         "max_running_requests": running,
-    }  # fmt: skip
+    }
 
 
 def _predict_other_tp(
@@ -242,15 +251,23 @@ def _predict_other_tp(
 
 def _with_weights(pred: dict[str, Any], share: float, static: float) -> dict[str, Any]:
     if not pred["fits"]:
-        pred["why"] += (f" (weights {share / GIB:,.1f} GiB per GPU at tp={pred['tp']}, of the "
-                        f"{static / GIB:,.1f} GiB per GPU for weights and cache)")  # fmt: skip
+        pred["why"] += (
+            f" (weights {share / GIB:,.1f} GiB per GPU at tp={pred['tp']}, of the "
+            f"{static / GIB:,.1f} GiB per GPU for weights and cache)"
+        )
     return pred
 
 
 def plan(
-    config: dict[str, Any], weights_bytes: int, tp: int, free_gib_per_gpu: float, mem_fraction_static: float,
-    kv_cache_dtype: str = "auto", context_len: int | None = None, settings: PoolSettings | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any],
+    weights_bytes: int,
+    tp: int,
+    free_gib_per_gpu: float,
+    mem_fraction_static: float,
+    kv_cache_dtype: str = "auto",
+    context_len: int | None = None,
+    settings: PoolSettings | None = None,
+) -> dict[str, Any]:
     """Before any server runs: what SGLang would start with for this model on `tp` GPUs that each have
     `free_gib_per_gpu` free before loading (sglang_pool.rest_from_hardware)."""
     geom = sp.geometry(config)

@@ -106,10 +106,12 @@ def _limit(text: str) -> str:
 
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
     p.add_argument(
-        "--inventory", "-i", required=True,
+        "--inventory",
+        "-i",
+        required=True,
         help="./inventory/NAME, a path (an inventory directory or file, any format Ansible reads), "
         "or 'example' for the packaged example",
-    )  # fmt: skip
+    )
     if limit:
         p.add_argument("--limit", "-l", type=_limit, help="Ansible host pattern to restrict the run to (@FILE: a list)")
     p.add_argument("--json", action="store_true", help="print the JSON envelope on stdout (docs/json.md)")
@@ -127,9 +129,12 @@ def _runs_dir(p: argparse.ArgumentParser) -> None:
 
 def _ansible_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--vault-password-file", type=Path, action="append", default=[],
+        "--vault-password-file",
+        type=Path,
+        action="append",
+        default=[],
         help="as ansible-playbook's (repeatable); the inventory is read with it too",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--vault-id", action="append", default=[], metavar="[LABEL@]SOURCE", help="as ansible-playbook's (repeatable)"
     )
@@ -144,9 +149,13 @@ def _ansible_opts(p: argparse.ArgumentParser) -> None:
 def _playbook_opts(p: argparse.ArgumentParser, skip: bool = True) -> None:
     """ansible-playbook's own options, with its meanings, for the commands that converge."""
     p.add_argument(
-        "--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE|YAML|@FILE",
+        "--extra-vars",
+        "-e",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE|YAML|@FILE",
         help="as ansible-playbook's (repeatable): variables above every inventory value, checked as the inventory's",
-    )  # fmt: skip
+    )
     if skip:
         p.add_argument("--skip-tags", help=f"comma-separated phases to leave out: {PHASE_LIST}")
     p.add_argument("--verbose", "-v", action="count", default=0, help="as ansible-playbook's, up to -vvvv")
@@ -172,9 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="report what would change without changing it")
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument(
-        "--reboot", choices=("auto", "never"),
+        "--reboot",
+        choices=("auto", "never"),
         help="reboot nodes whose kernel args changed, and containers whose devN or nesting change is pending",
-    )  # fmt: skip
+    )
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     _full(p)
     _break_lock(p)
@@ -223,14 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request, fixed (default 1024)")
     p.add_argument("--output-len", type=int, default=1024, help="answer tokens per request, fixed (default 1024)")
     p.add_argument(
-        "--prompts-per-level", type=int, default=10, metavar="K",
+        "--prompts-per-level",
+        type=int,
+        default=10,
+        metavar="K",
         help="each level sends K x its concurrency prompts (default 10)",
-    )  # fmt: skip
+    )
     p.add_argument("--baseline", type=Path, help="baseline JSON to compare with (e.g. docs/baselines/scenario.json)")
     p.add_argument(
-        "--threshold", type=float, default=0.10,
+        "--threshold",
+        type=float,
+        default=0.10,
         help="a throughput drop or p99 TTFT rise beyond this fraction is a regression (default 0.10)",
-    )  # fmt: skip
+    )
     _runs_dir(p)
 
     p = sub.add_parser("lab", help="the test lab: VMs, a container and a Proxmox API on this machine")
@@ -243,27 +258,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--containers", type=_positive_int, default=1, help="SGLang containers (nspawn), for fleet timings (default 1)"
     )
     c.add_argument(
-        "--cold-boot", action="store_true",
+        "--cold-boot",
+        action="store_true",
         help="boot the VMs from their disks instead of resuming their booted snapshots (and save none)",
-    )  # fmt: skip
+    )
     c.add_argument(
-        "--pve-version", type=int, choices=(8, 9), default=9,
+        "--pve-version",
+        type=int,
+        choices=(8, 9),
+        default=9,
         help="the Proxmox VE the API behaves as: 8 keeps every devN change pending until the CT restarts (default 9)",
-    )  # fmt: skip
+    )
     c.add_argument(
         "--bare",
         action="store_true",
         help="nodes without an NVIDIA driver (the driver phase installs it), no container (CT 101 not created)",
     )
     c.add_argument(
-        "--gpu-link", choices=("pcie", "nvlink"), default="pcie",
+        "--gpu-link",
+        choices=("pcie", "nvlink"),
+        default="pcie",
         help="the link nvidia-smi topo -m reports between the fake GPUs: PHB (PCIe) or NV18 (default pcie)",
-    )  # fmt: skip
+    )
     c.add_argument(
-        "--nodes", choices=("vm", "nspawn"), default="vm",
+        "--nodes",
+        choices=("vm", "nspawn"),
+        default="vm",
         help="the PVE nodes: qemu VMs (bootloaders, real reboots; default), or nspawn containers that boot in seconds "
         "with the profile's kernel arguments already on their line, for work that needs no bootloader (docs/lab.md)",
-    )  # fmt: skip
+    )
     c = lab_sub.add_parser(
         "kernel", help="install a newer kernel on a lab node, as a kernel update does; it boots it at its next reboot"
     )
@@ -400,10 +423,11 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
 
 def _break_lock(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--break-lock", action="store_true",
+        "--break-lock",
+        action="store_true",
         help="take a host lock another controller's run holds, and say whose it was (only when that run is gone); "
         "a live run of this controller is never broken",
-    )  # fmt: skip
+    )
 
 
 def _full(p: argparse.ArgumentParser) -> None:
@@ -530,8 +554,11 @@ def _console(stderr: bool) -> Console:
     # In logs and pipes, don't wrap at 80 columns: one message stays one line.
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream is not None and stream.isatty() else 200
-    return Console(stderr=True, soft_wrap=True, width=width) if stderr else Console(file=output.Stdout(), width=width,
-                                                                                  soft_wrap=True)  # fmt: skip
+    return (
+        Console(stderr=True, soft_wrap=True, width=width)
+        if stderr
+        else Console(file=output.Stdout(), width=width, soft_wrap=True)
+    )
 
 
 def _cmd_diag(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
@@ -577,13 +604,24 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     lab = Lab()
     progress = lambda message: err.print(message, highlight=False, markup=False)  # noqa: E731
     if args.lab_command == "up":
-        status = lab.up(hosts=args.hosts, progress=progress, cold_boot=args.cold_boot, containers=args.containers,
-                        pve_version=args.pve_version, gpu_link=args.gpu_link, bare=args.bare,
-                        nodes=args.nodes)  # fmt: skip
+        status = lab.up(
+            hosts=args.hosts,
+            progress=progress,
+            cold_boot=args.cold_boot,
+            containers=args.containers,
+            pve_version=args.pve_version,
+            gpu_link=args.gpu_link,
+            bare=args.bare,
+            nodes=args.nodes,
+        )
     elif args.lab_command == "kernel":
         release = lab.install_kernel(args.node, headers=args.headers)
-        out.print(f"{args.node}: kernel {release} installed{' with its headers' if args.headers else ''}; "
-                  "the node boots it at its next reboot", highlight=False, markup=False)  # fmt: skip
+        out.print(
+            f"{args.node}: kernel {release} installed{' with its headers' if args.headers else ''}; "
+            "the node boots it at its next reboot",
+            highlight=False,
+            markup=False,
+        )
         return Outcome(EXIT_OK, {"node": args.node, "kernel": release, "headers": args.headers})
     elif args.lab_command == "down":
         lab.down(progress=progress)

@@ -681,8 +681,14 @@ def _ssh_effective(manager: Any, host: Host) -> tuple[dict[str, str], str]:
         return {}, ""
     origin = lookup(manager, ("ssh_args", "ssh"), host.vars)[1]
     port, user = host.vars.get("ansible_port"), host.vars.get("ansible_user")
-    argv = [ssh, "-G", *_ssh_arguments(manager, host, origin), *(["-p", str(port)] if port else []),
-            *(["-l", str(user)] if user else []), str(target)]  # fmt: skip
+    argv = [
+        ssh,
+        "-G",
+        *_ssh_arguments(manager, host, origin),
+        *(["-p", str(port)] if port else []),
+        *(["-l", str(user)] if user else []),
+        str(target),
+    ]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
@@ -700,12 +706,24 @@ def _ssh_config_findings(manager: Any, host: Host) -> list[tuple[str, str, str]]
     found = []
     strict = options.get("stricthostkeychecking", "true")
     if strict in ("false", "accept-new"):  # "ask" asks nobody in a run: an unknown key is refused
-        found.append((where, host.name, f"ssh's configuration says StrictHostKeyChecking {strict} (ssh -G), and the "
-                      "inventory's ssh_args replace the ones where provision says StrictHostKeyChecking=yes (add "
-                      "-o StrictHostKeyChecking=yes to them)"))  # fmt: skip
+        found.append(
+            (
+                where,
+                host.name,
+                f"ssh's configuration says StrictHostKeyChecking {strict} (ssh -G), and the "
+                "inventory's ssh_args replace the ones where provision says StrictHostKeyChecking=yes (add "
+                "-o StrictHostKeyChecking=yes to them)",
+            )
+        )
     if known_hosts and set(known_hosts) <= {"/dev/null", "none"}:
-        found.append((where, host.name, "ssh's configuration keeps no known_hosts file (ssh -G: UserKnownHostsFile "
-                      "and GlobalKnownHostsFile /dev/null or none): no host key can be verified"))  # fmt: skip
+        found.append(
+            (
+                where,
+                host.name,
+                "ssh's configuration keeps no known_hosts file (ssh -G: UserKnownHostsFile "
+                "and GlobalKnownHostsFile /dev/null or none): no host key can be verified",
+            )
+        )
     return found
 
 
@@ -775,9 +793,15 @@ def _check_driver_pin(host: Host) -> list[tuple[str, str, str]]:
         return []
     if host.vars.get("nvidia_driver_installer_sha256"):
         return []
-    return [(host.where("nvidia_driver_version"), host.name, f"nvidia_driver_version is pinned ({version}) but "
-             "nvidia_driver_installer_sha256 is not set: the driver phase runs only an installer whose sha256 it "
-             "knows; set it, or unset the pin to keep the node's driver")]  # fmt: skip
+    return [
+        (
+            host.where("nvidia_driver_version"),
+            host.name,
+            f"nvidia_driver_version is pinned ({version}) but "
+            "nvidia_driver_installer_sha256 is not set: the driver phase runs only an installer whose sha256 it "
+            "knows; set it, or unset the pin to keep the node's driver",
+        )
+    ]
 
 
 # variables with rules of their own here, stricter than their argument spec's type: checked once, by those
@@ -866,8 +890,11 @@ def _check_unknown(host: Host) -> list[tuple[str, str, str]]:
     removed one is warned about with what replaced it."""
     read = {n for v in host.vars.values() if is_template(v) for n in (template_reads(v) or (frozenset(),))[0]}
     unknown = arg_specs.host_unknown(host.groups, host.vars)
-    return [(host.where(var), host.name, f"{var}: {why}") for var, why in unknown
-            if var not in REMOVED_VARIABLES and var not in read]  # fmt: skip
+    return [
+        (host.where(var), host.name, f"{var}: {why}")
+        for var, why in unknown
+        if var not in REMOVED_VARIABLES and var not in read
+    ]
 
 
 # Items a variable's value may hold, counted as Ansible will expand it (each alias again): more is refused before
@@ -903,20 +930,29 @@ def _check_vault(host: Host) -> list[tuple[str, str, str]]:
                 str(leaf)  # decrypts, with the vault secrets the inventory was loaded with
             except AnsibleError as exc:
                 reason = one_line(str(exc)).rstrip(".")
-                found.append((host.where(name), host.name, f"{name}: cannot decrypt its !vault value: {reason} "
-                              f"({GIVE_THE_VAULT_PASSWORD})"))  # fmt: skip
+                found.append(
+                    (
+                        host.where(name),
+                        host.name,
+                        f"{name}: cannot decrypt its !vault value: {reason} ({GIVE_THE_VAULT_PASSWORD})",
+                    )
+                )
                 break
     return found
 
 
 def _check_size(host: Host) -> list[tuple[str, str, str]]:
     return [
-        (host.where(name), host.name, f"{name}: its value holds more than {MAX_ITEMS} items once its YAML aliases "
-         "are expanded: nothing provision runs needs that many")
+        (
+            host.where(name),
+            host.name,
+            f"{name}: its value holds more than {MAX_ITEMS} items once its YAML aliases "
+            "are expanded: nothing provision runs needs that many",
+        )
         for name, value in sorted(host.vars.items())
         # a value read from the inventory's files (Ansible's own, such as `groups`, grow with the fleet)
         if isinstance(value, dict | list | tuple) and value_origin(value) and _item_count_over(value)
-    ]  # fmt: skip
+    ]
 
 
 def _check_connection(host: Host) -> list[tuple[str, str, str]]:
@@ -979,12 +1015,16 @@ def unverified_tls_warnings(inv: Inventory) -> list[str]:
     """Where proxmox_api_validate_certs is false for a container that talks to the PVE API over https: its
     password or token goes to whoever answers there (said before anything runs, and again by the module)."""
     found = [
-        (ct.where("proxmox_api_validate_certs"), ct.name, "proxmox_api_validate_certs is false: the PVE API's TLS "
-         "certificate is NOT verified, and the API password or token goes to whoever answers; set "
-         "proxmox_api_ca_file to the CA that signed it instead")
+        (
+            ct.where("proxmox_api_validate_certs"),
+            ct.name,
+            "proxmox_api_validate_certs is false: the PVE API's TLS "
+            "certificate is NOT verified, and the API password or token goes to whoever answers; set "
+            "proxmox_api_ca_file to the CA that signed it instead",
+        )
         for ct in inv.gpu_containers
         if ct.vars.get("proxmox_api_validate_certs") is False and ct.vars.get("gpu_passthrough_api_backend") != "ssh"
-    ]  # fmt: skip
+    ]
     return _per_source(found)
 
 
@@ -999,9 +1039,15 @@ def open_api_warnings(inv: Inventory) -> list[str]:
         listen, key = ct.vars.get("sglang_host", LOOPBACK[0]), ct.vars.get("sglang_api_key") or ""
         if is_template(listen) or is_template(key) or from_vault(key) or key or str(listen) in LOOPBACK:
             continue
-        found.append((ct.where("sglang_host"), ct.name, f"sglang_host is {listen} and sglang_api_key is empty: the "
-                      "API answers anyone who can reach that address; set sglang_api_key (from vault or the "
-                      "environment)"))  # fmt: skip
+        found.append(
+            (
+                ct.where("sglang_host"),
+                ct.name,
+                f"sglang_host is {listen} and sglang_api_key is empty: the "
+                "API answers anyone who can reach that address; set sglang_api_key (from vault or the "
+                "environment)",
+            )
+        )
     return _per_source(found)
 
 

@@ -263,8 +263,10 @@ def lease_s(inv: inventory_mod.Inventory, name: str) -> int:
     except (TypeError, ValueError):
         seconds = 0
     if seconds <= 0:
-        raise ProvisionError(f"{host.where(LEASE_VARIABLE)}: host {name}: {LEASE_VARIABLE}: expected a positive "
-                             f"number of seconds, got {value!r}")  # fmt: skip
+        raise ProvisionError(
+            f"{host.where(LEASE_VARIABLE)}: host {name}: {LEASE_VARIABLE}: expected a positive "
+            f"number of seconds, got {value!r}"
+        )
     return seconds
 
 

@@ -212,10 +212,13 @@ def diff_lines(diff: dict[str, Any]) -> list[str]:
         before, after = json.dumps(before, indent=2, sort_keys=True), json.dumps(after, indent=2, sort_keys=True)
     return list(
         difflib.unified_diff(
-            before.splitlines(), after.splitlines(),
-            str(diff.get("before_header") or "before"), str(diff.get("after_header") or "after"), lineterm="",
+            before.splitlines(),
+            after.splitlines(),
+            str(diff.get("before_header") or "before"),
+            str(diff.get("after_header") or "after"),
+            lineterm="",
         )
-    )  # fmt: skip
+    )
 
 
 def summary_table(result: RunResult, title: str) -> Table:
@@ -372,10 +375,14 @@ def print_bench(console: Console, result: BenchResult) -> None:
         for lv in hb.levels:
             done = f"{lv.completed}/{lv.sent}" + (f" [red]{lv.failed} FAILED[/]" if lv.failed else "")
             table.add_row(
-                str(lv.concurrency), f"{lv.output_throughput:,.1f}", f"{lv.total_throughput:,.1f}",
-                f"{lv.request_throughput:,.2f}", f"{format_ms(lv.median_ttft_ms)} / {format_ms(lv.p99_ttft_ms)}",
-                f"{format_ms(lv.median_itl_ms)} / {format_ms(lv.p99_itl_ms)}", done,
-            )  # fmt: skip
+                str(lv.concurrency),
+                f"{lv.output_throughput:,.1f}",
+                f"{lv.total_throughput:,.1f}",
+                f"{lv.request_throughput:,.2f}",
+                f"{format_ms(lv.median_ttft_ms)} / {format_ms(lv.p99_ttft_ms)}",
+                f"{format_ms(lv.median_itl_ms)} / {format_ms(lv.p99_itl_ms)}",
+                done,
+            )
         for c in hb.missing:
             table.add_row(str(c), "-", "-", "-", "-", "-", f"[red]0/{hb.sent_per_level.get(c, 0)}: all failed[/]")
         console.print(table)
@@ -383,8 +390,11 @@ def print_bench(console: Console, result: BenchResult) -> None:
             console.print(f"capacity: {escape(hb.capacity)}", highlight=False)
         if hb.above_limit:
             levels = ", ".join(f"C={c}" for c in hb.above_limit)
-            console.print(f"[yellow]above max_running_requests={hb.max_running_requests}[/]: {levels} "
-                          "(the excess requests queue)", highlight=False)  # fmt: skip
+            console.print(
+                f"[yellow]above max_running_requests={hb.max_running_requests}[/]: {levels} "
+                "(the excess requests queue)",
+                highlight=False,
+            )
         for problem in hb.problems:
             console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
         for regression in hb.regressions:

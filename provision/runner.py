@@ -260,8 +260,10 @@ def unreachable_message(msg: str) -> str:
     msg = one_line(msg)
     if _MITOGEN_LOST in msg:
         cause = msg.rsplit("Original error was:", 1)[-1].strip()
-        return ("unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
-                f"network: {cause}); run apply again once it answers ssh")  # fmt: skip
+        return (
+            "unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
+            f"network: {cause}); run apply again once it answers ssh"
+        )
     return "unreachable: " + msg
 
 
@@ -552,9 +554,10 @@ def _run(args: dict[str, Any], collector: EventCollector, cancel=None) -> tuple[
 
     with interrupts.SignalTrap() as trap:
         runner = ansible_runner.run(
-            **args, event_handler=collector.handle,
+            **args,
+            event_handler=collector.handle,
             cancel_callback=trap.cancel_callback(args["private_data_dir"], cancel),
-        )  # fmt: skip
+        )
     return runner, trap
 
 

@@ -42,10 +42,29 @@ REDACTED = "********"
 MIN_LEN = 4  # no spelling of a secret shorter than this is replaced (a base64 fragment of two characters)
 STRONG_LEN = 8
 # Where a secret occurs inside one of these, masking it would show it. Besides the inventory's own names.
-COMMON_WORDS = frozenset({
-    "provision", "proxmox", "sglang", "nvidia", "ansible", "vault", "password", "passw0rd", "secret", "changeme",
-    "admin", "administrator", "letmein", "welcome", "qwerty", "123456789", "1234567890", "root", "toor",
-})  # fmt: skip
+COMMON_WORDS = frozenset(
+    {
+        "provision",
+        "proxmox",
+        "sglang",
+        "nvidia",
+        "ansible",
+        "vault",
+        "password",
+        "passw0rd",
+        "secret",
+        "changeme",
+        "admin",
+        "administrator",
+        "letmein",
+        "welcome",
+        "qwerty",
+        "123456789",
+        "1234567890",
+        "root",
+        "toor",
+    }
+)
 # Environment variables whose values are secrets wherever they appear.
 # A secret-looking environment name: one of these words between underscores (HF_TOKEN, PROXMOX_PASSWORD,
 # MY_API_KEY), never a part of a longer word (TOKENIZERS_PARALLELISM) nor VAULT alone (VAULT_FORMAT).
@@ -57,9 +76,13 @@ _SECRET_ENV = re.compile(
 _NEVER_SECRET = frozenset({"true", "false", "yes", "no", "none", "null", "json", "yaml"})
 # Ansible's own names for connection and become passwords (no role declares them).
 CONNECTION_SECRETS = (
-    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
-    "ansible_become_pass", "ansible_sudo_pass",
-)  # fmt: skip
+    "ansible_password",
+    "ansible_ssh_pass",
+    "ansible_ssh_password",
+    "ansible_become_password",
+    "ansible_become_pass",
+    "ansible_sudo_pass",
+)
 
 
 @functools.cache
@@ -196,9 +219,15 @@ def _shell_forms(secret: str) -> set[str]:
 def forms(secret: str) -> set[str]:
     """Every spelling of a secret the redactor replaces (module doc); none shorter than MIN_LEN."""
     found = {
-        secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], quote(secret, safe=""), quote(secret),
-        quote_plus(secret), secret.strip(), " ".join(secret.split()),  # the last two: as a one-line message shows it
-    }  # fmt: skip
+        secret,
+        json.dumps(secret)[1:-1],
+        repr(secret)[1:-1],
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret),
+        secret.strip(),
+        " ".join(secret.split()),  # the last two: as a one-line message shows it
+    }
     found |= _shell_forms(secret)
     found |= _base64_forms(secret.encode("utf-8", "surrogateescape"))
     found |= {json.dumps(f)[1:-1] for f in found}

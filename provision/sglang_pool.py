@@ -17,15 +17,33 @@ GIB = 2**30
 # MLA latent per token (is_deepseek_dsa adds an indexer when index_topk is set). Later branches make a few
 # more MLA (DeepSeek-V4, MiniCPM3, Kimi-VL/Linear, Bailing V2.5); those, like any other config that carries
 # kv_lora_rank, are refused as not modelled rather than sized as MHA.
-MLA_ARCHITECTURES = frozenset({
-    "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN",
-    "Glm4MoeLiteForCausalLM", "Glm4MoeLiteForCausalLMNextN", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN",
-    "Glm5NextForConditionalGeneration", "Glm5NextForConditionalGenerationNextN", "LongcatFlashForCausalLM",
-    "LongcatFlashForCausalLMNextN", "HYV4ForCausalLM", "HYV4ForCausalLMNextN", "DotsVLMForCausalLM",
-    "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN", "MistralLarge3ForCausalLM", "MistralLarge3ForCausalLMEagle",
-    "KimiK25ForConditionalGeneration", "Eagle3DeepseekV2ForCausalLM", "GigaChat35ForCausalLM",
-    "GigaChat35ForCausalLMNextN",
-})  # fmt: skip
+MLA_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "Glm4MoeLiteForCausalLM",
+        "Glm4MoeLiteForCausalLMNextN",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGeneration",
+        "Glm5NextForConditionalGenerationNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+        "DotsVLMForCausalLM",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "MistralLarge3ForCausalLMEagle",
+        "KimiK25ForConditionalGeneration",
+        "Eagle3DeepseekV2ForCausalLM",
+        "GigaChat35ForCausalLM",
+        "GigaChat35ForCausalLMNextN",
+    }
+)
 # configs/hybrid_arch.py:hybrid_gdn_config: Qwen3NextConfig, Qwen3_5Config, Qwen3_5MoeConfig (text part)
 GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 # configs/hybrid_arch.py:mamba2_config: NemotronHConfig; configs/nemotron_h.py MAMBA = "M", ATTENTION = "*"
@@ -272,9 +290,13 @@ class Pool:
 
 
 def size_pool(
-    geom: Geometry, dtype: KvDtype, tp: int, rest_bytes: float,
-    mamba_ratio: float = MAMBA_FULL_MEMORY_RATIO, page_size: int = 1,
-) -> Pool:  # fmt: skip
+    geom: Geometry,
+    dtype: KvDtype,
+    tp: int,
+    rest_bytes: float,
+    mamba_ratio: float = MAMBA_FULL_MEMORY_RATIO,
+    page_size: int = 1,
+) -> Pool:
     """rest -> (state slots, tokens), as KVCacheConfigurator._profile_available_bytes and
     _handle_max_mamba_cache (auto branch), then DefaultPoolConfigurator.calculate_pool_sizes."""
     if geom.num_attention_heads % tp:
@@ -297,8 +319,9 @@ def size_pool(
     return Pool(tp, int(rest_bytes), cell, tokens, int(kv_bytes), slots, slot)
 
 
-def max_running_requests(pool: Pool, context_len: int, requested: int | None = None,
-                         slots_per_request: int = MAMBA_SLOTS_PER_REQUEST) -> int:  # fmt: skip
+def max_running_requests(
+    pool: Pool, context_len: int, requested: int | None = None, slots_per_request: int = MAMBA_SLOTS_PER_REQUEST
+) -> int:
     """mem_cache/kv_cache_configurator.py:KVCacheConfigurator.resolve_max_num_reqs (one DP rank)."""
     tokens = pool.max_total_num_tokens
     estimated = max(min(int(tokens / context_len * 512), DEFAULT_REQS_MAX), DEFAULT_REQS_MIN)

@@ -211,19 +211,39 @@ def user_checks(check_dir: Path | None = None) -> list[str]:
     return files
 
 
-def _run_checks(hosts: list[str], spec_file: Path, workdir: Path, select: str | None = None,
-                ansible_env: dict[str, str] | None = None, inventory: Path | None = None,
-                mine: list[str] | None = None):  # fmt: skip
+def _run_checks(
+    hosts: list[str],
+    spec_file: Path,
+    workdir: Path,
+    select: str | None = None,
+    ansible_env: dict[str, str] | None = None,
+    inventory: Path | None = None,
+    mine: list[str] | None = None,
+):
     """One pytest process for all hosts: each check decides per host from what the probe read, or asks the host
     through testinfra's `host` fixture (its Ansible connection, in `ansible_env`, from `inventory`). `mine`: the
     user's own check files (user_checks)."""
     junit = workdir / "verify.xml"
     cmd = [
-        sys.executable, "-m", "pytest", *sorted({str(CHECKS_DIR / s) for files in SUITES.values() for s in files}),
-        *(mine or []), "-p", CHECKS_PLUGIN,
-        f"--junitxml={junit}", "-p", "no:cacheprovider", "-q", "--no-header", "-o", "addopts=",
-        "-o", "junit_family=xunit1", f"--rootdir={CHECKS_DIR}", *(["-k", select] if select else []),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        *sorted({str(CHECKS_DIR / s) for files in SUITES.values() for s in files}),
+        *(mine or []),
+        "-p",
+        CHECKS_PLUGIN,
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--no-header",
+        "-o",
+        "addopts=",
+        "-o",
+        "junit_family=xunit1",
+        f"--rootdir={CHECKS_DIR}",
+        *(["-k", select] if select else []),
+    ]
     # the checks need no plugin: one that the environment installs (a user's venv, the test tools) would cost its
     # import in every verify, and could change what the checks decide; nor the environment's options (PYTEST_ADDOPTS,
     # which may name a plugin's), as the ini file's addopts are dropped above
@@ -311,8 +331,9 @@ def verify(
         report.record_dir = str(record.path)
         if after_reboot:
             reboot_all(inv, limit, record.child("reboot"), report, **connection)
-        run = _check(inv, hosts, record, report, connection, checks=checks, select=select, mine=mine,
-                     tokens=session_tokens)  # fmt: skip
+        run = _check(
+            inv, hosts, record, report, connection, checks=checks, select=select, mine=mine, tokens=session_tokens
+        )
         _scrub(report, record)
         record.write_json("verify.json", report.to_dict())
         record.write_summary({"command": kind, **report.to_dict(), "probe_run": run.to_dict() if run else None})
@@ -333,9 +354,16 @@ def capacity_report(
     """`provision capacity`: every container's capacity from verify's reading of it, and no check; its `checks`
     hold one "capacity" entry per container, failed with the reason where there is none. Record kind: capacity."""
     return verify(
-        inventory, limit=limit, runs_dir=runs_dir, session_tokens=session_tokens, host_key_checking=host_key_checking,
-        vault=vault, kind="capacity", progress=progress, checks=False,
-    )  # fmt: skip
+        inventory,
+        limit=limit,
+        runs_dir=runs_dir,
+        session_tokens=session_tokens,
+        host_key_checking=host_key_checking,
+        vault=vault,
+        kind="capacity",
+        progress=progress,
+        checks=False,
+    )
 
 
 def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict, *, checks, select, mine, tokens):

@@ -78,9 +78,13 @@ def watched(private_dir: Path) -> Iterator[None]:
     try:
         subprocess.Popen(
             [sys.executable, "-m", "provision.watchdog", str(private_dir)],
-            stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env=env, close_fds=True,
-        )  # fmt: skip
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
     finally:
         os.close(read_end)
     try:

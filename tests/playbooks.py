@@ -6,8 +6,9 @@ from __future__ import annotations
 import textwrap
 
 
-def role_outcome_playbook(role: str, what: str, *, tasks_from: str = "", extra_outcome: str = "",
-                          pre_tasks: str = "", handlers: bool = True) -> str:  # fmt: skip
+def role_outcome_playbook(
+    role: str, what: str, *, tasks_from: str = "", extra_outcome: str = "", pre_tasks: str = "", handlers: bool = True
+) -> str:
     """A localhost play that includes provision.pve_sglang.<role> (`tasks_from` if given) under the task name `what`;
     `extra_outcome` adds Jinja dict entries to the outcome (", 'changed': x"); `pre_tasks` is YAML for tasks first.
     With `handlers=False` the play ends before the handlers the role notified (a service restart, say, on a machine

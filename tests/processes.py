@@ -105,12 +105,26 @@ def interrupt(proc: subprocess.Popen, sig: signal.Signals, gate: Path | None = N
 def start_apply(inventory: Path, runs: Path, out: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """`provision apply --yes --json` with `args` (and `env` added to this process's environment), in the
     background: its stdout in `out`, its stderr beside it (`out` with the suffix .err)."""
-    argv = [sys.executable, "-m", "provision", "apply", "--inventory", str(inventory), "--yes", "--json",
-            "--runs-dir", str(runs), *args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "provision",
+        "apply",
+        "--inventory",
+        str(inventory),
+        "--yes",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        *args,
+    ]
     return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w"),
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=out.open("w"),
+        stderr=out.with_suffix(".err").open("w"),
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def wait_for_task(proc: subprocess.Popen, host: str, task: str, timeout: float = 600) -> None:
@@ -123,8 +137,11 @@ def wait_for_task(proc: subprocess.Popen, host: str, task: str, timeout: float =
         for event in Path(private).glob("artifacts/*/job_events/*.json") if private else ():
             with contextlib.suppress(ValueError, OSError):
                 data = json.loads(event.read_text())
-                if data.get("event") == "runner_on_start" and data["event_data"].get("host") == host \
-                        and data["event_data"].get("task") == task:  # fmt: skip
+                if (
+                    data.get("event") == "runner_on_start"
+                    and data["event_data"].get("host") == host
+                    and data["event_data"].get("task") == task
+                ):
                     return
         time.sleep(0.3)
     raise AssertionError(f"{task!r} never started on {host}")

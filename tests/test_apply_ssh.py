@@ -102,9 +102,17 @@ def test_plan_lists_pending_tasks_per_host(ssh_lab, inv, runs):
 
 def test_first_apply_converges_and_counts_match(ssh_lab, inv, runs):
     proc = run_provision(
-        "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs),
+        "apply",
+        "--inventory",
+        str(inv),
+        "--yes",
+        "--json",
+        "--tags",
+        "verify",
+        "--runs-dir",
+        str(runs),
         env={"PROXMOX_PASSWORD": SECRET},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     result = _summary(proc.stdout)
     assert result["succeeded"] is True
@@ -136,23 +144,31 @@ def test_second_apply_changes_nothing(ssh_lab, inv, runs):
     assert {h: s["changed"] for h, s in result["hosts"].items()} == {"node1": 0, "ct1": 0}
 
 
-@pytest.mark.parametrize("callbacks", [{"ANSIBLE_STDOUT_CALLBACK": "json"},
-                                       {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,timer"}],
-                         ids=["stdout-json", "enabled-callbacks"])  # fmt: skip
+@pytest.mark.parametrize(
+    "callbacks",
+    [{"ANSIBLE_STDOUT_CALLBACK": "json"}, {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,timer"}],
+    ids=["stdout-json", "enabled-callbacks"],
+)
 def test_a_users_callbacks_change_nothing_provision_reads(ssh_lab, inv, runs, callbacks):
     """More callbacks enabled (ARA, profile_tasks) stay the user's; a stdout callback of their own is replaced by
     Ansible's default in provision's runs, with one warning. Either way provision reads the run as it is (its job
     events): every host counted, nothing changed."""
-    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir",
-                         str(runs), env=callbacks)  # fmt: skip
+    proc = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs), env=callbacks
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = _summary(proc.stdout)
     assert {h: (s["changed"], s["failed"]) for h, s in result["hosts"].items()} == {"node1": (0, 0), "ct1": (0, 0)}
     assert all(s["ok"] > 0 for s in result["hosts"].values()), result["hosts"]
     replaced = [line for line in proc.stderr.splitlines() if "stdout_callback" in line]
-    assert replaced == (["warning: env: ANSIBLE_STDOUT_CALLBACK: stdout_callback = json: provision's runs use "
-                         "Ansible's default stdout callback (provision shows and records each run from its events)"]
-                        if "ANSIBLE_STDOUT_CALLBACK" in callbacks else []), proc.stderr[-2000:]  # fmt: skip
+    assert replaced == (
+        [
+            "warning: env: ANSIBLE_STDOUT_CALLBACK: stdout_callback = json: provision's runs use "
+            "Ansible's default stdout callback (provision shows and records each run from its events)"
+        ]
+        if "ANSIBLE_STDOUT_CALLBACK" in callbacks
+        else []
+    ), proc.stderr[-2000:]
 
 
 def test_a_login_shell_that_prints_a_greeting_breaks_no_read(ssh_lab, tmp_path):
@@ -239,8 +255,20 @@ def test_testinfra_commands_share_one_connection_through_the_users_ansible_cfg(s
         "    seen = host.run('echo $SSH_CONNECTION').stdout.split()[3]  # the port of the sshd that ran it\n"
         "    (open(os.path.join(os.environ['SEEN'], target.name), 'w')).write(seen)\n"
     )
-    proc = run_provision("verify", "--inventory", str(inv), "--json", "--checks", "commands_answer", "--check-dir",
-                         "mine", "--runs-dir", str(runs), cwd=work, env={"SEEN": str(work)})  # fmt: skip
+    proc = run_provision(
+        "verify",
+        "--inventory",
+        str(inv),
+        "--json",
+        "--checks",
+        "commands_answer",
+        "--check-dir",
+        "mine",
+        "--runs-dir",
+        str(runs),
+        cwd=work,
+        env={"SEEN": str(work)},
+    )
     report = _summary(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {(c["host"], c["passed"]) for c in report["checks"]} == {("node1", True), ("ct1", True)}
@@ -311,8 +339,20 @@ def test_unknown_host_key_is_refused(ssh_lab, tmp_path, runs):
     # the one opt-out connects, and writes the unverified key nowhere later runs would trust
     home_known_hosts = Path.home() / ".ssh" / "known_hosts"
     before = home_known_hosts.read_bytes() if home_known_hosts.exists() else None
-    proc = run_provision("apply", "--inventory", str(inv3), "--yes", "--json", "--tags", "verify", "--runs-dir",
-                         str(runs), "--limit", "node1", "--no-host-key-checking")  # fmt: skip
+    proc = run_provision(
+        "apply",
+        "--inventory",
+        str(inv3),
+        "--yes",
+        "--json",
+        "--tags",
+        "verify",
+        "--runs-dir",
+        str(runs),
+        "--limit",
+        "node1",
+        "--no-host-key-checking",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert empty_known_hosts.read_text() == ""
     assert (home_known_hosts.read_bytes() if home_known_hosts.exists() else None) == before
@@ -329,10 +369,11 @@ def test_an_unknown_host_key_fails_fast_on_every_connection(ssh_lab, tmp_path, r
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
     unknown = {
-        **target.inventory_vars(), "ansible_connection": connection,
+        **target.inventory_vars(),
+        "ansible_connection": connection,
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={empty} -o GlobalKnownHostsFile={empty} "
         "-o IdentitiesOnly=yes",
-    }  # fmt: skip
+    }
     inv = lab_inventory(ssh_lab, tmp_path / "unknown", extra_hosts={"proxmox_hosts": {"node1": unknown}})
     home_known_hosts = Path.home() / ".ssh" / "known_hosts"
     before = home_known_hosts.read_bytes() if home_known_hosts.exists() else None
@@ -411,8 +452,11 @@ def _vault_encrypt(value: str, name: str, password_file: Path) -> str:
     vault = Path(sys.executable).parent / "ansible-vault"
     out = subprocess.run(
         [str(vault), "encrypt_string", "--vault-password-file", str(password_file), "--stdin-name", name],
-        input=value, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        input=value,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out
 
 
@@ -453,9 +497,18 @@ def test_apply_and_verify_log_in_with_a_vaulted_ansible_password(ssh_lab, passwo
     seen, stop, watcher = _argv_watch(SSH_PASSWORD)
     try:
         proc = run_provision(
-            "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs),
-            "--vault-password-file", str(vault_pass),
-        )  # fmt: skip
+            "apply",
+            "--inventory",
+            str(inv),
+            "--yes",
+            "--json",
+            "--tags",
+            "verify",
+            "--runs-dir",
+            str(runs),
+            "--vault-password-file",
+            str(vault_pass),
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert _summary(proc.stdout)["hosts"]["pw1"]["ok"] > 0
         report = verify_mod.verify(str(inv), select=CHECKS, runs_dir=runs, vault=VaultOptions((vault_pass,)))
@@ -493,11 +546,19 @@ def _leak_inventory(ssh_lab, root: Path, vault_pass: Path) -> Path:
     each host base64-encoded inside the probe request on argv, and back in the job events."""
     forms = "{{ k }} {{ k | b64encode }} {{ k | urlencode }} {{ k | quote }} {{ k | to_json }}"
     question = " ".join(forms.replace("k", name) for name in ("sglang_api_key", "proxmox_api_password"))
-    inv = lab_inventory(ssh_lab, root, group_vars={"all": {
-        "proxmox_api_host": "127.0.0.1", "proxmox_api_user": "root@pam", "proxmox_api_validate_certs": False,
-        "proxmox_api_password": f"{{{{ lookup('ansible.builtin.env', '{ODD_ENV}') }}}}",
-        "verify_smoke_question": question,
-    }})  # fmt: skip
+    inv = lab_inventory(
+        ssh_lab,
+        root,
+        group_vars={
+            "all": {
+                "proxmox_api_host": "127.0.0.1",
+                "proxmox_api_user": "root@pam",
+                "proxmox_api_validate_certs": False,
+                "proxmox_api_password": f"{{{{ lookup('ansible.builtin.env', '{ODD_ENV}') }}}}",
+                "verify_smoke_question": question,
+            }
+        },
+    )
     with (inv / "group_vars" / "all.yml").open("a") as group_vars:
         group_vars.write(_vault_encrypt(VAULT_KEY, "sglang_api_key", vault_pass))
     return inv
@@ -506,8 +567,15 @@ def _leak_inventory(ssh_lab, root: Path, vault_pass: Path) -> Path:
 def _plant_lock(target, controller: str) -> None:
     """A host lock of another run whose controller field holds the keys: apply fails that host with a message
     built from a file on the host."""
-    other = {"run_id": "20250101T000000-apply", "controller": controller, "pid": 4242, "since": "2025-01-01T00:00:00",
-             "pid_ns": "elsewhere", "taken_at": time.time(), "lease_s": 3600}  # fmt: skip
+    other = {
+        "run_id": "20250101T000000-apply",
+        "controller": controller,
+        "pid": 4242,
+        "since": "2025-01-01T00:00:00",
+        "pid_ns": "elsewhere",
+        "taken_at": time.time(),
+        "lease_s": 3600,
+    }
     target.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
 
 
@@ -542,26 +610,39 @@ def test_no_key_in_any_record_console_or_json_whatever_its_spelling(ssh_lab, tmp
         run("failing apply", "apply", "--yes", "--tags", "verify")
     finally:
         ct.ssh("rm -f /var/lib/provision/lock.json")
-    assert codes == {"apply": 0, "plan": 0, "verify --json": 1, "verify": 1, "failing apply --json": 1,
-                     "failing apply": 1}, outputs  # fmt: skip
+    assert codes == {
+        "apply": 0,
+        "plan": 0,
+        "verify --json": 1,
+        "verify": 1,
+        "failing apply --json": 1,
+        "failing apply": 1,
+    }, outputs
     # the flows the keys took, so that this test cannot pass for want of a leak to stop
     held = json.loads(failed.stdout)["errors"]
-    assert held == ["ct1: host lock held by run 20250101T000000-apply (pid 4242 on ******** ******** ******** "
-                    "********, since 2025-01-01T00:00:00): wait for that run to end, or pass --break-lock if it "
-                    "is gone"], held  # fmt: skip
+    assert held == [
+        "ct1: host lock held by run 20250101T000000-apply (pid 4242 on ******** ******** ******** "
+        "********, since 2025-01-01T00:00:00): wait for that run to end, or pass --break-lock if it "
+        "is gone"
+    ], held
     verify_record = next(p for p in runs.iterdir() if p.name.endswith("-verify"))
     events = "".join(p.read_text() for p in (verify_record / "artifacts" / "run" / "job_events").glob("*.json"))
     assert events.count("********") >= 10, "the keys never reached the probe: this test proves nothing"
     # TLS unverified: said on the console before anything ran, and in the summary
     warning = "proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified"
     assert warning in apply.stderr
-    assert any(warning in w for w in json.loads((Path(_summary(apply.stdout)["record_dir"]) / "summary.json")
-                                                .read_text())["warnings"])  # fmt: skip
+    assert any(
+        warning in w
+        for w in json.loads((Path(_summary(apply.stdout)["record_dir"]) / "summary.json").read_text())["warnings"]
+    )
     texts = [(str(path), path.read_text(errors="replace")) for path in runs.rglob("*") if path.is_file()]
     assert len(texts) > 50, "the records are not where this test looks"
-    found = [(where, key[:5], spellings)
-             for where, text in texts + outputs for key in (VAULT_KEY, ENV_KEY)
-             if (spellings := leaks(text, key))]  # fmt: skip
+    found = [
+        (where, key[:5], spellings)
+        for where, text in texts + outputs
+        for key in (VAULT_KEY, ENV_KEY)
+        if (spellings := leaks(text, key))
+    ]
     assert found == [], found[:5]
 
 
@@ -612,13 +693,15 @@ def test_ini_inventory_with_host_ranges_and_a_vaulted_group_vars_file(ssh_lab, t
     assert check.returncode == 0 and "ok (1 proxmox_hosts, 1 gpu_containers)" in check.stdout, check.stderr
     no_vault = run_provision("inventory", "check", "--inventory", str(root))
     assert no_vault.returncode == 2 and "vault.yml: cannot decrypt" in no_vault.stderr
-    proc = run_provision("apply", "--inventory", str(root), "--yes", "--json", "--tags", "verify", "--runs-dir",
-                         str(runs), *vault_args)  # fmt: skip
+    proc = run_provision(
+        "apply", "--inventory", str(root), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs), *vault_args
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     states = json.loads(proc.stdout)["hosts"]
     assert states.keys() == {"node1", "ct1"} and set(states.values()) <= {"changed", "ok"}, states
-    vproc = run_provision("verify", "--inventory", str(root), "--json", "--checks", CHECKS, "--runs-dir", str(runs),
-                          *vault_args)  # fmt: skip
+    vproc = run_provision(
+        "verify", "--inventory", str(root), "--json", "--checks", CHECKS, "--runs-dir", str(runs), *vault_args
+    )
     assert vproc.returncode == 0, vproc.stdout[-2000:]
 
 
@@ -641,10 +724,17 @@ def _slow_inventory(ssh_lab, root: Path, group_vars: dict | None = None) -> tupl
     python.chmod(0o755)
     t = ssh_lab["targets"]
     slow = {"ansible_python_interpreter": str(python)}
-    inv = lab_inventory(ssh_lab, root / "inv", extra_hosts={
-        "proxmox_hosts": {"node1": {**t["node1"].inventory_vars(), **slow}},
-        "gpu_containers": {"ct1": {**t["ct1"].inventory_vars(), **slow, "proxmox_host": "node1", "proxmox_vmid": 100}},
-    }, group_vars=group_vars)  # fmt: skip
+    inv = lab_inventory(
+        ssh_lab,
+        root / "inv",
+        extra_hosts={
+            "proxmox_hosts": {"node1": {**t["node1"].inventory_vars(), **slow}},
+            "gpu_containers": {
+                "ct1": {**t["ct1"].inventory_vars(), **slow, "proxmox_host": "node1", "proxmox_vmid": 100}
+            },
+        },
+        group_vars=group_vars,
+    )
     return inv, gate
 
 
@@ -669,13 +759,17 @@ def test_a_second_apply_is_refused_while_the_first_holds_the_inventory_and_sigte
     first = _start_apply(inv, runs, gate, tmp_path / "first.json")
     try:
         run_id = next(runs.iterdir()).name
-        second = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir",
-                               str(runs))  # fmt: skip
+        second = run_provision(
+            "apply", "--inventory", str(inv), "--yes", "--json", "--tags", "verify", "--runs-dir", str(runs)
+        )
         assert second.returncode == 1, second.stderr
         errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1, second.stderr
-        for part in (f"inventory {inv} is locked by run {run_id}", f"pid {first.pid} on {socket.gethostname()}",
-                     "since 20"):  # fmt: skip
+        for part in (
+            f"inventory {inv} is locked by run {run_id}",
+            f"pid {first.pid} on {socket.gethostname()}",
+            "since 20",
+        ):
             assert part in errors[0]
         assert json.loads(second.stdout)["errors"] == [errors[0][len("error: ") :]]
         assert [p.name for p in runs.iterdir()] == [run_id], "the refused run left a record"
@@ -709,8 +803,9 @@ def test_sigint_stops_every_process_records_where_each_host_stopped_and_a_rerun_
         assert stopped["leaves"] == "phase done, its record being written: the next run does the phase again"
     for target in ssh_lab["targets"].values():
         assert _lock_on(target) == "", f"the interrupted run left its host lock on {target.name}"
-    rerun = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify",
-                          "--runs-dir", str(runs))  # fmt: skip
+    rerun = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify", "--runs-dir", str(runs)
+    )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     states = json.loads(rerun.stdout)["hosts"]
     assert states.keys() == {"node1", "ct1"} and set(states.values()) <= {"ok", "changed"}, states
@@ -726,8 +821,9 @@ def test_kill_9_of_apply_stops_its_run_within_seconds_leaves_no_secret_and_a_rer
     api = {"all": {"proxmox_api_password": "{{ lookup('ansible.builtin.env', 'PROXMOX_PASSWORD') }}"}}
     inv, gate = _slow_inventory(ssh_lab, tmp_path / "slow", group_vars=api)
     runs = tmp_path / "runs"
-    proc = start_apply(inv, runs, tmp_path / "apply.json", "--full", "--tags", "verify",
-                       env={"PROXMOX_PASSWORD": SECRET})  # fmt: skip
+    proc = start_apply(
+        inv, runs, tmp_path / "apply.json", "--full", "--tags", "verify", env={"PROXMOX_PASSWORD": SECRET}
+    )
     try:
         deadline = time.monotonic() + 180
         while not Path(f"{gate}.started").exists():
@@ -753,8 +849,19 @@ def test_kill_9_of_apply_stops_its_run_within_seconds_leaves_no_secret_and_a_rer
     finally:
         gate.unlink(missing_ok=True)
         proc.kill()
-    rerun = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify",
-                          "--runs-dir", str(runs), env={"PROXMOX_PASSWORD": SECRET})  # fmt: skip
+    rerun = run_provision(
+        "apply",
+        "--inventory",
+        str(inv),
+        "--yes",
+        "--json",
+        "--full",
+        "--tags",
+        "verify",
+        "--runs-dir",
+        str(runs),
+        env={"PROXMOX_PASSWORD": SECRET},
+    )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     for target in ssh_lab["targets"].values():
         assert "verify.json" in _state(target) and _lock_on(target) == ""
@@ -787,17 +894,24 @@ def test_an_ssh_connection_dropped_mid_task_fails_its_host_only_and_a_rerun_conv
     assert any("closed by remote host" in m for m in messages), messages
     assert json.loads(next(runs.iterdir()).joinpath("summary.json").read_text())["host_locks_left"] == []
     assert _lock_on(node1) == "", "the dropped host's lock was not given back"
-    rerun = run_provision("apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify",
-                          "--runs-dir", str(runs))  # fmt: skip
+    rerun = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--json", "--full", "--tags", "verify", "--runs-dir", str(runs)
+    )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert set(json.loads(rerun.stdout)["hosts"].values()) <= {"ok", "changed"}
 
 
 def test_a_host_lock_held_by_another_controller_stops_its_host_until_break_lock(ssh_lab, inv, tmp_path):
     node = ssh_lab["targets"]["node1"]
-    other = {"run_id": "20250101T000000-apply", "controller": "other-controller", "pid": 4242,
-             "since": "2025-01-01T00:00:00+00:00", "pid_ns": "elsewhere", "taken_at": time.time(),
-             "lease_s": 3600}  # fmt: skip
+    other = {
+        "run_id": "20250101T000000-apply",
+        "controller": "other-controller",
+        "pid": 4242,
+        "since": "2025-01-01T00:00:00+00:00",
+        "pid_ns": "elsewhere",
+        "taken_at": time.time(),
+        "lease_s": 3600,
+    }
     node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
     runs = tmp_path / "runs"
     proc = run_provision(
@@ -806,16 +920,18 @@ def test_a_host_lock_held_by_another_controller_stops_its_host_until_break_lock(
     assert proc.returncode == 1, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     holder = "run 20250101T000000-apply (pid 4242 on other-controller, since 2025-01-01T00:00:00+00:00)"
-    assert errors == [f"error: node1: host lock held by {holder}: wait for that run to end, or pass --break-lock "
-                      "if it is gone"], proc.stderr[-2000:]  # fmt: skip
+    assert errors == [
+        f"error: node1: host lock held by {holder}: wait for that run to end, or pass --break-lock if it is gone"
+    ], proc.stderr[-2000:]
     envelope = json.loads(proc.stdout)
     assert envelope["errors"] == [errors[0][len("error: ") :]]
     assert envelope["hosts"]["node1"] == "failed"
     assert json.loads(_lock_on(node))["controller"] == "other-controller", "the other run's lock was touched"
     assert _lock_on(ssh_lab["targets"]["ct1"]) == "", "ct1's lock was not given back"
 
-    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs),
-                         "--break-lock")  # fmt: skip
+    proc = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs), "--break-lock"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"node1: --break-lock: broke the host lock held by {holder}" in proc.stdout
     assert _lock_on(node) == "", "the run that broke the lock did not give it back"
@@ -827,15 +943,24 @@ def test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expi
     node, runs = ssh_lab["targets"]["node1"], tmp_path / "runs"
     gone = subprocess.Popen(["true"])
     gone.wait()
-    mine = {"run_id": "20250101T000000-apply", "controller": socket.gethostname(), "pid": os.getpid(),
-            "since": "2025-01-01T00:00:00+00:00", "pid_ns": pid_namespace(), "taken_at": time.time(),
-            "lease_s": 3600}  # fmt: skip
+    mine = {
+        "run_id": "20250101T000000-apply",
+        "controller": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": "2025-01-01T00:00:00+00:00",
+        "pid_ns": pid_namespace(),
+        "taken_at": time.time(),
+        "lease_s": 3600,
+    }
     cases = [
         (mine, 1, "host lock held by run 20250101T000000-apply"),  # its process is alive: not taken
         ({**mine, "pid": gone.pid}, 0, "took over the host lock of a run of this controller that is gone: run"),
-        ({**mine, "controller": "elsewhere", "pid_ns": "x", "taken_at": time.time() - 3601}, 0,
-         "took the host lock whose lease had run out, held by run 20250101T000000-apply"),
-    ]  # fmt: skip
+        (
+            {**mine, "controller": "elsewhere", "pid_ns": "x", "taken_at": time.time() - 3601},
+            0,
+            "took the host lock whose lease had run out, held by run 20250101T000000-apply",
+        ),
+    ]
     for planted, code, said in cases:
         node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(planted))} > /var/lib/provision/lock.json")
         proc = run_provision("apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs))
@@ -844,12 +969,15 @@ def test_a_host_lock_is_taken_over_from_a_gone_run_of_this_controller_or_an_expi
         assert json.loads(_lock_on(node) or "{}").get("pid") == (os.getpid() if code else None)
     # --break-lock does not break a live run of this controller: it would converge beside it, neither told
     node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(mine))} > /var/lib/provision/lock.json")
-    proc = run_provision("apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs),
-                         "--break-lock")  # fmt: skip
+    proc = run_provision(
+        "apply", "--inventory", str(inv), "--yes", "--tags", "verify", "--runs-dir", str(runs), "--break-lock"
+    )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert (f"host lock held by run 20250101T000000-apply (pid {os.getpid()} on {socket.gethostname()}, since "
-            "2025-01-01T00:00:00+00:00): it is a run of this controller, still alive: --break-lock takes the lock of "
-            "no live run; stop that run first") in proc.stderr, proc.stderr[-2000:]  # fmt: skip
+    assert (
+        f"host lock held by run 20250101T000000-apply (pid {os.getpid()} on {socket.gethostname()}, since "
+        "2025-01-01T00:00:00+00:00): it is a run of this controller, still alive: --break-lock takes the lock of "
+        "no live run; stop that run first"
+    ) in proc.stderr, proc.stderr[-2000:]
     assert json.loads(_lock_on(node))["pid"] == os.getpid(), "the live run's lock was broken"
     node.ssh("rm -f /var/lib/provision/lock.json")
 
@@ -879,8 +1007,9 @@ def test_a_run_longer_than_its_lease_keeps_its_host_locks(ssh_lab, tmp_path):
         while time.time() < max(taken.values()) + LEASE_S + 5:  # past the lease the locks were taken with
             assert first.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
             time.sleep(1)
-        second = run_provision("apply", "--inventory", str(other), "--yes", "--tags", "verify", "--runs-dir",
-                               str(tmp_path / "runs2"))  # fmt: skip
+        second = run_provision(
+            "apply", "--inventory", str(other), "--yes", "--tags", "verify", "--runs-dir", str(tmp_path / "runs2")
+        )
         assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
         holder = f"run {run_id} (pid {first.pid} on {socket.gethostname()}, since {locks['node1']['since']})"
         errors = sorted(line for line in second.stderr.splitlines() if line.startswith("error: "))
@@ -911,9 +1040,15 @@ def test_apply_limited_to_a_container_stops_on_its_nodes_host_lock_until_break_l
     """`--limit ct1` takes the host lock of ct1's node too (its gpu phase changes the node): held by another run, it
     stops ct1 naming the holder; --check takes no lock; --break-lock takes it, and node1 is not otherwise touched."""
     node, ct = ssh_lab["targets"]["node1"], ssh_lab["targets"]["ct1"]
-    other = {"run_id": "20250101T000000-apply", "controller": "other-controller", "pid": 4242,
-             "since": "2025-01-01T00:00:00+00:00", "pid_ns": "elsewhere", "taken_at": time.time(),
-             "lease_s": 3600}  # fmt: skip
+    other = {
+        "run_id": "20250101T000000-apply",
+        "controller": "other-controller",
+        "pid": 4242,
+        "since": "2025-01-01T00:00:00+00:00",
+        "pid_ns": "elsewhere",
+        "taken_at": time.time(),
+        "lease_s": 3600,
+    }
     node.ssh(f"umask 077 && echo {shlex.quote(json.dumps(other))} > /var/lib/provision/lock.json")
     holder = "run 20250101T000000-apply (pid 4242 on other-controller, since 2025-01-01T00:00:00+00:00)"
     runs, files = tmp_path / "runs", _node_files(node)
@@ -1015,8 +1150,18 @@ def test_apply_limited_to_a_container_holds_its_nodes_host_lock_and_an_interrupt
         lock = json.loads(_lock_on(node) or "{}")
         assert (lock.get("run_id"), lock.get("pid")) == (record.name, proc.pid), f"node1's lock: {lock}"
         other = lab_inventory(ssh_lab, tmp_path / "other" / "inv")
-        second = run_provision("apply", "--inventory", str(other), "--yes", "--limit", "node1", "--tags", "verify",
-                               "--runs-dir", str(tmp_path / "runs2"))  # fmt: skip
+        second = run_provision(
+            "apply",
+            "--inventory",
+            str(other),
+            "--yes",
+            "--limit",
+            "node1",
+            "--tags",
+            "verify",
+            "--runs-dir",
+            str(tmp_path / "runs2"),
+        )
         assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
         holder = f"run {record.name} (pid {proc.pid} on {socket.gethostname()}, since "
         assert f"error: node1: host lock held by {holder}" in second.stderr, second.stderr[-2000:]
@@ -1041,8 +1186,19 @@ def test_apply_limited_to_a_container_whose_node_is_unreachable_says_why_in_the_
     node = {**ssh_lab["targets"]["node1"].inventory_vars(), "ansible_port": closed.getsockname()[1]}
     inv = lab_inventory(ssh_lab, tmp_path / "inv" / "down", extra_hosts={"proxmox_hosts": {"node1": node}})
     try:
-        proc = run_provision("apply", "--inventory", str(inv), "--limit", "ct1", "--tags", "verify", "--yes",
-                             "--json", "--runs-dir", str(tmp_path / "runs"))  # fmt: skip
+        proc = run_provision(
+            "apply",
+            "--inventory",
+            str(inv),
+            "--limit",
+            "ct1",
+            "--tags",
+            "verify",
+            "--yes",
+            "--json",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        )
     finally:
         closed.close()
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -100,13 +100,26 @@ def test_ansible_test_sanity_passes_on_the_built_collection(tmp_path):
         (cache / f"get_pip_{version}.py").write_text(GET_PIP)
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
     run = {"capture_output": True, "text": True, "env": env, "stdin": subprocess.DEVNULL}
-    built = subprocess.run([_tool("ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(REPO)],
-                           **run)  # fmt: skip
+    built = subprocess.run(
+        [_tool("ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(REPO)], **run
+    )
     assert built.returncode == 0, built.stdout + built.stderr
-    installed = subprocess.run([_tool("ansible-galaxy"), "collection", "install", "-p", str(tmp_path / "c"),
-                                *map(str, tmp_path.glob("*.tar.gz"))], **run)  # fmt: skip
+    installed = subprocess.run(
+        [
+            _tool("ansible-galaxy"),
+            "collection",
+            "install",
+            "-p",
+            str(tmp_path / "c"),
+            *map(str, tmp_path.glob("*.tar.gz")),
+        ],
+        **run,
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    proc = subprocess.run([_tool("ansible-test"), "sanity", "--python", python, "--local", "--color", "no"],
-                          cwd=tmp_path / "c" / "ansible_collections" / "provision" / "pve_sglang", **run)  # fmt: skip
+    proc = subprocess.run(
+        [_tool("ansible-test"), "sanity", "--python", python, "--local", "--color", "no"],
+        cwd=tmp_path / "c" / "ansible_collections" / "provision" / "pve_sglang",
+        **run,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]

@@ -15,8 +15,9 @@ def test_wheel_install_finds_packaged_playbooks_and_roles(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)], check=True)
     target = tmp_path / "site"
     wheel = next(wheels.glob("provision_pve_sglang-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target)}
@@ -35,13 +36,24 @@ def test_wheel_install_finds_packaged_playbooks_and_roles(tmp_path):
     assert (Path(plugins) / "modules" / "kernel_cmdline.py").is_file()
     assert (Path(plugins) / "module_utils" / "sglang_flags.py").is_file()
     assert (Path(roles) / "gpu_diag" / "files" / "gpu_p2p_diag.py").is_file()
-    helped = subprocess.run([sys.executable, "-m", "provision", "--help"], cwd=elsewhere, env=env,
-                            capture_output=True, text=True)  # fmt: skip
+    helped = subprocess.run(
+        [sys.executable, "-m", "provision", "--help"], cwd=elsewhere, env=env, capture_output=True, text=True
+    )
     assert helped.returncode == 0 and "apply" in helped.stdout and "verify" in helped.stdout
-    check = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "--inventory", "example"],
-                           cwd=elsewhere, env=env, capture_output=True, text=True)  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "--inventory", "example"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr
     # no silent fallback: `prod` is ./inventory/prod or an error, never the packaged example
-    missing = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "--inventory", "prod"],
-                             cwd=elsewhere, env=env, capture_output=True, text=True)  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "--inventory", "prod"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 2 and "--inventory example" in missing.stderr, missing.stderr

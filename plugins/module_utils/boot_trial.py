@@ -79,8 +79,10 @@ def oneshot_lost(rc: int, said: str, read_back: str | None) -> str | None:
         said = said.strip()[-200:]
         return f"the firmware refused systemd-boot's one-shot (bootctl set-oneshot {SDBOOT_ENTRY}: {said})"
     if (read_back or "").lower() != SDBOOT_ENTRY:
-        return (f"the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot {SDBOOT_ENTRY}, "
-                f"LoaderEntryOneShot reads {read_back or 'nothing'})")  # fmt: skip
+        return (
+            f"the firmware did not keep systemd-boot's one-shot (after bootctl set-oneshot {SDBOOT_ENTRY}, "
+            f"LoaderEntryOneShot reads {read_back or 'nothing'})"
+        )
     return None
 
 
@@ -98,9 +100,11 @@ def sdboot_trial_booted(names: list[str]) -> bool | None:
 
 def oneshot_lost_after_boot(selected: str | None) -> str:
     """Why the trial never ran, where the loader did not boot the trial entry although it was armed and read back."""
-    return (f"the firmware did not keep systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back "
-            f"{SDBOOT_ENTRY} after bootctl set-oneshot, yet the loader booted {selected or 'another entry'} and never "
-            f"{SDBOOT_ENTRY} (its boot counter is untouched)")  # fmt: skip
+    return (
+        f"the firmware did not keep systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back "
+        f"{SDBOOT_ENTRY} after bootctl set-oneshot, yet the loader booted {selected or 'another entry'} and never "
+        f"{SDBOOT_ENTRY} (its boot counter is untouched)"
+    )
 
 
 # ------------------------------------------------------------------ the decision
@@ -138,8 +142,10 @@ def grub_env_problem(abstraction: str, fs: str) -> str | None:
     """Why GRUB could not clear next_entry in /boot/grub/grubenv, from grub-probe's answers, or None."""
     layers = abstraction.split()
     if layers:
-        return (f"/boot/grub is on {' '.join(layers)} (grub-probe --target=abstraction), where GRUB cannot write "
-                "grubenv to clear a one-shot entry")  # fmt: skip
+        return (
+            f"/boot/grub is on {' '.join(layers)} (grub-probe --target=abstraction), where GRUB cannot write "
+            "grubenv to clear a one-shot entry"
+        )
     if fs.strip() in GRUB_READONLY_FS:
         return f"/boot/grub is on {fs.strip()}, where GRUB cannot write grubenv to clear a one-shot entry"
     return None
@@ -230,8 +236,9 @@ def sdboot_default_entry(names: list[str], default_glob: str | None) -> str | No
     """The entry file systemd-boot boots without a one-shot: of proxmox-boot-tool's entries (proxmox-*.conf), the
     newest by version that matches loader.conf's `default` glob (all of them when it has none); compared in lower
     case, as systemd-boot does."""
-    ours = sorted((n for n in names if fnmatch.fnmatchcase(n.lower(), "proxmox-*.conf")), key=_version_key,
-                  reverse=True)  # fmt: skip
+    ours = sorted(
+        (n for n in names if fnmatch.fnmatchcase(n.lower(), "proxmox-*.conf")), key=_version_key, reverse=True
+    )
     pattern = (default_glob or "proxmox-*").lower()
     for name in ours:
         stem = name.lower()

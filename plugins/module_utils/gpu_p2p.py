@@ -150,8 +150,10 @@ def decide(
         return {"policy": "on", "reason": why}
     nxt = strictest(iommu, list(next_boots))
     if nxt is not None:
-        iommu = {"translates": nxt["iommu"]["translates"],
-                 "source": f"at the next boot: {nxt['source']} has {nxt['iommu']['source']}"}  # fmt: skip
+        iommu = {
+            "translates": nxt["iommu"]["translates"],
+            "source": f"at the next boot: {nxt['source']} has {nxt['iommu']['source']}",
+        }
         if counts:
             counts, why = False, f"{why}, but a verdict speaks only for the boot it was taken in, not the next"
     if iommu["translates"] is False:
@@ -169,8 +171,11 @@ def _guarded(guard: dict, line: str | None) -> dict | None:
     """What the unit's start guard does in a boot of `line`: P2P off where the boot is not the one decided in (a
     verdict's boot, or other IOMMU arguments), else None (P2P on, as decided)."""
     if guard.get("container_boot_id"):
-        return {"p2p": "off", "why": "the start guard: P2P on rests on a verdict of the running boot only",
-                "safe": True}  # fmt: skip
+        return {
+            "p2p": "off",
+            "why": "the start guard: P2P on rests on a verdict of the running boot only",
+            "safe": True,
+        }
     now = " ".join(iommu_args(line)) if line is not None else None
     if now == guard.get("iommu_args"):
         return None

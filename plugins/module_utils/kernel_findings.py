@@ -37,8 +37,13 @@ def findings(dmesg: str | None, snp: dict) -> dict:
     if dmesg is None:
         out = {"iommu_default_domain": "unknown (dmesg not readable)", "io_page_faults": None}
     else:
-        out = {"iommu_default_domain": default_domain(dmesg) or "not supported",
-               "io_page_faults": dmesg.count("IO_PAGE_FAULT")}  # fmt: skip
-    out.update(sev_snp="proven" if snp["proven"] else "not proven", sev_snp_missing=snp["missing"],
-               sev_snp_evidence=snp["evidence"])  # fmt: skip
+        out = {
+            "iommu_default_domain": default_domain(dmesg) or "not supported",
+            "io_page_faults": dmesg.count("IO_PAGE_FAULT"),
+        }
+    out.update(
+        sev_snp="proven" if snp["proven"] else "not proven",
+        sev_snp_missing=snp["missing"],
+        sev_snp_evidence=snp["evidence"],
+    )
     return out

@@ -216,8 +216,18 @@ def differences(spec: dict, config: dict) -> list[tuple[str, object, object]]:
     template is not compared: a created CT keeps no record of it."""
     s, actual = with_defaults(spec), actual_fields(config)
     found = []
-    for name in ("hostname", "storage", "rootfs_size", "cores", "memory", "swap", "unprivileged", "nesting",
-                 "onboot", "startup_order"):  # fmt: skip
+    for name in (
+        "hostname",
+        "storage",
+        "rootfs_size",
+        "cores",
+        "memory",
+        "swap",
+        "unprivileged",
+        "nesting",
+        "onboot",
+        "startup_order",
+    ):
         if name in s and s[name] != actual[name]:
             found.append((name, s[name], actual[name]))
     if "net0" in s:

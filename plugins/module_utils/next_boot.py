@@ -41,8 +41,10 @@ GRUB_CONFIGURED = (
 # the command-line parameters that choose the IOMMU's mode (Documentation/admin-guide/kernel-parameters.txt)
 IOMMU_KEYS = ("iommu", "iommu.passthrough", "amd_iommu", "intel_iommu")
 _OFF = {"iommu": ("off",), "amd_iommu": ("off",), "intel_iommu": ("off",)}
-_PASSTHROUGH = {"iommu": {"pt": False, "nopt": True}, "iommu.passthrough": {"1": False, "on": False, "y": False,
-                "0": True, "off": True, "n": True}}  # fmt: skip
+_PASSTHROUGH = {
+    "iommu": {"pt": False, "nopt": True},
+    "iommu.passthrough": {"1": False, "on": False, "y": False, "0": True, "off": True, "n": True},
+}
 _NEXT_ENTRY = re.compile(r"^next_entry=(.*)$", re.M)
 _MENUENTRY = re.compile(r"^\s*menuentry\s+(?:'([^']*)'|\"([^\"]*)\")([^{]*)\{", re.M)
 

@@ -218,10 +218,18 @@ def decide(wanted: str, report: dict) -> dict:
     build_next = following != kernel and not dkms_installed(report.get("dkms") or [], wanted, following)
     if build_next:
         reason += f"; the kernel the node boots next, {following}, has no module: build it with DKMS"
-    return {"managed": True, "install": install, "upgrade": upgrade, "load": load,
-            "unload": loaded is not None and not current, "may_reboot": loaded not in (None, wanted),
-            "reboot_for_nouveau": reboot_for_nouveau, "current": current, "build_next": build_next,
-            "reason": reason}  # fmt: skip
+    return {
+        "managed": True,
+        "install": install,
+        "upgrade": upgrade,
+        "load": load,
+        "unload": loaded is not None and not current,
+        "may_reboot": loaded not in (None, wanted),
+        "reboot_for_nouveau": reboot_for_nouveau,
+        "current": current,
+        "build_next": build_next,
+        "reason": reason,
+    }
 
 
 def _unmanaged(report: dict) -> dict:

@@ -102,16 +102,20 @@ def next_boot_lines(module, state_dir):
             oneshot = efi_string(f.read())
     except OSError:
         oneshot = None
-    reads = dict(grub_cfg=_read(next_boot.GRUB_CFG), grubenv=_read(next_boot.GRUBENV),
-                 grub_custom=_read(next_boot.GRUB_CUSTOM), kernel_cmdline=_read(next_boot.KERNEL_CMDLINE),
-                 grub_configured=dict(rc=rc, stdout=out), oneshot=oneshot,
-                 trial_line=next_boot.trial_line(_read(os.path.join(state_dir, next_boot.TRIAL_RECORD))))  # fmt: skip
+    reads = dict(
+        grub_cfg=_read(next_boot.GRUB_CFG),
+        grubenv=_read(next_boot.GRUBENV),
+        grub_custom=_read(next_boot.GRUB_CUSTOM),
+        kernel_cmdline=_read(next_boot.KERNEL_CMDLINE),
+        grub_configured=dict(rc=rc, stdout=out),
+        oneshot=oneshot,
+        trial_line=next_boot.trial_line(_read(os.path.join(state_dir, next_boot.TRIAL_RECORD))),
+    )
     return next_boot.lines(reads)
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(state_dir=dict(type="path", required=True)),
-                           supports_check_mode=True)  # fmt: skip
+    module = AnsibleModule(argument_spec=dict(state_dir=dict(type="path", required=True)), supports_check_mode=True)
     module.exit_json(
         changed=False,
         context=dict(

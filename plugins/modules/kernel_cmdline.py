@@ -375,8 +375,10 @@ class GrubTrial:
         if cfg is None:
             return f"{GRUB_CFG} does not exist"
         if os.path.exists(PBT_UUIDS):
-            return (f"GRUB boots from the ESPs proxmox-boot-tool manages ({PBT_UUIDS}), whose grub.cfg and grubenv "
-                    f"are not {GRUB_DIR}'s")  # fmt: skip
+            return (
+                f"GRUB boots from the ESPs proxmox-boot-tool manages ({PBT_UUIDS}), whose grub.cfg and grubenv "
+                f"are not {GRUB_DIR}'s"
+            )
         tools = ("grub-probe", "grub-reboot", "grub-editenv")
         missing_tool = next((t for t in tools if not self.module.get_bin_path(t)), None)
         if missing_tool:
@@ -398,8 +400,9 @@ class GrubTrial:
         entry, trial_line = boot_trial.grub_trial_entry(read_file(GRUB_CFG), add, remove)
         atomic_write(GRUB_CUSTOM, boot_trial.custom_cfg_with(read_if_exists(GRUB_CUSTOM), entry))
         self.run(["grub-reboot", boot_trial.TRIAL_ID])
-        return dict(entry=f"{GRUB_CUSTOM} (menuentry --id {boot_trial.TRIAL_ID}, once through grub-reboot)",
-                    line=trial_line)  # fmt: skip
+        return dict(
+            entry=f"{GRUB_CUSTOM} (menuentry --id {boot_trial.TRIAL_ID}, once through grub-reboot)", line=trial_line
+        )
 
     def remove(self, dry_run, recorded):
         """Take out our custom.cfg block and a next_entry still naming it; what was (or would be) removed. `booted`:
@@ -540,19 +543,24 @@ def remove_trial(module, bootloader, after_trial=False):
 def trial_never_ran(module, bootloader, trial):
     """Why the loader never booted the trial entry; on systemd-boot the firmware's loss is recorded for later runs."""
     if bootloader == "grub":
-        return (f"GRUB did not take the one-shot: {GRUBENV} still names next_entry={boot_trial.TRIAL_ID} after the "
-                "reboot")  # fmt: skip
+        return (
+            f"GRUB did not take the one-shot: {GRUBENV} still names next_entry={boot_trial.TRIAL_ID} after the reboot"
+        )
     selected = efi_variable("LoaderEntrySelected")
     if trial.oneshot_left:  # the firmware kept the variable; the loader did not read it
-        return (f"systemd-boot did not take the one-shot: LoaderEntryOneShot still named {boot_trial.SDBOOT_ENTRY} "
-                f"after the reboot, which booted {selected or 'without systemd-boot'}")  # fmt: skip
+        return (
+            f"systemd-boot did not take the one-shot: LoaderEntryOneShot still named {boot_trial.SDBOOT_ENTRY} "
+            f"after the reboot, which booted {selected or 'without systemd-boot'}"
+        )
     reason = boot_trial.oneshot_lost_after_boot(selected)
     path = os.path.join(module.params["backup_dir"], boot_trial.ONESHOT_LOST_RECORD)
     if not module.check_mode:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         atomic_write(path, json.dumps({"reason": reason, "at": stamp}) + "\n")
-    return (f"{reason}; recorded in {path}: until it is removed, runs boot no trial on this node (auto makes the line "
-            "the default and reboots, monitored; required refuses)")  # fmt: skip
+    return (
+        f"{reason}; recorded in {path}: until it is removed, runs boot no trial on this node (auto makes the line "
+        "the default and reboots, monitored; required refuses)"
+    )
 
 
 def plan_trial(module, bootloader, changes, running_check):

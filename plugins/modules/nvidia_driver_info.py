@@ -196,8 +196,12 @@ def secure_boot(module, args: list[str]) -> dict:
         _rc, out, err = module.run_command([tool, "--test-key", certificate])
         said = out + err
     problem = rules.secure_boot_problem(on, certificate, exists, said)
-    return {"on": on, "certificate": certificate, "problem": problem,
-            "remedy": rules.secure_boot_remedy(certificate, exists) if problem else None}  # fmt: skip
+    return {
+        "on": on,
+        "certificate": certificate,
+        "problem": problem,
+        "remedy": rules.secure_boot_remedy(certificate, exists) if problem else None,
+    }
 
 
 def input_problems(params: dict) -> list[str]:
@@ -250,8 +254,14 @@ def installer_failure(params: dict) -> str | None:
         return None
     log = rules.installer_log(params["installer_args"])
     host = params["host"] or os.uname().nodename
-    return rules.installer_failure(host, params["version"], params["installer_rc"], log, _log_since(log, params),
-                                   params.get("installer_output") or "")  # fmt: skip
+    return rules.installer_failure(
+        host,
+        params["version"],
+        params["installer_rc"],
+        log,
+        _log_since(log, params),
+        params.get("installer_output") or "",
+    )
 
 
 def _log_since(path: str, params: dict) -> str | None:

@@ -112,9 +112,10 @@ def template_missing(p, api):
     volid = p["spec"]["template"]
     storage = volid.split(":", 1)[0]
     listed = with_retries(
-        p, f"listing the templates on storage {storage}",
+        p,
+        f"listing the templates on storage {storage}",
         lambda: api.nodes(p["node"]).storage(storage).content.get(content="vztmpl"),
-    )  # fmt: skip
+    )
     return all(item.get("volid") != volid for item in listed)
 
 
@@ -127,9 +128,12 @@ def download_template(p, api):
     if spec.get("template_url"):
         call = functools.partial(
             api.nodes(node).storage(storage)("download-url").post,
-            content="vztmpl", filename=filename, url=spec["template_url"], checksum=spec["template_sha256"].lower(),
+            content="vztmpl",
+            filename=filename,
+            url=spec["template_url"],
+            checksum=spec["template_sha256"].lower(),
             **{"checksum-algorithm": "sha256"},
-        )  # fmt: skip
+        )
         what = f"downloading {filename} from template_url to storage {storage}"
     else:
         call = functools.partial(api.nodes(node).aplinfo.post, storage=storage, template=filename)

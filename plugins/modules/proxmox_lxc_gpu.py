@@ -105,9 +105,13 @@ LOCK_HELD = "another task holds CT {vmid}'s lock (a backup, snapshot or migratio
 def with_retries(p, what, call, explain=None):
     """pve_api.with_retries for this CT: a 403 names /vms/<vmid>, a lock still held at the end says who holds it."""
     return pve_api.with_retries(
-        p, what, call, explain, grant_on=f"/vms/{p['vmid']}",
+        p,
+        what,
+        call,
+        explain,
+        grant_on=f"/vms/{p['vmid']}",
         still_failing=lambda last: LOCK_HELD.format(vmid=p["vmid"]) if LOCKED.search(str(last)) else None,
-    )  # fmt: skip
+    )
 
 
 def wait_task(p, api, node, upid, what):
@@ -131,8 +135,12 @@ def diff_lines(entries):
 
 def write_config(p, ct, config, body):
     """PUT the change with the config's digest; PVE's refusals become one-line errors (`put_refused`)."""
-    with_retries(p, "writing the container config", lambda: ct.config.put(**dict(body, digest=config["digest"])),
-                 explain=lambda exc: put_refused(p, exc))  # fmt: skip
+    with_retries(
+        p,
+        "writing the container config",
+        lambda: ct.config.put(**dict(body, digest=config["digest"])),
+        explain=lambda exc: put_refused(p, exc),
+    )
 
 
 def put_refused(p, exc):
@@ -221,8 +229,12 @@ def plan_body(module, config, wanted, result, attempt):
         result["features"] = features
     if module._diff:
         header = f"CT {p['vmid']} devN ({p['node']})"
-        result["diff"] = dict(before=diff_lines(change["before"]), after=diff_lines(change["after"]),
-                              before_header=header, after_header=header)  # fmt: skip
+        result["diff"] = dict(
+            before=diff_lines(change["before"]),
+            after=diff_lines(change["after"]),
+            before_header=header,
+            after_header=header,
+        )
     if module.check_mode:
         return None
     body = dict(change["set"])

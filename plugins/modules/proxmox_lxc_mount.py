@@ -104,8 +104,9 @@ def write(module, ct, result):
         if module._diff:
             header = f"CT {p['vmid']} {plan['key']} ({p['node']})"
             before = f"{plan['key']}: {plan['replaces']}\n" if plan.get("replaces") else ""
-            result["diff"] = dict(before=before, after=f"{plan['key']}: {plan['value']}\n", before_header=header,
-                                  after_header=header)  # fmt: skip
+            result["diff"] = dict(
+                before=before, after=f"{plan['key']}: {plan['value']}\n", before_header=header, after_header=header
+            )
         if module.check_mode:
             return plan
         body = dict(plan["set"], digest=config["digest"])

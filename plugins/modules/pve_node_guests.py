@@ -118,9 +118,10 @@ def refusal(node, cluster, strangers, running_guests, own_ha=(), disarmed=None):
         )
     if strangers and running_guests == "refuse":
         reasons.append(
-            "guests running that the inventory does not own: " + ", ".join(label(g) for g in strangers)
+            "guests running that the inventory does not own: "
+            + ", ".join(label(g) for g in strangers)
             + "; stop or migrate them, or set kernel_cmdline_reboot_running_guests: allow"
-        )  # fmt: skip
+        )
     return f"{node}: not rebooting: " + "; ".join(reasons) if reasons else ""
 
 
@@ -177,8 +178,11 @@ def read_guests(p, api, cluster):
     for kind, _name, plural in KINDS:
         listing = getattr(node, kind)
         for item in with_retries(p, f"listing the node's {plural}", listing.get):
-            guests.append(dict(type=kind, vmid=int(item["vmid"]), name=item.get("name") or "",
-                               status=item.get("status", "unknown")))  # fmt: skip
+            guests.append(
+                dict(
+                    type=kind, vmid=int(item["vmid"]), name=item.get("name") or "", status=item.get("status", "unknown")
+                )
+            )
     ha = read_ha(p, api) if cluster else {}
     for guest in guests:
         guest["ha"] = ha.get(guest["vmid"])

@@ -115,8 +115,11 @@ def start_guard(decision, node):
     holds_while = decision.pop("holds_while", None)
     if holds_while is None:
         return None
-    return dict(iommu_args=" ".join(iommu_args(node.get("cmdline"))), iommu_keys=list(IOMMU_KEYS),
-                container_boot_id=container_boot_id() if holds_while == "boot" else None)  # fmt: skip
+    return dict(
+        iommu_args=" ".join(iommu_args(node.get("cmdline"))),
+        iommu_keys=list(IOMMU_KEYS),
+        container_boot_id=container_boot_id() if holds_while == "boot" else None,
+    )
 
 
 def main():
@@ -133,16 +136,28 @@ def main():
     topo, buses = container_gpus(module)
     groups = [t for bus, t in (node.get("gpu_groups") or {}).items() if bus in buses]
     iommu = iommu_mode(groups, node.get("default_domain"))
-    context = dict(boot_id=node.get("boot_id"), cmdline=node.get("cmdline"), iommu=iommu["source"],
-                   driver_version=node.get("driver_version"), gpus=buses)  # fmt: skip
+    context = dict(
+        boot_id=node.get("boot_id"),
+        cmdline=node.get("cmdline"),
+        iommu=iommu["source"],
+        driver_version=node.get("driver_version"),
+        gpus=buses,
+    )
     verdict = read_json(p["verdict_file"])
     boots = [
         dict(b, iommu=boot_iommu(node.get("cmdline"), iommu, b.get("cmdline"))) for b in node.get("next_boot") or []
     ]
     decision = decide(p["mode"], topo, iommu, verdict, context, node.get("cmdline_changed_at"), boots)
     guard = start_guard(decision, node)
-    module.exit_json(changed=False, topology=topo, context=context, recorded_at=node.get("now"), next_boot=boots,
-                     guard=guard, **decision)  # fmt: skip
+    module.exit_json(
+        changed=False,
+        topology=topo,
+        context=context,
+        recorded_at=node.get("now"),
+        next_boot=boots,
+        guard=guard,
+        **decision,
+    )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,9 @@ def main():
     )
     record = read_json(os.path.join(module.params["state_dir"], "sglang-service.json"))
     if not record or not record.get("ready_url"):
-        module.exit_json(changed=False, service=None, ready_url="", active=False, ready=False, serving=False,
-                         waited_s=0.0)  # fmt: skip
+        module.exit_json(
+            changed=False, service=None, ready_url="", active=False, ready=False, serving=False, waited_s=0.0
+        )
     service, url = record["service"], record["ready_url"]
     start = time.monotonic()
     ready = answers(url)
@@ -92,12 +93,22 @@ def main():
         ready = answers(url)
     waited = round(time.monotonic() - start, 1)
     active = module.run_command(["systemctl", "is-active", "--quiet", service])[0] == 0
-    result = dict(changed=False, service=service, ready_url=url, active=active, ready=ready, serving=active and ready,
-                  waited_s=waited)  # fmt: skip
+    result = dict(
+        changed=False,
+        service=service,
+        ready_url=url,
+        active=active,
+        ready=ready,
+        serving=active and ready,
+        waited_s=waited,
+    )
     if module.params["wait"] > 0 and not ready:
         who = f"{module.params['name']}: " if module.params["name"] else ""
-        module.fail_json(msg=f"{who}{service} did not serve again within {module.params['wait']}s ({url} does not "
-                         "answer 200); the rollout stops here, before the next node reboots", **result)  # fmt: skip
+        module.fail_json(
+            msg=f"{who}{service} did not serve again within {module.params['wait']}s ({url} does not "
+            "answer 200); the rollout stops here, before the next node reboots",
+            **result,
+        )
     module.exit_json(**result)
 
 

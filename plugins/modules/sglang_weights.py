@@ -159,8 +159,10 @@ def hub_files(hf, p) -> list[dict]:
     try:
         info = api.model_info(p["repo"], revision=p["revision"], files_metadata=True)
     except errors.GatedRepoError as exc:
-        raise WeightsError(f"{where}: the repo is gated and the hub refused the token ({status(exc)}): "
-                           "set sglang_hf_token to a token with access") from exc  # fmt: skip
+        raise WeightsError(
+            f"{where}: the repo is gated and the hub refused the token ({status(exc)}): "
+            "set sglang_hf_token to a token with access"
+        ) from exc
     except errors.RevisionNotFoundError as exc:
         raise WeightsError(f"{where}: the hub has no such revision ({status(exc)})") from exc
     except errors.RepositoryNotFoundError as exc:
@@ -230,11 +232,18 @@ def download(hf, p, staging: str, expected: dict) -> None:
     name = expected["name"]
     target = os.path.join(p["path"], name)
     try:
-        hf.hf_hub_download(p["repo"], name, revision=p["revision"], local_dir=staging, token=p["token"] or False,
-                           endpoint=p["endpoint"])  # fmt: skip
+        hf.hf_hub_download(
+            p["repo"],
+            name,
+            revision=p["revision"],
+            local_dir=staging,
+            token=p["token"] or False,
+            endpoint=p["endpoint"],
+        )
     except Exception as exc:
-        raise WeightsError(f"{target}: the download failed: {type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())[:300]}") from exc  # fmt: skip
+        raise WeightsError(
+            f"{target}: the download failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        ) from exc
     problem = ms.mismatch(expected, *ms.file_digests(os.path.join(staging, name)))
     if problem:
         remove_download(staging, name)
@@ -356,8 +365,11 @@ def run(module) -> dict:
         result["files"] = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
         return result
     if hf is None:  # check mode before the role has installed the client: the download is pending
-        result.update(changed=True, msg=f"the download of {p['repo']} at {p['revision']} into {root} is pending: "
-                                        f"huggingface_hub is not installed for {sys.executable} yet")  # fmt: skip
+        result.update(
+            changed=True,
+            msg=f"the download of {p['repo']} at {p['revision']} into {root} is pending: "
+            f"huggingface_hub is not installed for {sys.executable} yet",
+        )
         return result
     files = hub_files(hf, p)
     record, missing = sort_present(files, root, manifest)
@@ -394,8 +406,12 @@ def stage_some(hf, p, files: list[dict], missing: list[dict], check_mode: bool) 
     action = "would_stage" if check_mode else "staged"
     lines = [file_line(f, action if f in todo else "present") for f in files if f["name"] in p["files"]]
     pending = [f for f in todo if not recorded_staged(p, f)]
-    return dict(changed=bool(fetched) or (check_mode and bool(pending)), files=lines, downloaded_bytes=fetched,
-                progress=progress(p, missing, fetched, time.monotonic() - started))  # fmt: skip
+    return dict(
+        changed=bool(fetched) or (check_mode and bool(pending)),
+        files=lines,
+        downloaded_bytes=fetched,
+        progress=progress(p, missing, fetched, time.monotonic() - started),
+    )
 
 
 def progress(p, missing: list[dict], fetched: int, seconds: float) -> dict:
@@ -447,8 +463,10 @@ def warn_unlisted(module, root: str, files: list[dict], manifest) -> None:
     listed = {f["name"] for f in files} | set(ms.recorded_files(manifest))
     for name in ms.files_under(root):
         if name not in listed:
-            module.warn(f"{os.path.join(root, name)} is not a file of {module.params['repo']} at "
-                        f"{module.params['revision']} and no download put it there: left as it is")  # fmt: skip
+            module.warn(
+                f"{os.path.join(root, name)} is not a file of {module.params['repo']} at "
+                f"{module.params['revision']} and no download put it there: left as it is"
+            )
 
 
 def sort_present(files: list[dict], root: str, manifest) -> tuple[dict, list[dict]]:

@@ -172,8 +172,10 @@ def _set_become(connection: Any, context: Any, variables: dict, templar: Any) ->
     if plugin is None:
         raise Unreachable(f"no become plugin named {method!r}")
     if getattr(plugin, "require_tty", False) and not getattr(connection, "has_tty", False):
-        raise AnsibleError(f"The '{connection._load_name}' connection does not provide a TTY which is required for "
-                           f"the selected become plugin: {plugin.name}.")  # fmt: skip
+        raise AnsibleError(
+            f"The '{connection._load_name}' connection does not provide a TTY which is required for "
+            f"the selected become plugin: {plugin.name}."
+        )
     connection.set_become_plugin(plugin)
     context.set_become_plugin(plugin.name)
 

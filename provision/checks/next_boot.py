@@ -45,8 +45,9 @@ def kernel(probe: dict) -> str:
     vmlinuz = [name[len("vmlinuz-") :] for name in listing if name.startswith("vmlinuz-")]
     running = probe["commands"][" ".join(RUNNING_KERNEL)]["stdout"].strip()
     bootloader = _json(probe, WANTED).get("bootloader")
-    return boot_kernel.next_kernel(bootloader, probe["files"].get(GRUB_CFG), probe["files"].get(BOOT_PIN), vmlinuz,
-                                   running)  # fmt: skip
+    return boot_kernel.next_kernel(
+        bootloader, probe["files"].get(GRUB_CFG), probe["files"].get(BOOT_PIN), vmlinuz, running
+    )
 
 
 def nvidia_module(probe: dict, release: str) -> tuple[bool, str]:
@@ -66,10 +67,15 @@ def lines(probe: dict) -> list[dict]:
     (`iommu`, against this boot's measured mode), whether that differs from this boot's (`pending`) and, for a line of
     the bootloader the kernel phase configures, what it lacks of the phase's arguments (`lacks`)."""
     files = probe["files"]
-    reads = dict(grub_cfg=files.get(GRUB_CFG), grubenv=files.get(next_boot.GRUBENV),
-                 grub_custom=files.get(next_boot.GRUB_CUSTOM), kernel_cmdline=files.get(next_boot.KERNEL_CMDLINE),
-                 grub_configured=probe["commands"].get(" ".join(GRUB_CONFIGURED)), oneshot=_oneshot(probe),
-                 trial_line=next_boot.trial_line(files.get(next_boot.TRIAL_RECORD)))  # fmt: skip
+    reads = dict(
+        grub_cfg=files.get(GRUB_CFG),
+        grubenv=files.get(next_boot.GRUBENV),
+        grub_custom=files.get(next_boot.GRUB_CUSTOM),
+        kernel_cmdline=files.get(next_boot.KERNEL_CMDLINE),
+        grub_configured=probe["commands"].get(" ".join(GRUB_CONFIGURED)),
+        oneshot=_oneshot(probe),
+        trial_line=next_boot.trial_line(files.get(next_boot.TRIAL_RECORD)),
+    )
     running_line = probe.get("proc_cmdline") or ""
     # this boot's mode as the P2P decision reads it: the GPUs' IOMMU groups, else the recorded log line
     groups = list((probe.get("gpu_groups") or {}).values())

@@ -106,8 +106,14 @@ def scrub(text, secret, placeholder="<redacted>"):
     if not secret:
         return text
     encoded = base64.b64encode(secret.encode()).decode()
-    forms = {secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], urllib.parse.quote(secret, safe=""), encoded,
-             encoded.rstrip("=")}  # fmt: skip
+    forms = {
+        secret,
+        json.dumps(secret)[1:-1],
+        repr(secret)[1:-1],
+        urllib.parse.quote(secret, safe=""),
+        encoded,
+        encoded.rstrip("="),
+    }
     for form in sorted((f for f in forms if f), key=len, reverse=True):
         text = text.replace(form, placeholder)
     return text
@@ -221,8 +227,9 @@ def main(request):
     }
     state_text = out["files"].get(request.get("sglang_state", ""))
     if state_text:
-        out["sglang"] = sglang(json.loads(state_text), request["question"], request.get("env_values", []),
-                               request.get("max_tokens", 256))  # fmt: skip
+        out["sglang"] = sglang(
+            json.loads(state_text), request["question"], request.get("env_values", []), request.get("max_tokens", 256)
+        )
     return out
 
 

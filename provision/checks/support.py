@@ -66,12 +66,26 @@ def probe_request(suites: list[str]) -> dict:
     read for the container's checks). The playbook replaces a container's question with the host's
     verify_smoke_question where it has one."""
     if "test_container.py" in suites:
-        return {"files": CONTAINER_FILES, "commands": [USERSPACE_QUERY], "sglang_state": SERVICE_STATE,
-                "question": SMOKE_QUESTION, "max_tokens": SMOKE_MAX_TOKENS,
-                "env_values": sorted(gpu_p2p.P2P_OFF_ENV)}  # fmt: skip
-    return {"files": NODE_FILES, "binary_files": NODE_BINARY_FILES,
-            "commands": [DRIVER_QUERY, kernel_faults.journal_argv(), BOOT_KERNELS, RUNNING_KERNEL, DKMS_STATUS,
-                         GRUB_CONFIGURED]}  # fmt: skip
+        return {
+            "files": CONTAINER_FILES,
+            "commands": [USERSPACE_QUERY],
+            "sglang_state": SERVICE_STATE,
+            "question": SMOKE_QUESTION,
+            "max_tokens": SMOKE_MAX_TOKENS,
+            "env_values": sorted(gpu_p2p.P2P_OFF_ENV),
+        }
+    return {
+        "files": NODE_FILES,
+        "binary_files": NODE_BINARY_FILES,
+        "commands": [
+            DRIVER_QUERY,
+            kernel_faults.journal_argv(),
+            BOOT_KERNELS,
+            RUNNING_KERNEL,
+            DKMS_STATUS,
+            GRUB_CONFIGURED,
+        ],
+    }
 
 
 def smoke_failure(status: int, body: str, question: str, expect: str) -> str | None:

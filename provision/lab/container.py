@@ -163,15 +163,25 @@ class LabContainer(LabMachine):
 
     def record(self) -> dict:
         """What another process needs to drive this body (`from_record`): the lab's seed and the API's list."""
-        return {"spec": vars(self.spec), "workdir": str(self.dir), "rootfs": str(self.rootfs),
-                "client_key": str(self.client_key), "known_hosts": str(self.known_hosts),
-                "binds": {k: str(v) for k, v in self.read_only_binds.items()}}  # fmt: skip
+        return {
+            "spec": vars(self.spec),
+            "workdir": str(self.dir),
+            "rootfs": str(self.rootfs),
+            "client_key": str(self.client_key),
+            "known_hosts": str(self.known_hosts),
+            "binds": {k: str(v) for k, v in self.read_only_binds.items()},
+        }
 
     @classmethod
     def from_record(cls, record: dict) -> LabContainer:
-        return cls(ContainerSpec(**record["spec"]), Path(record["workdir"]), Path(record["rootfs"]),
-                   Path(record["client_key"]), Path(record["known_hosts"]),
-                   read_only_binds={k: Path(v) for k, v in record["binds"].items()})  # fmt: skip
+        return cls(
+            ContainerSpec(**record["spec"]),
+            Path(record["workdir"]),
+            Path(record["rootfs"]),
+            Path(record["client_key"]),
+            Path(record["known_hosts"]),
+            read_only_binds={k: Path(v) for k, v in record["binds"].items()},
+        )
 
     @property
     def devices_file(self) -> Path:
@@ -204,8 +214,15 @@ class LabContainer(LabMachine):
         for dev in self.devices():
             make_node(self.dir / "dev" / dev["name"], dev)
         if not _mounted(self.root):
-            _sh("mount", "-t", "overlay", "overlay", "-o",
-                f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root))  # fmt: skip
+            _sh(
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={self.rootfs},upperdir={upper},workdir={work}",
+                str(self.root),
+            )
         self._network_up()
 
     def _lab_identity(self, upper: Path) -> None:
@@ -281,10 +298,16 @@ class LabContainer(LabMachine):
     # ---------------------------------------------------------------- lifecycle
     def nspawn_command(self) -> list[str]:
         cmd = [
-            "systemd-nspawn", "--quiet", "--boot", f"--directory={self.root}", f"--machine={self.spec.name}",
-            "--register=no", "--keep-unit", "--console=passive",
+            "systemd-nspawn",
+            "--quiet",
+            "--boot",
+            f"--directory={self.root}",
+            f"--machine={self.spec.name}",
+            "--register=no",
+            "--keep-unit",
+            "--console=passive",
             f"--network-namespace-path=/run/netns/{self.spec.netns}",
-        ]  # fmt: skip
+        ]
         for dev in self.devices():
             cmd.append(f"--bind={self.dir / 'dev' / dev['name']}:/dev/{dev['name']}")
         if (self.dir / "proc-driver").is_dir():  # mounted onto /proc/driver once the container runs
@@ -343,8 +366,10 @@ class LabContainer(LabMachine):
             raise ProvisionError(f"lab: container {self.spec.name} is not running")
         path = f"/dev/{dev['name']}"
         # chmod after mknod: mknod -m fails from outside the container's PID namespace (glibc's lchmod needs /proc/self)
-        script = (f"mkdir -p $(dirname {path}) && rm -f {path} && mknod {path} c {dev['major']} {dev['minor']} && "
-                  f"chmod {dev['mode']:o} {path} && chown {dev['uid']}:{dev['gid']} {path}")  # fmt: skip
+        script = (
+            f"mkdir -p $(dirname {path}) && rm -f {path} && mknod {path} c {dev['major']} {dev['minor']} && "
+            f"chmod {dev['mode']:o} {path} && chown {dev['uid']}:{dev['gid']} {path}"
+        )
         _sh("nsenter", "-t", str(leader), "-m", "sh", "-c", script)
         self.devices_file.write_text(json.dumps([*(d for d in self.devices() if d["name"] != dev["name"]), dev]))
         # the entry is in the config now: a reboot from inside (LXC runs the hooks again) brings the node back
@@ -373,9 +398,12 @@ class LabContainer(LabMachine):
         with self.log.open("a") as log:
             proc = subprocess.Popen(
                 ["bash", "-c", loop, "supervisor", str(self.command_file), *map(str, self.make_cgroups())],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 env={**os.environ, "SYSTEMD_NSPAWN_LOCK": "0"},
-            )  # fmt: skip
+            )
         self.pidfile.write_text(str(proc.pid))
 
     def stop(self, timeout: float = 30) -> None:

@@ -113,8 +113,14 @@ def parse_node_read(text: str) -> tuple[dict[str, tuple[int, int] | None], str |
 
 def device(entry: dict, rdev: tuple[int, int]) -> dict:
     """The node to make inside the CT: the node's major and minor, the entry's mode, uid and gid."""
-    return dict(name=entry["path"].removeprefix("/dev/"), major=rdev[0], minor=rdev[1], mode=entry["mode"],
-                uid=entry["uid"], gid=entry["gid"])  # fmt: skip
+    return dict(
+        name=entry["path"].removeprefix("/dev/"),
+        major=rdev[0],
+        minor=rdev[1],
+        mode=entry["mode"],
+        uid=entry["uid"],
+        gid=entry["gid"],
+    )
 
 
 def generation(ct) -> tuple:
@@ -239,9 +245,12 @@ class Bodies:
         known_hosts = workdir / "known_hosts"
         return LabContainer(
             ContainerSpec(name=ct.config.get("hostname") or f"CT{ct.vmid}", index=index, created=True),
-            workdir, Path(self.template["rootfs"]), Path(self.template["client_key"]), known_hosts,
+            workdir,
+            Path(self.template["rootfs"]),
+            Path(self.template["client_key"]),
+            known_hosts,
             read_only_binds={k: Path(v) for k, v in self.template.get("binds", {}).items()},
-        )  # fmt: skip
+        )
 
     async def create(self, ct, ssh_public_keys: str | None) -> LabContainer:
         """The body of a CT the API just created (stopped): its rootfs with what the create writes inside, and a

@@ -123,9 +123,17 @@ def safetensors_blob(n_floats: int) -> bytes:
 
 def tiny_repo(repo_id: str = REPO_ID, gated: bool = True) -> HubRepo:
     """config.json and tokenizer.json (plain git files) and model.safetensors (LFS, ~300 KB)."""
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 512,
-              "torch_dtype": "float32", "model_type": "llama"}  # fmt: skip
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "torch_dtype": "float32",
+        "model_type": "llama",
+    }
     tokenizer = {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"<unk>": 0}, "unk_token": "<unk>"}}
     return HubRepo(
         repo_id,
@@ -250,9 +258,11 @@ class HubHandler(BaseHTTPRequestHandler):
             raise Refusal(401, None, "Invalid credentials in Authorization header")
         if repo.gated and token is None:
             raise Refusal(
-                401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it and be "
-                "authenticated to access it. Please log in."
-            )  # fmt: skip
+                401,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted. You must have access to it and be "
+                "authenticated to access it. Please log in.",
+            )
         commit = repo.resolve(revision or "main")
         if commit is None:
             raise Refusal(404, "RevisionNotFound", f"Invalid rev id: {revision}")
@@ -266,10 +276,16 @@ class HubHandler(BaseHTTPRequestHandler):
             body = [self.tree_entry(f) for f in repo.files if not prefix or f.path.startswith(prefix + "/")]
         else:
             body = {
-                "_id": repo.repo_id, "id": repo.repo_id, "modelId": repo.repo_id, "sha": commit, "private": False,
-                "gated": "manual" if repo.gated else False, "disabled": False, "tags": [],
+                "_id": repo.repo_id,
+                "id": repo.repo_id,
+                "modelId": repo.repo_id,
+                "sha": commit,
+                "private": False,
+                "gated": "manual" if repo.gated else False,
+                "disabled": False,
+                "tags": [],
                 "siblings": [self.sibling(f, blobs) for f in repo.files],
-            }  # fmt: skip
+            }
         data = json.dumps(body).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json; charset=utf-8")

@@ -46,9 +46,15 @@ DRIVER_VERSION = "580.95.05"
 PVE_VERSIONS = {8: "8.4.1", 9: "9.0.11"}
 # the CT as a site makes it in PVE's GUI: unprivileged, nesting on (the wizard's default), started with its node
 CONTAINER_CONFIG = {
-    "cores": 8, "memory": 65536, "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth", "unprivileged": 1,
-    "features": "nesting=1", "onboot": 1, "ostype": "debian", "hostname": "",
-}  # fmt: skip
+    "cores": 8,
+    "memory": 65536,
+    "net0": "name=eth0,bridge=vmbr0,ip=dhcp,type=veth",
+    "unprivileged": 1,
+    "features": "nesting=1",
+    "onboot": 1,
+    "ostype": "debian",
+    "hostname": "",
+}
 # the nodes' copy of the stand-in NVIDIA installer, where an offline site's mirror holds NVIDIA's
 NODE_DRIVER_MIRROR = "/srv/provision-mirror/nvidia"
 # `provision lab up --gpu-link`: what the lab's nvidia-smi reports between GPUs (overlay/.../nvidia-smi)
@@ -125,8 +131,12 @@ class Lab:
         image = state.get("image", {})
         if state.get("nodes") == "nspawn":
             rootfs = Path(image.get("rootfs", ""))
-            return [LabNspawnNode(VmSpec(**spec), self.dir / "vms" / spec["name"], rootfs, self.client_key,
-                                  self.known_hosts) for spec in state.get("vms", [])]  # fmt: skip
+            return [
+                LabNspawnNode(
+                    VmSpec(**spec), self.dir / "vms" / spec["name"], rootfs, self.client_key, self.known_hosts
+                )
+                for spec in state.get("vms", [])
+            ]
         disks = {"grub": Path(image.get("grub_disk", "")), "sdboot": Path(image.get("sdboot_disk", ""))}
         return [
             LabVm(
@@ -213,10 +223,12 @@ class Lab:
                 accel = choose_accel() if nodes == "vm" else "nspawn"
                 state["accel"] = accel
                 progress(
-                    f"lab: starting {len(vms)} nspawn node(s)" if nodes == "nspawn" else
-                    f"lab: starting {len(vms)} VM(s) under {accel.upper()} (a first boot takes about {70 * len(vms)} s "
-                    "on 2 cores, then each resumes from its booted snapshot in seconds)"
-                )  # fmt: skip
+                    f"lab: starting {len(vms)} nspawn node(s)"
+                    if nodes == "nspawn"
+                    else f"lab: starting {len(vms)} VM(s) under {accel.upper()} "
+                    f"(a first boot takes about {70 * len(vms)} s on 2 cores, then each resumes from its booted "
+                    "snapshot in seconds)"
+                )
                 start = time.monotonic()
                 with ThreadPoolExecutor(max_workers=len(vms) or 1) as pool:
                     resumed = list(pool.map(lambda v: self._start_vm(v, accel, cold_boot, progress), vms))
@@ -258,9 +270,14 @@ class Lab:
         hosts, containers = len(state.get("vms", [])) or 2, len(state.get("containers", [])) or 1
         self.down(progress=progress)
         return self.up(
-            hosts=hosts, containers=containers, pve_version=version, gpu_link=link, progress=progress,
-            bare=bool(state.get("bare")), nodes=nodes or state.get("nodes", "vm"),
-        )  # fmt: skip
+            hosts=hosts,
+            containers=containers,
+            pve_version=version,
+            gpu_link=link,
+            progress=progress,
+            bare=bool(state.get("bare")),
+            nodes=nodes or state.get("nodes", "vm"),
+        )
 
     @staticmethod
     def _start_vm(vm: LabVm | LabNspawnNode, accel: str, cold_boot: bool, progress) -> bool:
@@ -328,12 +345,15 @@ class Lab:
         refresh = " && proxmox-boot-tool refresh" if node.spec.bootloader == "sdboot" else ""
         command = (
             "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-            + " ".join(packages) + refresh
-        )  # fmt: skip
+            + " ".join(packages)
+            + refresh
+        )
         done = node.ssh(command, timeout=900)
         if done.returncode != 0:
-            raise ProvisionError(f"lab kernel: installing {' '.join(packages)} on {vm_name} failed: "
-                                 f"{(done.stderr or done.stdout).strip()[-800:]}")  # fmt: skip
+            raise ProvisionError(
+                f"lab kernel: installing {' '.join(packages)} on {vm_name} failed: "
+                f"{(done.stderr or done.stdout).strip()[-800:]}"
+            )
         return release
 
     def _client_key(self) -> None:
@@ -447,8 +467,11 @@ class Lab:
         with (self.dir / "pve.log").open("a") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "provision.lab.pve", str(self.dir)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         (self.dir / "pve.pid").write_text(str(proc.pid))
         deadline = time.monotonic() + 60 + 10 * len(state["containers"])  # it starts every CT first
         while not (self.dir / "pve-ready").exists():
@@ -476,12 +499,23 @@ class Lab:
         ready = self.dir / "hfhub.json"
         ready.unlink(missing_ok=True)
         host = ContainerSpec(name="", index=self.net_index if index is None else index).host_addr
-        argv = [sys.executable, "-m", "provision.lab.hfhub", "--host", host, "--freebind", "--token-file",
-                str(token_file), "--ready-file", str(ready),
-                *[arg for path in corrupt for arg in ("--corrupt", path)]]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "provision.lab.hfhub",
+            "--host",
+            host,
+            "--freebind",
+            "--token-file",
+            str(token_file),
+            "--ready-file",
+            str(ready),
+            *[arg for path in corrupt for arg in ("--corrupt", path)],
+        ]
         with (self.dir / "hfhub.log").open("a") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         (self.dir / "hfhub.pid").write_text(str(proc.pid))
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -582,13 +616,18 @@ class Lab:
         the controller as the PVE password is."""
         link = ContainerSpec(name=CONTAINER_NAME, index=self.net_index)
         public_key = Path(f"{self.client_key}.pub").read_text().strip()
-        spec = ct_spec(public_key, link.index, CONTAINER_NAME, cores=CONTAINER_CONFIG["cores"],
-                       memory=CONTAINER_CONFIG["memory"])  # fmt: skip
+        spec = ct_spec(
+            public_key, link.index, CONTAINER_NAME, cores=CONTAINER_CONFIG["cores"], memory=CONTAINER_CONFIG["memory"]
+        )
         token = f"{{{{ lookup('ansible.builtin.file', '{self.hf_token_file}') }}}}"
         return {
-            "ansible_host": link.address, "ansible_user": "root", "proxmox_host": state["vms"][0]["name"],
-            "proxmox_vmid": CONTAINER_VMID, "proxmox_ct_spec": spec, **hub_model_vars(state["hub"], token),
-        }  # fmt: skip
+            "ansible_host": link.address,
+            "ansible_user": "root",
+            "proxmox_host": state["vms"][0]["name"],
+            "proxmox_vmid": CONTAINER_VMID,
+            "proxmox_ct_spec": spec,
+            **hub_model_vars(state["hub"], token),
+        }
 
     # ---------------------------------------------------------------- the node's NVIDIA driver
     def _standin_installer(self) -> Path:

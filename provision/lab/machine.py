@@ -81,10 +81,19 @@ class LabMachine:
     def ssh_argv(self) -> list[str]:
         """ssh to this machine as root, with host key checking on, up to the remote command."""
         return [
-            "ssh", "-i", str(self.client_key), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            *SSH_OPTS, *self._multiplex_options(), *self.ssh_destination(),
-        ]  # fmt: skip
+            "ssh",
+            "-i",
+            str(self.client_key),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            *SSH_OPTS,
+            *self._multiplex_options(),
+            *self.ssh_destination(),
+        ]
 
     def _control_path(self) -> Path | None:
         path = self.dir / "ssh-mux"
@@ -102,8 +111,9 @@ class LabMachine:
         path = self._control_path()
         if path and path.exists():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run([*self.ssh_argv(), "-O", "exit"], stdin=subprocess.DEVNULL, capture_output=True,
-                               timeout=10)  # fmt: skip
+                subprocess.run(
+                    [*self.ssh_argv(), "-O", "exit"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10
+                )
 
     def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run a command over ssh with host key checking on; never hangs past `timeout` (ssh to a

@@ -33,11 +33,17 @@ HERE = Path(__file__).resolve().parent
 # the node's own ring buffer, which its `dmesg` prints (nspawn-node/usr/local/bin/dmesg)
 NSPAWN_KMSG = "/run/lab/kmsg"
 # units the node must not run in this machine's network namespace, or that only a VM needs
-MASKED = ("systemd-networkd.service", "systemd-networkd.socket", "systemd-networkd-wait-online.service",
-          "lab-identity.service")  # fmt: skip
+MASKED = (
+    "systemd-networkd.service",
+    "systemd-networkd.socket",
+    "systemd-networkd-wait-online.service",
+    "lab-identity.service",
+)
 # what build-disks.sh enables on the VMs' disks, less lab-identity (written here instead), and the node's kernel
-ENABLED = {"multi-user.target.wants": ("lab-ops-user.service", "lab-fake-nvidia.service", "pve-guests.service"),
-           "sysinit.target.wants": ("lab-node-kernel.service",)}  # fmt: skip
+ENABLED = {
+    "multi-user.target.wants": ("lab-ops-user.service", "lab-fake-nvidia.service", "pve-guests.service"),
+    "sysinit.target.wants": ("lab-node-kernel.service",),
+}
 
 
 class LabNspawnNode(LabContainer):
@@ -46,8 +52,9 @@ class LabNspawnNode(LabContainer):
     api_address = "127.0.0.1"  # it shares this machine's network namespace
 
     def __init__(self, spec: VmSpec, workdir: Path, rootfs: Path, client_key: Path, known_hosts: Path):
-        super().__init__(ContainerSpec(name=spec.name, index=0, gpus=spec.gpus), workdir, rootfs, client_key,
-                         known_hosts)  # fmt: skip
+        super().__init__(
+            ContainerSpec(name=spec.name, index=0, gpus=spec.gpus), workdir, rootfs, client_key, known_hosts
+        )
         self.node = spec
         self.host_key = workdir / "ssh_host_ed25519_key"
 
@@ -60,8 +67,15 @@ class LabNspawnNode(LabContainer):
         self._boot_config(upper)
         self._units(upper)
         if not _mounted(self.root):
-            _sh("mount", "-t", "overlay", "overlay", "-o",
-                f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root))  # fmt: skip
+            _sh(
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={self.rootfs},upperdir={upper},workdir={work}",
+                str(self.root),
+            )
 
     def _identity(self, upper: Path) -> None:
         """What lab-identity.service takes from qemu's fw_cfg on a VM: host key, root's key, hostname, GPUs, driver."""
@@ -138,9 +152,15 @@ class LabNspawnNode(LabContainer):
     # ---------------------------------------------------------------- lifecycle
     def nspawn_command(self) -> list[str]:
         return [
-            "systemd-nspawn", "--quiet", "--boot", f"--directory={self.root}", f"--machine={self.node.name}",
-            "--register=no", "--keep-unit", "--console=passive",
-        ]  # fmt: skip
+            "systemd-nspawn",
+            "--quiet",
+            "--boot",
+            f"--directory={self.root}",
+            f"--machine={self.node.name}",
+            "--register=no",
+            "--keep-unit",
+            "--console=passive",
+        ]
 
     def stop(self, timeout: float = 2) -> None:
         """Stop the node and unmount its root (a node has no link or namespace of its own to remove)."""

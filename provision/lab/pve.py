@@ -164,8 +164,14 @@ async def serve(state_dir: Path) -> None:
 
     async def fail(request):
         body = await request.json()
-        pve.fail(body["method"], body["suffix"], status=body.get("status"), message=body.get("message"),
-                 error=body.get("error"), times=body.get("times"))  # fmt: skip
+        pve.fail(
+            body["method"],
+            body["suffix"],
+            status=body.get("status"),
+            message=body.get("message"),
+            error=body.get("error"),
+            times=body.get("times"),
+        )
         return web.json_response({"ok": True})
 
     async def reset(request):
@@ -205,10 +211,16 @@ async def serve(state_dir: Path) -> None:
 
     mirror = asyncio.create_task(configs.poll())
     app = web.Application()
-    app.add_routes([
-        web.post("/fail", fail), web.post("/reset", reset), web.post("/ct-config", ct_config),
-        web.get("/ct/{vmid}", ct_show), web.get("/requests", requests_seen), web.post("/settings", settings),
-    ])  # fmt: skip
+    app.add_routes(
+        [
+            web.post("/fail", fail),
+            web.post("/reset", reset),
+            web.post("/ct-config", ct_config),
+            web.get("/ct/{vmid}", ct_show),
+            web.get("/requests", requests_seen),
+            web.post("/settings", settings),
+        ]
+    )
     runner = web.AppRunner(app)
     await runner.setup()
     sock = state_dir / CONTROL_SOCKET
@@ -341,9 +353,12 @@ async def _remove_on_node(argv: list[str], vmid: int) -> bool:
 
 async def _on_node(argv: list[str], script: str, text: str) -> bool:
     proc = await asyncio.create_subprocess_exec(
-        *argv, script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+        *argv,
+        script,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         await asyncio.wait_for(proc.communicate(text.encode()), timeout=20)
     except TimeoutError:
@@ -374,8 +389,9 @@ def control(state_dir: Path, method: str, path: str, body: dict | None = None) -
             self.sock.connect(str(state_dir / CONTROL_SOCKET))
 
     conn = _Conn("localhost")
-    conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                 headers={"Content-Type": "application/json"})  # fmt: skip
+    conn.request(
+        method, path, body=json.dumps(body) if body is not None else None, headers={"Content-Type": "application/json"}
+    )
     response = conn.getresponse()
     return json.loads(response.read() or b"null")
 

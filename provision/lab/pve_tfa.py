@@ -62,8 +62,9 @@ def totp_pve(base):
                     raise PveError(401, "authentication failure")
                 challenge = f"PVE:!tfa!{secrets.token_hex(16)}"
                 self._challenges[challenge] = (user, time.monotonic() + CHALLENGE_S)
-                return ok({"ticket": challenge, "username": user, "NeedTFA": 1,
-                           "CSRFPreventionToken": secrets.token_hex(8)})  # fmt: skip
+                return ok(
+                    {"ticket": challenge, "username": user, "NeedTFA": 1, "CSRFPreventionToken": secrets.token_hex(8)}
+                )
             pending = self._challenges.get(str(p["tfa-challenge"]))
             kind, _, code = str(p.get("password", "")).partition(":")
             if not pending or pending[0] != user or pending[1] < time.monotonic():

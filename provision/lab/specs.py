@@ -29,10 +29,18 @@ def ct_spec(public_key: str, index: int, hostname: str, **fields: Any) -> dict[s
     ssh key `public_key` (the lab's client key, so the controller reaches the new CT as root). `fields` replace
     any of the defaults (memory, cores, ...)."""
     return {
-        "template": TEMPLATE_VOLID, "storage": "local-lvm", "rootfs_size": 8, "cores": 2, "memory": 3072,
-        "swap": 512, "hostname": hostname, "net0": static_net0(index), "ssh_public_keys": [public_key],
-        "startup_order": 2, **fields,
-    }  # fmt: skip
+        "template": TEMPLATE_VOLID,
+        "storage": "local-lvm",
+        "rootfs_size": 8,
+        "cores": 2,
+        "memory": 3072,
+        "swap": 512,
+        "hostname": hostname,
+        "net0": static_net0(index),
+        "ssh_public_keys": [public_key],
+        "startup_order": 2,
+        **fields,
+    }
 
 
 def hub_model_vars(hub: dict[str, str], token: str, model_path: str = HUB_MODEL_PATH) -> dict[str, Any]:

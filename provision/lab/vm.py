@@ -139,15 +139,23 @@ class LabVm(LabMachine):
         for name, source in fw.items():
             cmd += ["-fw_cfg", f"name=opt/lab/{name},{source}"]
         cmd += [
-            "-drive", f"file={self.dir / 'disk.qcow2'},if=virtio,cache=unsafe",
-            "-nic", f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{s.port}-:22",
-            "-display", "none", "-serial", f"file:{self.serial}",
-            "-monitor", f"unix:{self.monitor},server,nowait",
-            "-pidfile", str(self.pidfile), "-daemonize",
+            "-drive",
+            f"file={self.dir / 'disk.qcow2'},if=virtio,cache=unsafe",
+            "-nic",
+            f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{s.port}-:22",
+            "-display",
+            "none",
+            "-serial",
+            f"file:{self.serial}",
+            "-monitor",
+            f"unix:{self.monitor},server,nowait",
+            "-pidfile",
+            str(self.pidfile),
+            "-daemonize",
             # a reset (the guest's reboot, or the monitor's system_reset) ends this qemu and the watcher starts a new
             # one: under TCG a reset qemu took 12-21 s longer to the guest's kernel than a new one (docs/lab.md)
             "-no-reboot",
-        ]  # fmt: skip
+        ]
         return cmd
 
     def start(self, accel: str, resume: bool = False) -> bool:
@@ -172,10 +180,21 @@ class LabVm(LabMachine):
         until `stop`: with -no-reboot, a reset ends qemu, and the node must come back as a rebooted host does."""
         with open(self.dir / "watcher.log", "ab") as log:
             watcher = subprocess.Popen(
-                ["bash", "-c", _WATCHER, "lab-vm-watcher", str(self.pidfile), str(self.stopped), str(self.dir),
-                 *self.command(accel)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            )  # fmt: skip
+                [
+                    "bash",
+                    "-c",
+                    _WATCHER,
+                    "lab-vm-watcher",
+                    str(self.pidfile),
+                    str(self.stopped),
+                    str(self.dir),
+                    *self.command(accel),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         self.watcher_pidfile.write_text(f"{watcher.pid}\n")
 
     def _watcher_alive(self) -> bool:

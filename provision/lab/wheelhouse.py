@@ -28,10 +28,28 @@ STANDIN_NAME = "sglang_labserver"
 # until it ran): through sglang/__init__ and sglang.srt it needs torch, torchvision and triton too.
 # Versions come from the sglang wheel's own pins where it has them.
 BENCH_CLIENT_IMPORTS = (
-    "aiohttp", "apache-tvm-ffi", "compressed-tensors", "datasets", "gguf", "IPython", "msgspec", "numpy",
-    "orjson", "pillow", "psutil", "pybase64", "pyzmq", "requests", "sentencepiece", "starlette", "tokenizers",
-    "torch", "torchvision", "tqdm", "transformers",
-)  # fmt: skip
+    "aiohttp",
+    "apache-tvm-ffi",
+    "compressed-tensors",
+    "datasets",
+    "gguf",
+    "IPython",
+    "msgspec",
+    "numpy",
+    "orjson",
+    "pillow",
+    "psutil",
+    "pybase64",
+    "pyzmq",
+    "requests",
+    "sentencepiece",
+    "starlette",
+    "tokenizers",
+    "torch",
+    "torchvision",
+    "tqdm",
+    "transformers",
+)
 
 
 def fetch_sglang_wheel(cache: Path, version: str = SGLANG_VERSION) -> Path:
@@ -41,10 +59,25 @@ def fetch_sglang_wheel(cache: Path, version: str = SGLANG_VERSION) -> Path:
     if found:
         return found[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-         "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", str(cache), f"sglang=={version}"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "-d",
+            str(cache),
+            f"sglang=={version}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     found = sorted(cache.glob(f"sglang-{version}-*.whl"))
     if proc.returncode != 0 or not found:
         raise ProvisionError(f"lab: cannot download sglang=={version}: {proc.stderr.strip()[-300:]}")
@@ -80,8 +113,10 @@ def fetch_bench_client_wheels(sglang_wheel: Path, cache: Path) -> list[Path]:
     if not (stamp.exists() and stamp.read_text() == wanted):
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(cache), *requirements],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise ProvisionError(f"lab: cannot download the benchmark client's packages: {proc.stderr.strip()[-400:]}")
         stamp.write_text(wanted)

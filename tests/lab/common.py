@@ -28,8 +28,18 @@ def set_host_vars(inventory: Path, host: str, values: dict | None) -> None:
 
 
 def apply(inventory: Path, runs: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
-    proc = run_provision("apply", "--inventory", str(inventory), "--yes", "--json", "--runs-dir", str(runs), *extra,
-                         env=env, timeout=1800)  # fmt: skip
+    proc = run_provision(
+        "apply",
+        "--inventory",
+        str(inventory),
+        "--yes",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        *extra,
+        env=env,
+        timeout=1800,
+    )
     try:
         data = json.loads(proc.stdout)["result"]  # the command's payload, inside the envelope (docs/json.md)
     except (ValueError, KeyError):
@@ -90,8 +100,15 @@ def pve_api(lab):
     from proxmoxer import ProxmoxAPI
 
     password = lab.secrets()["pve_password"]
-    return ProxmoxAPI("127.0.0.1", port=lab.state()["pve_port"], user="root@pam", password=password,
-                      verify_ssl=str(lab.dir / "pve.crt"), service="PVE", timeout=120)  # fmt: skip
+    return ProxmoxAPI(
+        "127.0.0.1",
+        port=lab.state()["pve_port"],
+        user="root@pam",
+        password=password,
+        verify_ssl=str(lab.dir / "pve.crt"),
+        service="PVE",
+        timeout=120,
+    )
 
 
 def wait_task(api, node: str, upid: str, timeout: float = 180) -> dict:

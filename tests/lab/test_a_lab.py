@@ -163,17 +163,33 @@ def test_api_create_makes_a_container_and_delete_removes_it(lab, tmp_path):
     node = api.nodes("pve-grub")
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "apply", "-f", str(key)], check=True)
-    spec = {"vmid": 150, "ostemplate": TEMPLATE_VOLID, "hostname": "ct150", "rootfs": "local-lvm:8", "cores": 2,
-            "memory": 2048, "swap": 512, "unprivileged": 1, "features": "nesting=1", "onboot": 0,
-            "startup": "order=2", "net0": "name=eth0,bridge=vmbr0,ip=dhcp",
-            "ssh-public-keys": Path(f"{key}.pub").read_text()}  # fmt: skip
+    spec = {
+        "vmid": 150,
+        "ostemplate": TEMPLATE_VOLID,
+        "hostname": "ct150",
+        "rootfs": "local-lvm:8",
+        "cores": 2,
+        "memory": 2048,
+        "swap": 512,
+        "unprivileged": 1,
+        "features": "nesting=1",
+        "onboot": 0,
+        "startup": "order=2",
+        "net0": "name=eth0,bridge=vmbr0,ip=dhcp",
+        "ssh-public-keys": Path(f"{key}.pub").read_text(),
+    }
     try:
         assert wait_task(api, "pve-grub", node.lxc.post(**spec))["exitstatus"] == "OK"
         assert node.lxc(150).status.current.get()["status"] == "stopped", "a create without start=1 leaves it stopped"
         body = lab.created_containers()[150]
         assert not body.is_running()
-        assert {"name": "ct150", "vmid": 150, "ssh": f"{body.spec.address}:22", "running": False,
-                "created_through_api": True} in lab.status()["containers"]  # fmt: skip
+        assert {
+            "name": "ct150",
+            "vmid": 150,
+            "ssh": f"{body.spec.address}:22",
+            "running": False,
+            "created_through_api": True,
+        } in lab.status()["containers"]
         # the host key made at create, read from the body's rootfs on this side: the only one ssh will accept
         host_key = (body.dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
         (tmp_path / "known_hosts").write_text(f"{body.spec.address} {host_key[0]} {host_key[1]}\n")
@@ -250,8 +266,17 @@ def test_fakepve_faults_can_be_injected(lab):
     from proxmoxer.core import ResourceException
 
     api = _proxmox(lab, user="root@pam", password=lab.secrets()["pve_password"])
-    lab.pve_control("POST", "/fail", {"method": "GET", "suffix": "/nodes/pve-grub/lxc/101/config", "status": 596,
-                                      "message": "Broken pipe", "times": 1})  # fmt: skip
+    lab.pve_control(
+        "POST",
+        "/fail",
+        {
+            "method": "GET",
+            "suffix": "/nodes/pve-grub/lxc/101/config",
+            "status": 596,
+            "message": "Broken pipe",
+            "times": 1,
+        },
+    )
     with pytest.raises(ResourceException) as exc:
         api.nodes("pve-grub").lxc(101).config.get()
     assert exc.value.status_code == 596
@@ -293,20 +318,42 @@ def test_standin_refuses_unknown_flags_and_serves_the_api(lab, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run(
-        [str(venv / "bin/pip"), "install", "-q", "--no-index", "--find-links", str(lab.dir / "wheelhouse"),
-         "sglang_labserver"], check=True,
-    )  # fmt: skip
+        [
+            str(venv / "bin/pip"),
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(lab.dir / "wheelhouse"),
+            "sglang_labserver",
+        ],
+        check=True,
+    )
     py = str(venv / "bin/python")
-    bad = subprocess.run([py, "-m", "sglang_labserver.launch_server", "--model-path", "m", "--no-such-flag"],
-                         capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [py, "-m", "sglang_labserver.launch_server", "--model-path", "m", "--no-such-flag"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad.stderr
     port = 32000 + os.getpid() % 1000
     proc = subprocess.Popen(
-        [py, "-m", "sglang_labserver.launch_server", "--model-path", "/m", "--port", str(port), "--tp", "2",
-         "--disable-custom-all-reduce"],
+        [
+            py,
+            "-m",
+            "sglang_labserver.launch_server",
+            "--model-path",
+            "/m",
+            "--port",
+            str(port),
+            "--tp",
+            "2",
+            "--disable-custom-all-reduce",
+        ],
         env={**os.environ, "SGLANG_LABSERVER_STARTUP_S": "3", "NCCL_P2P_DISABLE": "1"},
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     import urllib.error
     import urllib.request
 

@@ -281,8 +281,10 @@ def test_reboot_auto_reboots_each_host_once_and_the_arguments_take(hosts, runs):
         # true reasons: the lab's Debian 12 kernel is too old, and TCG has no SNP lines
         assert findings["sev_snp_missing"][0].startswith("kernel 6.1."), findings["sev_snp_missing"]
         assert not [r for r in findings["sev_snp_missing"] if "kvm_amd is not loaded" in r]
-        assert any(m.startswith("IOMMU default domain") and "SNP not proven (not required" in m
-                   for m in result["reports"][name]), result["reports"][name]  # fmt: skip
+        assert any(
+            m.startswith("IOMMU default domain") and "SNP not proven (not required" in m
+            for m in result["reports"][name]
+        ), result["reports"][name]
         # this run only rebooted: the boot configuration was already written, so the marker is as it was
         assert marker(vm) == hosts["markers"][name]
     # the lab's own proof that each bootloader booted the line: GRUB's BOOT_IMAGE, systemd-boot's EFI initrd path
@@ -324,10 +326,14 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     write(grub, "/etc/default/grub.d/60-broken.cfg", '[ -z "${GRUB_DEVICE:-}" ]\n')
     # without a trial boot the default is regenerated before any reboot, where this refusal costs no reboot; with one,
     # the same refusal comes at the commit after the trial boot (tests/unit/test_kernel_cmdline_trial.py)
-    set_host_vars(hosts["inventory"], "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=1"],
-                                                   "kernel_cmdline_trial_boot": "off"})  # fmt: skip
-    before = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
-              grub.boot_id(), marker(grub))  # fmt: skip
+    set_host_vars(
+        hosts["inventory"], "pve-grub", {"kernel_cmdline_extra_args": ["lab_new=1"], "kernel_cmdline_trial_boot": "off"}
+    )
+    before = (
+        grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
+        grub.boot_id(),
+        marker(grub),
+    )
     try:
         rc, result, _ = apply(hosts["inventory"], runs, "--tags", "kernel", "--limit", "pve-grub")
     finally:
@@ -336,8 +342,11 @@ def test_failed_generation_restores_the_old_config_and_does_not_reboot(hosts, ru
     assert rc == 1
     message = " ".join(f["message"] for f in result["failures"])
     assert "restored from" in message and "not rebooted" in message, message
-    after = (grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
-             grub.boot_id(), marker(grub))  # fmt: skip
+    after = (
+        grub.ssh("sha256sum /boot/grub/grub.cfg /etc/default/grub /etc/default/grub.d/zz-provision.cfg").stdout,
+        grub.boot_id(),
+        marker(grub),
+    )
     assert after == before, "the previous boot configuration (and its marker) must stay in place, without a reboot"
 
 
@@ -415,8 +424,18 @@ def test_rollback_restores_the_previous_line_and_reboots_only_where_needed(hosts
     rolled_id, rolled_args = rolled.boot_id(), args_of(rolled)
     assert "lab_new=2" in rolled_args  # the re-run made it the default and booted it
     untouched_state = (untouched.boot_id(), boot_config(untouched))
-    proc = run_provision("rollback", "--inventory", str(hosts["inventory"]), "--limit", frozen, "--yes",
-                         "--json", "--runs-dir", str(runs), timeout=1800)  # fmt: skip
+    proc = run_provision(
+        "rollback",
+        "--inventory",
+        str(hosts["inventory"]),
+        "--limit",
+        frozen,
+        "--yes",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     reports = json.loads(proc.stdout)["result"]["reports"]
     # the same rule as apply: reboot when the running kernel lacks an argument of the restored line or still has one

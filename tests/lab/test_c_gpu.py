@@ -30,9 +30,15 @@ LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn c
 VMID = 101
 CONFIG_PATH = f"/nodes/pve-grub/lxc/{VMID}/config"
 OUR_PATHS = {
-    "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-    "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
-}  # fmt: skip
+    "/dev/nvidia0",
+    "/dev/nvidia1",
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+    "/dev/nvidia-caps/nvidia-cap1",
+    "/dev/nvidia-caps/nvidia-cap2",
+}
 
 
 def ct_config(lab) -> dict:
@@ -86,8 +92,9 @@ def test_plan_on_a_node_whose_boot_unit_never_ran_says_the_entries_wait_for_it(l
     entries yet: plan lists the gpu phase as pending, says why the entries are not listed, and writes nothing."""
     node = lab.vm("pve-grub")
     assert node.ssh("test -e /etc/systemd/system/provision-nvidia-nodes.service").returncode != 0
-    proc = run_provision("plan", "--inventory", str(inv), "--tags", "gpu", "--json", "--runs-dir", str(runs),
-                         timeout=600)  # fmt: skip
+    proc = run_provision(
+        "plan", "--inventory", str(inv), "--tags", "gpu", "--json", "--runs-dir", str(runs), timeout=600
+    )
     envelope = json.loads(proc.stdout)
     assert proc.returncode == 4 and envelope["hosts"]["sglang-01"] == "changes pending", proc.stderr[-3000:]
     said = " ".join(envelope["result"]["reports"]["sglang-01"])
@@ -124,8 +131,11 @@ def test_second_run_changes_nothing_and_writes_nothing(lab, inv, runs):
 def test_unrelated_dev_and_mp_entries_are_kept(lab, inv, runs):
     drop_our_entries(lab)
     # a node path that exists on the node: the lab's PVE, like PVE, refuses to start a CT otherwise
-    lab.pve_control("POST", "/ct-config", {"vmid": VMID, "set": {
-        "dev0": "/dev/net/tun", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}})  # fmt: skip
+    lab.pve_control(
+        "POST",
+        "/ct-config",
+        {"vmid": VMID, "set": {"dev0": "/dev/net/tun", "mp0": "local-lvm:vm-101-disk-1,mp=/srv/models,size=8G"}},
+    )
     rc, _, err = apply(inv, runs, "--tags", "gpu")
     assert rc == 0, err[-2000:]
     config = ct_config(lab)["config"]
@@ -147,8 +157,9 @@ def test_edited_entry_is_pending_and_the_container_restarts_once(lab, inv, runs)
 def test_modified_configuration_is_retried_and_ends_correct(lab, inv, runs):
     drop_our_entries(lab)
     modified = "detected modified configuration - file changed by other user? Try again."
-    lab.pve_control("POST", "/fail", {"method": "PUT", "suffix": CONFIG_PATH, "status": 500, "message": modified,
-                                      "times": 1})  # fmt: skip
+    lab.pve_control(
+        "POST", "/fail", {"method": "PUT", "suffix": CONFIG_PATH, "status": 500, "message": modified, "times": 1}
+    )
     rc, _, err = apply(inv, runs, "--tags", "gpu")
     assert rc == 0, err[-2000:]
     assert {v.split(",")[0] for v in dev_entries(ct_config(lab)["config"]).values()} >= OUR_PATHS
@@ -157,9 +168,14 @@ def test_modified_configuration_is_retried_and_ends_correct(lab, inv, runs):
 def test_token_auth_explains_the_root_pam_rule_and_changes_nothing(lab, inv, runs):
     drop_our_entries(lab)
     digest = ct_config(lab)["digest"]
-    set_host_vars(inv, "sglang-01", {
-        "proxmox_api_token_id": "provision",
-        "proxmox_api_token_secret": "{{ lookup('ansible.builtin.env', 'PROXMOX_TOKEN_SECRET') }}"})  # fmt: skip
+    set_host_vars(
+        inv,
+        "sglang-01",
+        {
+            "proxmox_api_token_id": "provision",
+            "proxmox_api_token_secret": "{{ lookup('ansible.builtin.env', 'PROXMOX_TOKEN_SECRET') }}",
+        },
+    )
     rc, result, _ = apply(inv, runs, "--tags", "gpu", env={"PROXMOX_TOKEN_SECRET": lab.secrets()["pve_token_secret"]})
     assert rc == 1
     message = " ".join(f["message"] for f in result["failures"])
@@ -287,8 +303,17 @@ def test_pve8_leaves_new_entries_pending_and_one_restart_applies_them(lab, inv, 
 
 def test_a_devn_path_missing_on_the_node_is_named(lab, inv, runs):
     drop_our_entries(lab)
-    lab.pve_control("POST", "/fail", {"method": "PUT", "suffix": CONFIG_PATH, "status": 500,
-                                      "message": "Device /dev/nvidia1 does not exist", "times": 5})  # fmt: skip
+    lab.pve_control(
+        "POST",
+        "/fail",
+        {
+            "method": "PUT",
+            "suffix": CONFIG_PATH,
+            "status": 500,
+            "message": "Device /dev/nvidia1 does not exist",
+            "times": 5,
+        },
+    )
     try:
         before = puts(lab)
         rc, result, _ = apply(inv, runs, "--tags", "gpu")

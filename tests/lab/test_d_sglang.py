@@ -132,8 +132,9 @@ def test_triton_needs_the_compiler_and_headers_the_role_installs(ct, lab_invento
 def test_changing_one_flag_restarts_exactly_once(ct, lab_inventory, runs):
     since = ct.ssh("date +%s").stdout.strip()
     time.sleep(1)
-    rc, _, err = converge(lab_inventory, runs, {"sglang_p2p": "off", "sglang_tp_size": 2,
-                                                "sglang_extra_args": ["--enable-metrics"]})  # fmt: skip
+    rc, _, err = converge(
+        lab_inventory, runs, {"sglang_p2p": "off", "sglang_tp_size": 2, "sglang_extra_args": ["--enable-metrics"]}
+    )
     assert rc == 0, err[-2000:]
     starts = ct.ssh(f"journalctl -u sglang --since @{since} -o cat | grep -c 'Started sglang.service'").stdout
     assert starts.strip() == "1"
@@ -148,8 +149,12 @@ INSTALL = "Install SGLang into its venv"
 def test_sigint_while_the_service_restarts_then_a_rerun_serves_again(ct, lab_inventory, runs, tmp_path):
     """SIGINT in the sglang phase: while the service restarts for a changed unit. Exit 130, no process of the
     run left, the record `interrupted` naming the task and what it leaves, no host lock; the re-run serves."""
-    changed = {"sglang_p2p": "off", "sglang_tp_size": 2, "sglang_extra_args": ["--enable-metrics"],
-               "sglang_timeout_stop_sec": 123}  # fmt: skip
+    changed = {
+        "sglang_p2p": "off",
+        "sglang_tp_size": 2,
+        "sglang_extra_args": ["--enable-metrics"],
+        "sglang_timeout_stop_sec": 123,
+    }
     set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS, **changed})
     summary = interrupt_at(lab_inventory, runs, tmp_path, "sglang-01", RESTART, "--tags", "sglang", env=ENV)
     stopped = summary["stopped_at"]["sglang-01"]
@@ -201,8 +206,10 @@ def test_stop_drains_the_request_in_flight(ct):
     """SGLang's scheduler and detokenizer have no SIGTERM handler: under KillMode=control-group they
     die at once and the request fails; with KillMode=mixed only the main process drains."""
     body = json.dumps({"text": "go", "sampling_params": {"max_new_tokens": 2500, "ignore_eos": True}})
-    script = (f"curl -sS -H 'Authorization: Bearer {API_KEY}' -d '{body}' http://127.0.0.1:30000/generate"
-              " > /tmp/drain.out 2> /tmp/drain.err\necho $? > /tmp/drain.rc\n")  # fmt: skip
+    script = (
+        f"curl -sS -H 'Authorization: Bearer {API_KEY}' -d '{body}' http://127.0.0.1:30000/generate"
+        " > /tmp/drain.out 2> /tmp/drain.err\necho $? > /tmp/drain.rc\n"
+    )
     ct.ssh(f"rm -f /tmp/drain.*; cat > /tmp/drain.sh <<'EOF'\n{script}EOF\nnohup sh /tmp/drain.sh > /dev/null 2>&1 &")
     try:
         time.sleep(1.5)  # 2500 tokens take about 5 s
@@ -297,8 +304,18 @@ def test_a_verdict_counts_only_in_the_context_it_was_taken_in(lab, ct, lab_inven
     # provision diag stores the verdict with its context (the lab has no torch, so the verdict is no-gpu, which
     # is kept as the last run's and never becomes the one the policy reads)
     set_host_vars(lab_inventory, "sglang-01", {**KEY_VARS})
-    proc = run_provision("diag", "--inventory", str(lab_inventory), "--limit", "sglang-01", "--json",
-                         "--runs-dir", str(tmp_path), env=ENV, timeout=600)  # fmt: skip
+    proc = run_provision(
+        "diag",
+        "--inventory",
+        str(lab_inventory),
+        "--limit",
+        "sglang-01",
+        "--json",
+        "--runs-dir",
+        str(tmp_path),
+        env=ENV,
+        timeout=600,
+    )
     stored = json.loads(ct.ssh("cat /var/lib/provision/gpu-diag-last.json").stdout)
     assert stored["verdict"] == "no-gpu", proc.stdout[-1500:] + proc.stderr[-1500:]
     assert ct.ssh(f"test -e {VERDICT}").returncode == 1
@@ -385,8 +402,11 @@ def vaulted_host_vars(inv, tmp_path, host_vars: dict) -> list[str]:
     vault = Path(sys.executable).with_name("ansible-vault")
     encrypted = subprocess.run(
         [str(vault), "encrypt_string", "--vault-password-file", str(password), "--stdin-name", "sglang_api_key"],
-        input=API_KEY, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        input=API_KEY,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     path = inv / "host_vars" / "sglang-01.yml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(encrypted + "\n" + yaml.safe_dump(host_vars))

@@ -33,8 +33,17 @@ def converged(lab, lab_inventory, runs):
 
 
 def verify(inv, runs, *extra, env=None, timeout=1800):
-    proc = run_provision("verify", "--inventory", str(inv), "--json", "--runs-dir", str(runs), *extra,
-                         env={**ENV, **(env or {})}, timeout=timeout)  # fmt: skip
+    proc = run_provision(
+        "verify",
+        "--inventory",
+        str(inv),
+        "--json",
+        "--runs-dir",
+        str(runs),
+        *extra,
+        env={**ENV, **(env or {})},
+        timeout=timeout,
+    )
     return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}
 
 
@@ -90,11 +99,21 @@ def test_every_check_passes_and_junit_lists_them(lab, converged, runs, tmp_path)
     rc, report = verify(converged["inventory"], runs, "--junit", str(junit))
     assert rc == 0, failed_checks(report)
     names = {c["name"] for c in report["checks"]}
-    for check in ("test_kernel_arguments_in_running_kernel", "test_iommu_and_snp_findings", "test_sev_snp_proven",
-                  "test_gpu_device_nodes", "test_userspace_matches_host_driver", "test_service_enabled",
-                  "test_service_active",
-                  "test_service_listening", "test_health_answers", "test_server_info_answers",
-                  "test_process_matches_p2p_policy", "test_smoke_answer", "test_capacity_report"):  # fmt: skip
+    for check in (
+        "test_kernel_arguments_in_running_kernel",
+        "test_iommu_and_snp_findings",
+        "test_sev_snp_proven",
+        "test_gpu_device_nodes",
+        "test_userspace_matches_host_driver",
+        "test_service_enabled",
+        "test_service_active",
+        "test_service_listening",
+        "test_health_answers",
+        "test_server_info_answers",
+        "test_process_matches_p2p_policy",
+        "test_smoke_answer",
+        "test_capacity_report",
+    ):
         assert check in names
     # the lab's inventory says SNP is not required (TCG cannot do it): the check passes and says so, with reasons
     for node in ("pve-grub", "pve-sdboot"):
@@ -117,8 +136,15 @@ def test_every_check_passes_and_junit_lists_them(lab, converged, runs, tmp_path)
 
 
 def test_capacity_command(converged, runs):
-    proc = run_provision("capacity", "--inventory", str(converged["inventory"]), "--session-tokens", "32768,8192",
-                         "--runs-dir", str(runs))  # fmt: skip
+    proc = run_provision(
+        "capacity",
+        "--inventory",
+        str(converged["inventory"]),
+        "--session-tokens",
+        "32768,8192",
+        "--runs-dir",
+        str(runs),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "780,820 tokens ≈ 2.98 × 262,144-token sessions ≈ 23.8 × 32K sessions ≈ 95.3 × 8K sessions" in proc.stdout
 
@@ -150,8 +176,10 @@ def test_removed_kernel_argument_fails_its_check(lab, converged, runs):
 
 def test_missing_env_var_fails_the_p2p_check(lab, converged, runs):
     ct = lab.container()
-    ct.ssh("sed -i '/NCCL_P2P_DISABLE/d' /etc/systemd/system/sglang.service && systemctl daemon-reload"
-           " && systemctl restart sglang")  # fmt: skip
+    ct.ssh(
+        "sed -i '/NCCL_P2P_DISABLE/d' /etc/systemd/system/sglang.service && systemctl daemon-reload"
+        " && systemctl restart sglang"
+    )
     try:
         rc, report = verify(converged["inventory"], runs, "--limit", "sglang-01", "--checks", "p2p_policy")
     finally:
@@ -300,8 +328,10 @@ def served_with(ct) -> dict[str, str]:
     environ = ct.ssh(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout.splitlines()
     argv = ct.ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
     env = dict(line.split("=", 1) for line in environ if "=" in line)
-    return {"NCCL_P2P_DISABLE": env.get("NCCL_P2P_DISABLE", ""), "custom_all_reduce_off": str(
-        "--disable-custom-all-reduce" in argv.split())}  # fmt: skip
+    return {
+        "NCCL_P2P_DISABLE": env.get("NCCL_P2P_DISABLE", ""),
+        "custom_all_reduce_off": str("--disable-custom-all-reduce" in argv.split()),
+    }
 
 
 def decided(result) -> str:
@@ -336,8 +366,11 @@ def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, r
             "iommu=pt' then, 'iommu=nopt' now): run provision apply to decide for this boot" in journal
         ), journal[-2000:]
         rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy")
-        assert rc == 1 and "the unit's start guard started the server with P2P off" in failed_checks(report)[
-            ("sglang-01", "test_process_matches_p2p_policy")]  # fmt: skip
+        assert (
+            rc == 1
+            and "the unit's start guard started the server with P2P off"
+            in failed_checks(report)[("sglang-01", "test_process_matches_p2p_policy")]
+        )
 
         # a pending line: the decision is made for the next boot
         assert node.ssh(f"printf '%s' '{pt}' > {PT_SNIPPET}").returncode == 0
@@ -347,16 +380,22 @@ def test_p2p_is_decided_for_the_next_boot_and_guarded_at_start(lab, converged, r
         node.ssh(f"rm {PT_SNIPPET}")
         rc, result, err = apply(inv, runs, "--tags", "sglang", env=ENV)
         assert rc == 0, err[-2000:]
-        assert decided(result).startswith("sglang_p2p auto -> off: PCIe peers (GPU0-GPU1 PHB) behind a translating "
-                                          "IOMMU (at the next boot: /etc/default/grub"), decided(result)  # fmt: skip
+        assert decided(result).startswith(
+            "sglang_p2p auto -> off: PCIe peers (GPU0-GPU1 PHB) behind a translating "
+            "IOMMU (at the next boot: /etc/default/grub"
+        ), decided(result)
         assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}
         rc, report = verify(inv, runs, "--limit", "sglang-01", "--checks", "p2p_policy or next_boot")
         assert rc == 0, failed_checks(report)
         # verify names the pending line, what it does to the IOMMU, and what the unit starts with in that boot
         boot = report["next_boot"]["pve-grub"]
         pending = {b["source"]: b["iommu"] for b in boot["lines"] if b["pending"]}
-        assert pending == {"/etc/default/grub (the line update-grub writes next)": {
-            "translates": True, "source": "iommu=nopt: translated"}}, boot["lines"]  # fmt: skip
+        assert pending == {
+            "/etc/default/grub (the line update-grub writes next)": {
+                "translates": True,
+                "source": "iommu=nopt: translated",
+            }
+        }, boot["lines"]
         assert {s["p2p"] for s in boot["containers"]["sglang-01"]} == {"off"}, boot["containers"]
         reboot_by_itself(lab, node)
         assert served_with(ct) == {"NCCL_P2P_DISABLE": "1", "custom_all_reduce_off": "True"}

@@ -47,9 +47,22 @@ def converged(lab, lab_inventory, runs):
 
 def bench(inventory: Path, runs: Path, *extra: str):
     proc = run_provision(
-        "bench", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), "--input-len", "64",
-        "--output-len", "16", "--prompts-per-level", str(K), *extra, env=ENV, timeout=1800,
-    )  # fmt: skip
+        "bench",
+        "--inventory",
+        str(inventory),
+        "--json",
+        "--runs-dir",
+        str(runs),
+        "--input-len",
+        "64",
+        "--output-len",
+        "16",
+        "--prompts-per-level",
+        str(K),
+        *extra,
+        env=ENV,
+        timeout=1800,
+    )
     return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}, proc.stderr
 
 

@@ -46,13 +46,27 @@ def test_the_installed_collection_converges_the_lab_without_provision(lab, lab_i
         subprocess.run([BIN / "ansible-galaxy", "collection", *map(str, step)], check=True, cwd=tmp_path)
     python = python_without_provision(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
-    env |= {"ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections"), "ANSIBLE_ROLES_PATH": str(tmp_path / "none"),
-            "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
-    probe = subprocess.run([python, "-c", "import ansible, proxmoxer; import provision"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True)  # fmt: skip
+    env |= {
+        "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections"),
+        "ANSIBLE_ROLES_PATH": str(tmp_path / "none"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    probe = subprocess.run(
+        [python, "-c", "import ansible, proxmoxer; import provision"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert "No module named 'provision'" in probe.stderr, probe.stderr
-    proc = subprocess.run([python, "-m", "ansible", "playbook", "provision.pve_sglang.site", "-i", str(lab_inventory)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [python, "-m", "ansible", "playbook", "provision.pve_sglang.site", "-i", str(lab_inventory)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout, re.M)
     assert recap and all(c == u == f == "0" for _, c, u, f in recap), proc.stdout[-4000:]

@@ -54,9 +54,13 @@ def new_ct(lab, lab_inventory, tmp_path_factory):
     shutil.copytree(lab_inventory, inv)
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
     hosts["all"]["children"]["gpu_containers"]["hosts"][NAME] = {
-        "ansible_host": f"10.213.{index}.2", "ansible_user": "root", "proxmox_host": NODE, "proxmox_vmid": VMID,
-        "proxmox_ct_spec": spec(lab, index), "proxmox_ct_ssh_timeout": 30,
-    }  # fmt: skip
+        "ansible_host": f"10.213.{index}.2",
+        "ansible_user": "root",
+        "proxmox_host": NODE,
+        "proxmox_vmid": VMID,
+        "proxmox_ct_spec": spec(lab, index),
+        "proxmox_ct_ssh_timeout": 30,
+    }
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
     yield inv, f"10.213.{index}.2"
     api = pve_api(lab)
@@ -79,8 +83,10 @@ def body_key(body) -> str:
 def created_under_node_lock(record: Path) -> bool:
     """Whether, in the run's job events (runner's order), the read that took the host lock of NAME's node (under
     --limit, the container's delegated read of its node) answered `taken` before the create task started on NAME."""
-    events = sorted((json.loads(p.read_text()) for p in (record / "artifacts" / "run" / "job_events").glob("*.json")),
-                    key=lambda e: e.get("counter", 0))  # fmt: skip
+    events = sorted(
+        (json.loads(p.read_text()) for p in (record / "artifacts" / "run" / "job_events").glob("*.json")),
+        key=lambda e: e.get("counter", 0),
+    )
     for event in events:
         data = event.get("event_data") or {}
         if data.get("host") != NAME:
@@ -96,8 +102,19 @@ def created_under_node_lock(record: Path) -> bool:
 
 def test_a_missing_ct_is_pending_in_the_plan_then_created_from_its_spec_and_converged(lab, new_ct, runs):
     inv, address = new_ct
-    proc = run_provision("plan", "--inventory", str(inv), "--limit", NAME, "--tags", "gpu", "--json",
-                         "--runs-dir", str(runs), timeout=1200)  # fmt: skip
+    proc = run_provision(
+        "plan",
+        "--inventory",
+        str(inv),
+        "--limit",
+        NAME,
+        "--tags",
+        "gpu",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        timeout=1200,
+    )
     plan = json.loads(proc.stdout)
     assert proc.returncode == 4 and plan["hosts"][NAME] == "changes pending", proc.stderr[-3000:]
     said = " ".join(plan["result"]["reports"][NAME])
@@ -113,8 +130,11 @@ def test_a_missing_ct_is_pending_in_the_plan_then_created_from_its_spec_and_conv
     assert ct["status"] == "running"
     config = ct["config"]
     assert (config["memory"], config["features"], str(config["onboot"]), config["startup"]) == (
-        SPEC_MEMORY, "nesting=1", "1", "order=2"
-    )  # fmt: skip
+        SPEC_MEMORY,
+        "nesting=1",
+        "1",
+        "order=2",
+    )
     assert config["hostname"] == NAME and f"ip={address}/30" in config["net0"]
     body = lab.created_containers()[VMID]
     # the key in known_hosts is the one the create wrote into the CT's root: read on the node, never learnt over ssh
@@ -141,8 +161,9 @@ def test_an_existing_ct_that_differs_from_its_spec_is_reported_and_left_as_it_is
     differs = inv.parent / "differs"
     shutil.copytree(inv, differs)
     # the gpu phase sets nesting=1 itself unless told not to: that is its own convergence, not the spec's
-    sglang01.update(proxmox_ct_spec={**spec(lab, index), "hostname": "sglang-01", "memory": 4096},
-                    gpu_passthrough_nesting=False)  # fmt: skip
+    sglang01.update(
+        proxmox_ct_spec={**spec(lab, index), "hostname": "sglang-01", "memory": 4096}, gpu_passthrough_nesting=False
+    )
     (differs / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
     seen = len(lab.pve_control("GET", "/requests"))
     try:
@@ -157,8 +178,15 @@ def test_an_existing_ct_that_differs_from_its_spec_is_reported_and_left_as_it_is
         assert not [c for c in calls if c[0] in ("POST", "DELETE") and "/lxc" in c[1]], calls
     finally:
         keys = ("memory", "features")
-        lab.pve_control("POST", "/ct-config", {"vmid": 101, "set": {k: before[k] for k in keys if k in before},
-                                               "delete": [k for k in keys if k not in before]})  # fmt: skip
+        lab.pve_control(
+            "POST",
+            "/ct-config",
+            {
+                "vmid": 101,
+                "set": {k: before[k] for k in keys if k in before},
+                "delete": [k for k in keys if k not in before],
+            },
+        )
 
 
 def test_a_ct_that_serves_another_host_key_than_its_node_reads_is_refused(lab, new_ct, runs):
@@ -169,8 +197,10 @@ def test_a_ct_that_serves_another_host_key_than_its_node_reads_is_refused(lab, n
     trusted = known_keys(lab, address)
     assert trusted == [body_key(body)]
     # the CT now serves a new key; its node still reads the create's (the lab's pct copy, docs/lab.md)
-    swap = ("rm -f /etc/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key.pub && "
-            "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key && systemctl restart ssh")  # fmt: skip
+    swap = (
+        "rm -f /etc/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key.pub && "
+        "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key && systemctl restart ssh"
+    )
     assert as_root(lab, body).ssh(swap).returncode == 0
     served = body_key(body)
     assert served != trusted[0]
@@ -182,12 +212,26 @@ def test_a_ct_that_serves_another_host_key_than_its_node_reads_is_refused(lab, n
 
     # with no key known for its address: the node's read is trusted and the container that serves another is refused
     subprocess.run(["ssh-keygen", "-R", address, "-f", str(lab.known_hosts)], check=True, capture_output=True)
-    proc = run_provision("apply", "--inventory", str(inv), "--limit", NAME, "--tags", "gpu", "--yes", "--json",
-                         "--runs-dir", str(runs), timeout=1800)  # fmt: skip
+    proc = run_provision(
+        "apply",
+        "--inventory",
+        str(inv),
+        "--limit",
+        NAME,
+        "--tags",
+        "gpu",
+        "--yes",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        timeout=1800,
+    )
     data = json.loads(proc.stdout)
     assert proc.returncode == 1 and data["hosts"][NAME] == "failed", proc.stderr[-3000:]
-    refusal = (f"{NAME}: {address} serves an ssh host key that is not the one its node {NODE} reads in CT {VMID}: "
-               "refusing to connect")  # fmt: skip
+    refusal = (
+        f"{NAME}: {address} serves an ssh host key that is not the one its node {NODE} reads in CT {VMID}: "
+        "refusing to connect"
+    )
     said = [f["message"] for f in data["result"]["failures"]]
     assert [line for line in said if refusal in line], said
     assert all("\n" not in line for line in said)

@@ -63,8 +63,9 @@ def inventory(bare):
 
 
 def verify(inventory, runs, *extra) -> tuple[int, dict]:
-    proc = run_provision("verify", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), *extra,
-                         timeout=1800)  # fmt: skip
+    proc = run_provision(
+        "verify", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), *extra, timeout=1800
+    )
     return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}
 
 
@@ -87,8 +88,18 @@ def test_bare_nodes_have_no_driver_and_no_container(bare):
 
 
 def test_plan_lists_the_driver_as_pending_and_changes_nothing(bare, inventory, tmp_path):
-    proc = run_provision("plan", "--inventory", str(inventory), "--tags", "driver", *ONLY_NODES, "--json",
-                         "--runs-dir", str(tmp_path), timeout=900)  # fmt: skip
+    proc = run_provision(
+        "plan",
+        "--inventory",
+        str(inventory),
+        "--tags",
+        "driver",
+        *ONLY_NODES,
+        "--json",
+        "--runs-dir",
+        str(tmp_path),
+        timeout=900,
+    )
     assert proc.returncode == 4, proc.stderr[-2000:]
     envelope = json.loads(proc.stdout)
     assert envelope["hosts"] == dict.fromkeys(NODES, "changes pending")
@@ -143,8 +154,9 @@ def test_one_apply_takes_the_bare_host_to_a_verified_endpoint(bare, inventory, t
     assert not [p for p in (tmp_path / "first").rglob("*") if p.is_file() and token in p.read_text(errors="replace")]
 
     start = time.monotonic()
-    proc = run_provision("verify", "--inventory", str(inventory), "--json", "--runs-dir", str(tmp_path / "verify"),
-                         timeout=1200)  # fmt: skip
+    proc = run_provision(
+        "verify", "--inventory", str(inventory), "--json", "--runs-dir", str(tmp_path / "verify"), timeout=1200
+    )
     took["verify"] = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
@@ -226,8 +238,10 @@ def test_a_kernel_update_without_headers_fails_verify_until_apply_builds_for_it_
         wait_ready(ct, 300)
         assert ct.ssh("curl -sf localhost:30000/health").returncode == 0, "the CT does not serve after the reboot"
         # made by the boot unit before pve-guests (the lab's nvidia-modprobe makes /dev/nvidiactl for -c 255 only)
-        unit = vm.ssh("systemctl is-active provision-nvidia-nodes; systemctl show -p Result --value "
-                      "provision-nvidia-nodes; stat -c %F /dev/nvidiactl")  # fmt: skip
+        unit = vm.ssh(
+            "systemctl is-active provision-nvidia-nodes; systemctl show -p Result --value "
+            "provision-nvidia-nodes; stat -c %F /dev/nvidiactl"
+        )
         assert unit.stdout.split("\n") == ["active", "success", "character special file", ""], unit.stdout
         # a reboot outside provision: the kernel findings (the IOMMU's mode, SEV-SNP) are recorded per boot by the
         # kernel phase, and verify names them, and only them, until it has run in this boot
@@ -235,7 +249,8 @@ def test_a_kernel_update_without_headers_fails_verify_until_apply_builds_for_it_
         findings = {("pve-grub", "test_iommu_and_snp_findings"), ("pve-grub", "test_sev_snp_proven")}
         assert code == 1 and set(failed_checks(report)) == findings, failed_checks(report)
         assert {failed_checks(report)[f] for f in findings} == {
-            "the findings are from an earlier boot: run provision apply --tags kernel"}  # fmt: skip
+            "the findings are from an earlier boot: run provision apply --tags kernel"
+        }
         code, _, err = apply(inventory, tmp_path / "runs", "--tags", "kernel", *ONLY_NODES)
         assert code == 0, err[-3000:]
         code, report = verify(inventory, tmp_path / "runs")
@@ -253,8 +268,9 @@ def test_an_upgrade_that_may_not_reboot_stops_before_anything_changes(bare, inve
     before, sha = boots(vm), hashlib.sha256(new.read_bytes()).hexdigest()
     set_host_vars(inventory, "pve-grub", {"nvidia_driver_version": UPGRADE, "nvidia_driver_installer_sha256": sha})
     try:
-        code, result, err = apply(inventory, tmp_path / "runs", "--tags", "driver", "--limit", "pve-grub",
-                                  "--reboot", "never")  # fmt: skip
+        code, result, err = apply(
+            inventory, tmp_path / "runs", "--tags", "driver", "--limit", "pve-grub", "--reboot", "never"
+        )
     finally:
         set_host_vars(inventory, "pve-grub", None)
     assert code == 1, err[-3000:]

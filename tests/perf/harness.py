@@ -45,8 +45,11 @@ def inventory_hosts(inventory: Path) -> dict[str, dict]:
     """Every host with its merged variables, as Ansible resolves them."""
     out = subprocess.run(
         [str(BIN / "ansible-inventory"), "-i", str(inventory), "--list"],
-        capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
     data = json.loads(out.stdout)
     return data.get("_meta", {}).get("hostvars", {})
 
@@ -63,8 +66,13 @@ def ssh_command(hostvars: dict, command: str) -> list[str]:
 
 def floor_once(hosts: dict[str, dict]) -> float:
     def one(name: str) -> None:
-        proc = subprocess.run(ssh_command(hosts[name], FLOOR_SCRIPT), capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            ssh_command(hosts[name], FLOOR_SCRIPT),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"floor: ssh to {name} failed: {proc.stderr.strip()}")
 
@@ -76,8 +84,9 @@ def floor_once(hosts: dict[str, dict]) -> float:
 
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **(env or {})}, cwd=REPO)  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=REPO
+    )
     return time.monotonic() - start, proc
 
 
@@ -231,13 +240,21 @@ def fleet(counts: list[int], repeat: int) -> dict:
     first, last = points[0], points[-1]
     keys = ("apply_noop_s", "verify_s", "converge_s", "floor_s", "ansible_floor_s")
     growth = {k: round(last[k] / first[k], 2) for k in keys}
-    per_host = {
-        k: round((last[k] - first[k]) / (last["containers"] - first["containers"]), 2)
-        for k in ("apply_noop_s", "verify_s", "converge_s")
-    } if len(points) > 1 else {}  # fmt: skip
+    per_host = (
+        {
+            k: round((last[k] - first[k]) / (last["containers"] - first["containers"]), 2)
+            for k in ("apply_noop_s", "verify_s", "converge_s")
+        }
+        if len(points) > 1
+        else {}
+    )
     return {
-        "tags": FLEET_TAGS, "repeat": repeat, "points": points, "growth": growth, "seconds_per_added_host": per_host,
-    }  # fmt: skip
+        "tags": FLEET_TAGS,
+        "repeat": repeat,
+        "points": points,
+        "growth": growth,
+        "seconds_per_added_host": per_host,
+    }
 
 
 FLEET_COLUMNS = ("floor_s", "ansible_floor_s", "apply_noop_s", "verify_s", "converge_s")
@@ -270,10 +287,15 @@ def fleet_chart(result: dict, path: Path) -> None:
 
     xs = [p["containers"] for p in result["points"]]
     fig, (noop, converge) = plt.subplots(1, 2, figsize=(10, 4))
-    lines = {noop: (("apply_noop_s", "no-op apply"), ("verify_s", "verify"),
-                    ("ansible_floor_s", "Ansible floor (one raw read per host)"),
-                    ("floor_s", "floor (one ssh read per host)")),
-             converge: (("converge_s", "gpu+sglang converge"),)}  # fmt: skip
+    lines = {
+        noop: (
+            ("apply_noop_s", "no-op apply"),
+            ("verify_s", "verify"),
+            ("ansible_floor_s", "Ansible floor (one raw read per host)"),
+            ("floor_s", "floor (one ssh read per host)"),
+        ),
+        converge: (("converge_s", "gpu+sglang converge"),),
+    }
     for ax, series in lines.items():
         for key, label in series:
             ax.plot(xs, [p[key] for p in result["points"]], marker="o", label=label)

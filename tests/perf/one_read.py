@@ -24,8 +24,9 @@ def main(argv: list[str]) -> int:
     inv = inventory_mod.load(inventory)
     hosts = inv.match(limit)
     with RunRecord(Path(runs), "floor", inv) as rec:
-        result = run_playbook(os.path.relpath(PLAYBOOK, playbooks_dir()), inv.path, record=rec,
-                              host_count=len(hosts), limit=limit)  # fmt: skip
+        result = run_playbook(
+            os.path.relpath(PLAYBOOK, playbooks_dir()), inv.path, record=rec, host_count=len(hosts), limit=limit
+        )
     if not result.succeeded:
         print(f"one_read: {result.status}: {result.failures}", file=sys.stderr)
         return 1

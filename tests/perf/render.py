@@ -34,8 +34,13 @@ def run_date(path: Path, data: dict) -> str:
     the file's last commit."""
     if data.get("date"):
         return str(data["date"])
-    proc = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path.name], cwd=path.parent,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run(
+        ["git", "log", "-1", "--format=%cs", "--", path.name],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     return proc.stdout.strip() or "an unrecorded day"
 
 
@@ -46,20 +51,26 @@ def _row(target: str, figure: str, met: bool) -> str:
 def floor_rows(lab: dict) -> list[str]:
     s = lab["seconds"]
     return [
-        _row(f"{what} ≤ {FLOOR_TIMES:g}× the floor", f"{lab['ratios'][key + '/floor']}× ({s[key]} s against "
-             f"{s['floor']} s)", lab["ratios"][key + "/floor"] <= FLOOR_TIMES)
+        _row(
+            f"{what} ≤ {FLOOR_TIMES:g}× the floor",
+            f"{lab['ratios'][key + '/floor']}× ({s[key]} s against {s['floor']} s)",
+            lab["ratios"][key + "/floor"] <= FLOOR_TIMES,
+        )
         for key, what in (("apply_noop", "no-op apply"), ("verify", "verify"))
-    ]  # fmt: skip
+    ]
 
 
 def growth_rows(fleet: dict) -> list[str]:
     first, last = fleet["points"][0], fleet["points"][-1]
     span = f"{first['containers']} to {last['containers']} containers"
     return [
-        _row(f"{what} grows ≤ {GROWTH:g}× from {span}", f"{fleet['growth'][key]}× ({first[key]} → {last[key]} s)",
-             fleet["growth"][key] <= GROWTH)
+        _row(
+            f"{what} grows ≤ {GROWTH:g}× from {span}",
+            f"{fleet['growth'][key]}× ({first[key]} → {last[key]} s)",
+            fleet["growth"][key] <= GROWTH,
+        )
         for key, what in (("apply_noop_s", "no-op apply"), ("verify_s", "verify"))
-    ]  # fmt: skip
+    ]
 
 
 def stock_rows(lab: dict) -> list[str]:
@@ -70,10 +81,13 @@ def stock_rows(lab: dict) -> list[str]:
         ("stock runs every task, provision skips", "stock_full_noop", "apply_noop"),
     )
     return [
-        _row(f"stock settings take ≥ {STOCK_TIMES:g}× provision's time: {how}",
-             f"{r[f'{stock}/{ours}']}× ({s[stock]} s against {s[ours]} s)", r[f"{stock}/{ours}"] >= STOCK_TIMES)
+        _row(
+            f"stock settings take ≥ {STOCK_TIMES:g}× provision's time: {how}",
+            f"{r[f'{stock}/{ours}']}× ({s[stock]} s against {s[ours]} s)",
+            r[f"{stock}/{ours}"] >= STOCK_TIMES,
+        )
         for how, stock, ours in readings
-    ]  # fmt: skip
+    ]
 
 
 def targets_table(lab: dict, fleet: dict) -> str:
@@ -85,25 +99,27 @@ def block(lab_path: Path = LAB_JSON, fleet_path: Path = FLEET_JSON) -> str:
     """What the page holds between its markers, markers included."""
     lab, fleet = json.loads(lab_path.read_text()), json.loads(fleet_path.read_text())
     median = f", median of {fleet['repeat']}" if "repeat" in fleet else ""
-    return "\n".join([
-        BEGIN,
-        NOTE,
-        "",
-        f"VM lab, run of {run_date(lab_path, lab)} ([`performance-lab.json`](performance-lab.json)):",
-        "",
-        as_table(lab),
-        "",
-        f"Fleet, run of {run_date(fleet_path, fleet)} ([`performance-fleet.json`](performance-fleet.json)), "
-        f"tags `{fleet['tags']}`{median}:",
-        "",
-        fleet_table(fleet),
-        "",
-        "Targets, held against these two runs:",
-        "",
-        targets_table(lab, fleet),
-        "",
-        END,
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            BEGIN,
+            NOTE,
+            "",
+            f"VM lab, run of {run_date(lab_path, lab)} ([`performance-lab.json`](performance-lab.json)):",
+            "",
+            as_table(lab),
+            "",
+            f"Fleet, run of {run_date(fleet_path, fleet)} ([`performance-fleet.json`](performance-fleet.json)), "
+            f"tags `{fleet['tags']}`{median}:",
+            "",
+            fleet_table(fleet),
+            "",
+            "Targets, held against these two runs:",
+            "",
+            targets_table(lab, fleet),
+            "",
+            END,
+        ]
+    )
 
 
 def current(text: str) -> str:

@@ -38,8 +38,12 @@ def main(argv: list[str]) -> int:
     path = str(inventory_mod.resolve(inventory))
     with adhoc_environment(1) as env:
         for kind, count in (("connection", 20), ("force_ansible", 5)):
-            proc = subprocess.run([sys.executable, "-c", TIMED, path, name, kind, str(count)],
-                                  env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, "-c", TIMED, path, name, kind, str(count)],
+                env={**os.environ, **env},
+                capture_output=True,
+                text=True,
+            )
             print(proc.stdout.strip() or f"{kind}: failed: {proc.stderr.strip()[-500:]}")
     return 0
 

@@ -99,8 +99,10 @@ def test_a_mitogen_not_tested_with_this_core_gives_linear_runs_and_says_so_once(
     env = ansible_config.environment(3, True, in_dir)
     assert env["ANSIBLE_STRATEGY"] == "linear" and "ANSIBLE_STRATEGY_PLUGINS" not in env
     lines = [w for w in ansible_config.run_setting_warnings(1) if "Mitogen" in w]
-    assert lines == [f"Mitogen 0.4.1 is not tested with ansible-core {core}: the runs use Ansible's linear strategy "
-                     "(PROVISION_ANSIBLE_STRATEGY=mitogen_linear uses Mitogen anyway)"]  # fmt: skip
+    assert lines == [
+        f"Mitogen 0.4.1 is not tested with ansible-core {core}: the runs use Ansible's linear strategy "
+        "(PROVISION_ANSIBLE_STRATEGY=mitogen_linear uses Mitogen anyway)"
+    ]
     monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "mitogen_linear")
     assert ansible_config.environment(3, True, in_dir)["ANSIBLE_STRATEGY"] == "mitogen_linear"
     assert not [w for w in ansible_config.run_setting_warnings(1) if "Mitogen" in w]

@@ -22,9 +22,12 @@ def _result(check=True, aborted=False, last=()):
 def test_states_in_check_mode():
     states = host_states(_result(), ["down", "broken", "drifted", "clean", "never"])
     assert states == {
-        "down": "unreachable", "broken": "failed", "drifted": "changes pending", "clean": "up to date",
+        "down": "unreachable",
+        "broken": "failed",
+        "drifted": "changes pending",
+        "clean": "up to date",
         "never": "not reached",
-    }  # fmt: skip
+    }
     assert _plan_exit(states) == 1
     assert _plan_exit({"a": "changes pending", "b": "up to date"}) == 4
     assert _plan_exit({"a": "up to date"}) == 0

@@ -24,10 +24,14 @@ def test_the_roles_of_each_group_are_read_from_the_playbooks():
 
 
 def test_a_wrong_type_or_choice_is_named_by_file_host_and_variable(tmp_path, capsys):
-    root = make(tmp_path, GOOD_HOSTS, {
-        "gpu_containers": "sglang_model_path: /srv/m\nsglang_tp_size: two\nsglang_p2p: maybe\n",
-        "proxmox_hosts": "kernel_cmdline_reboot: sometimes\n",
-    })  # fmt: skip
+    root = make(
+        tmp_path,
+        GOOD_HOSTS,
+        {
+            "gpu_containers": "sglang_model_path: /srv/m\nsglang_tp_size: two\nsglang_p2p: maybe\n",
+            "proxmox_hosts": "kernel_cmdline_reboot: sometimes\n",
+        },
+    )
     code, errors, _ = _check(root, capsys)
     assert code == 2
     assert errors == [
@@ -53,8 +57,10 @@ def test_a_missing_model_path_stops_inventory_check_and_an_apply_that_would_run_
 def test_a_variable_no_role_declares_stops_the_run_naming_the_nearest_name(tmp_path, capsys):
     """A typo in a role's variable would leave the role's default in force: inventory check and apply refuse it."""
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_model_path: /srv/m\nsglang_tp_szie: 2\n"})
-    said = (f"{root}/group_vars/gpu_containers.yml:2: host ct1: sglang_tp_szie: no role declares it "
-            "(roles/*/meta/argument_specs.yml); did you mean sglang_tp_size?")  # fmt: skip
+    said = (
+        f"{root}/group_vars/gpu_containers.yml:2: host ct1: sglang_tp_szie: no role declares it "
+        "(roles/*/meta/argument_specs.yml); did you mean sglang_tp_size?"
+    )
     assert _check(root, capsys)[:2] == (2, [said])
     runs = tmp_path / "runs"
     assert _check(root, capsys, "apply", "--yes", "--runs-dir", str(runs))[:2] == (2, [said])
@@ -62,9 +68,13 @@ def test_a_variable_no_role_declares_stops_the_run_naming_the_nearest_name(tmp_p
 
 
 def test_templated_and_vaulted_values_are_left_to_the_roles(tmp_path, capsys):
-    root = make(tmp_path, GOOD_HOSTS, {
-        "gpu_containers": "sglang_model_path: \"{{ '/srv/' ~ 'm' }}\"\nsglang_tp_size: \"{{ 1 + 1 }}\"\n",
-    })  # fmt: skip
+    root = make(
+        tmp_path,
+        GOOD_HOSTS,
+        {
+            "gpu_containers": "sglang_model_path: \"{{ '/srv/' ~ 'm' }}\"\nsglang_tp_size: \"{{ 1 + 1 }}\"\n",
+        },
+    )
     assert _check(root, capsys)[:2] == (0, [])
 
 
@@ -72,13 +82,24 @@ def test_a_template_the_inventory_alone_renders_is_checked_as_rendered(tmp_path,
     """A value from the controller's environment or the inventory's own variables is rendered at check, as Ansible
     will render it in the run, and checked against the spec; one that needs a play's facts is left to the roles."""
     monkeypatch.setenv("PROVISION_TEST_TP", "two")
-    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": (
-        "sglang_model_path: \"{{ ansible_facts.mounts[0].mount }}/m\"\n"
-        "sglang_tp_size: \"{{ lookup('ansible.builtin.env', 'PROVISION_TEST_TP') }}\"\n")})  # fmt: skip
+    root = make(
+        tmp_path,
+        GOOD_HOSTS,
+        {
+            "gpu_containers": (
+                'sglang_model_path: "{{ ansible_facts.mounts[0].mount }}/m"\n'
+                "sglang_tp_size: \"{{ lookup('ansible.builtin.env', 'PROVISION_TEST_TP') }}\"\n"
+            )
+        },
+    )
     code, errors, _ = _check(root, capsys)
-    assert (code, errors) == (2, [
-        f"{root}/group_vars/gpu_containers.yml:2: host ct1: argument 'sglang_tp_size' is of type str and we were "
-        "unable to convert to int: \"'two'\" cannot be converted to an int"])  # fmt: skip
+    assert (code, errors) == (
+        2,
+        [
+            f"{root}/group_vars/gpu_containers.yml:2: host ct1: argument 'sglang_tp_size' is of type str and we were "
+            "unable to convert to int: \"'two'\" cannot be converted to an int"
+        ],
+    )
     monkeypatch.setenv("PROVISION_TEST_TP", "2")
     assert _check(root, capsys)[:2] == (0, [])
 
@@ -86,11 +107,18 @@ def test_a_template_the_inventory_alone_renders_is_checked_as_rendered(tmp_path,
 def test_a_template_that_needs_the_play_or_runs_a_command_is_left_to_the_roles(tmp_path, capsys):
     """Not rendered at check: a `default` over a fact would give its fallback here and the fact in the run, and a
     `pipe` lookup runs a command. A variable with a role's prefix that a template of the host reads is accepted."""
-    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": (
-        "sglang_models_root: /srv\n"
-        "sglang_model_path: \"{{ sglang_models_root }}/m\"\n"
-        "sglang_tp_size: \"{{ ansible_facts.gpu_count | default('two') }}\"\n"
-        "sglang_port: \"{{ lookup('ansible.builtin.pipe', 'echo sixty') }}\"\n")})  # fmt: skip
+    root = make(
+        tmp_path,
+        GOOD_HOSTS,
+        {
+            "gpu_containers": (
+                "sglang_models_root: /srv\n"
+                'sglang_model_path: "{{ sglang_models_root }}/m"\n'
+                "sglang_tp_size: \"{{ ansible_facts.gpu_count | default('two') }}\"\n"
+                "sglang_port: \"{{ lookup('ansible.builtin.pipe', 'echo sixty') }}\"\n"
+            )
+        },
+    )
     assert _check(root, capsys)[:2] == (0, [])
 
 
@@ -113,20 +141,27 @@ def test_a_phase_that_talks_to_the_pve_api_needs_its_address_and_a_secret_for_it
     token = NO_API + "proxmox_api_host: 192.0.2.1\nproxmox_api_token_id: provision\nproxmox_api_token_secret: x\n"
     (root / "group_vars" / "all.yml").write_text(token)
     code, errors, _ = _check(root, capsys)
-    assert (code, errors) == (2, [
-        f"{root}/hosts.yml:9: host ct1: proxmox_api_password (root@pam's; PVE refuses API tokens there): missing or "
-        "empty: the gpu phase writes its devN entries through the PVE API",
-    ])  # fmt: skip
+    assert (code, errors) == (
+        2,
+        [
+            f"{root}/hosts.yml:9: host ct1: proxmox_api_password (root@pam's; PVE refuses API tokens there): "
+            "missing or empty: the gpu phase writes its devN entries through the PVE API",
+        ],
+    )
 
 
 def test_hosts_whose_phases_leave_the_api_alone_need_no_credentials(tmp_path, capsys):
     """The ssh backend for devN, and nodes that never reboot: nothing talks to the API. A run of phases that do not
     use it (`apply --tags sglang`) is not stopped for it either, nor one with --reboot never on the nodes."""
-    root = make(tmp_path, GOOD_HOSTS, {
-        "all": NO_API,
-        "gpu_containers": "sglang_model_path: /srv/m\ngpu_passthrough_api_backend: ssh\n",
-        "proxmox_hosts": "kernel_cmdline_reboot: never\n",
-    })  # fmt: skip
+    root = make(
+        tmp_path,
+        GOOD_HOSTS,
+        {
+            "all": NO_API,
+            "gpu_containers": "sglang_model_path: /srv/m\ngpu_passthrough_api_backend: ssh\n",
+            "proxmox_hosts": "kernel_cmdline_reboot: never\n",
+        },
+    )
     assert _check(root, capsys)[:2] == (0, [])
     (tmp_path / "bare").mkdir()
     bare = make(tmp_path / "bare", GOOD_HOSTS, {"all": NO_API, "gpu_containers": "sglang_model_path: /m\n"})

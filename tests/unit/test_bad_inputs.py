@@ -81,8 +81,13 @@ INVENTORIES = [
     ("port-as-string", {"hosts.yml": GOOD, "group_vars/all.yml": "proxmox_api_port: '8006'\n"}),
     ("validate-certs-string", {"hosts.yml": GOOD, "group_vars/all.yml": "proxmox_api_validate_certs: 'no'\n"}),
     ("api-user-without-realm", {"hosts.yml": GOOD, "group_vars/all.yml": "proxmox_api_user: root\n"}),
-    ("wrong-type-from-parent-group", {"hosts.yml": GOOD + "    parent:\n      children:\n        gpu_containers:\n",
-                                      "group_vars/parent.yml": "proxmox_api_port: [8006]\n"}),
+    (
+        "wrong-type-from-parent-group",
+        {
+            "hosts.yml": GOOD + "    parent:\n      children:\n        gpu_containers:\n",
+            "group_vars/parent.yml": "proxmox_api_port: [8006]\n",
+        },
+    ),
     ("group-vars-syntax-error", {"hosts.yml": GOOD, "group_vars/all.yml": "a: 1\n  b: : c\n"}),
     ("group-vars-is-a-list", {"hosts.yml": GOOD, "group_vars/all.yml": "- a\n- b\n"}),
     ("host-vars-syntax-error", {"hosts.yml": GOOD, "host_vars/ct1.yml": "x: [\n"}),
@@ -100,8 +105,11 @@ INVENTORIES = [
     ("yaml-alias-bomb", {"hosts.yml": GOOD, GV: ALIAS_BOMB}),
     ("lock-lease-negative", {"hosts.yml": GOOD, GV: "provision_state_lock_lease_s: -1\n"}),
     ("serving-port-out-of-range", {"hosts.yml": GOOD, "host_vars/ct1.yml": "sglang_port: 70000\n"}),
-    ("collection-plugin-not-installed", {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"}),
-]  # fmt: skip
+    (
+        "collection-plugin-not-installed",
+        {"pve.yml": "plugin: community.proxmox.proxmox\nurl: https://192.0.2.1:8006\n"},
+    ),
+]
 
 FLAGS = [
     ("inventory-name-not-found", ["inventory", "check", "-i", "nosuch"]),
@@ -166,266 +174,443 @@ ENVIRONMENTS = [
 _NARROWS = "would silently leave tasks of provision's run out: remove it, and choose phases with --tags"
 _KEEPS = "would leave every task's module on the hosts with its arguments, secrets among them: remove it"
 _PROMPT = "would stop a failed task at a debugger prompt that nobody answers in provision's runs: remove it"
-_LOCAL = ("would run every host's tasks, reboots included, on this controller: remove it, provision reaches its "
-          "hosts over ssh")  # fmt: skip
+_LOCAL = (
+    "would run every host's tasks, reboots included, on this controller: remove it, provision reaches its "
+    "hosts over ssh"
+)
 
 
 # What the user sees for each case: its one error line, `…` for what varies (the test's directory), and the
 # class of hostile input it belongs to (docs/reliability.md).
 SEES = {
-    "children-as-list": ("the inventory as Ansible reads it",
-        "…: Invalid \"children\" entry for \"all\" group, requires a dictionary, found \"list\" instead."),
-    "integer-group-key": ("the inventory as Ansible reads it",
-        "…: Unable to add group 123: Invalid group name supplied, expected a string but got int for 123"),
-    "deep-nesting-5000": ("the inventory as Ansible reads it",
-        "…:1000: YAML parsing failed: Colons in unquoted values must be followed by a non-space character."),
-    "vars-as-list": ("the inventory as Ansible reads it",
-        "…: Invalid \"vars\" entry for \"gpu_containers\" group, requires a dictionary, found \"list\" "
-        "instead."),
-    "host-name-with-newline": ("the inventory as Ansible reads it",
-        "…: host 'ct\\n1': a host name may not contain whitespace or control characters"),
-    "host-name-with-space": ("the inventory as Ansible reads it",
-        "…: host 'ct 1': a host name may not contain whitespace or control characters"),
-    "top-level-list": ("the inventory as Ansible reads it",
-        "…: YAML inventory has invalid structure, it should be a dictionary, got: list"),
+    "children-as-list": (
+        "the inventory as Ansible reads it",
+        '…: Invalid "children" entry for "all" group, requires a dictionary, found "list" instead.',
+    ),
+    "integer-group-key": (
+        "the inventory as Ansible reads it",
+        "…: Unable to add group 123: Invalid group name supplied, expected a string but got int for 123",
+    ),
+    "deep-nesting-5000": (
+        "the inventory as Ansible reads it",
+        "…:1000: YAML parsing failed: Colons in unquoted values must be followed by a non-space character.",
+    ),
+    "vars-as-list": (
+        "the inventory as Ansible reads it",
+        '…: Invalid "vars" entry for "gpu_containers" group, requires a dictionary, found "list" instead.',
+    ),
+    "host-name-with-newline": (
+        "the inventory as Ansible reads it",
+        "…: host 'ct\\n1': a host name may not contain whitespace or control characters",
+    ),
+    "host-name-with-space": (
+        "the inventory as Ansible reads it",
+        "…: host 'ct 1': a host name may not contain whitespace or control characters",
+    ),
+    "top-level-list": (
+        "the inventory as Ansible reads it",
+        "…: YAML inventory has invalid structure, it should be a dictionary, got: list",
+    ),
     "empty-file": ("the inventory as Ansible reads it", "…: no hosts: Ansible read it as an empty inventory"),
-    "yaml-syntax-error": ("the inventory as Ansible reads it",
-        "…:12: YAML parsing failed: While parsing a flow sequence did not find expected ',' or ']'."),
-    "hosts-as-list": ("the inventory as Ansible reads it",
-        "…:6: YAML parsing failed: Mapping values are not allowed in this context."),
-    "unknown-group-key": ("the inventory as Ansible reads it",
-        "…: Skipping unexpected key (host) in group (proxmox_hosts), only \"vars\", \"children\" and "
-        "\"hosts\" are valid"),
-    "ini-unclosed-section": ("the inventory as Ansible reads it",
-        "…: Failed to parse inventory: not enough values to unpack (expected 3, got 2)"),
-    "ini-range-without-end": ("the inventory as Ansible reads it",
-        "…: Failed to parse inventory: host range must specify end value"),
-    "ini-bad-assignment": ("the inventory as Ansible reads it",
-        "…: Failed to parse inventory: Expected key=value host variable assignment, got: ansible_port"),
-    "binary-file": ("the inventory as Ansible reads it",
+    "yaml-syntax-error": (
+        "the inventory as Ansible reads it",
+        "…:12: YAML parsing failed: While parsing a flow sequence did not find expected ',' or ']'.",
+    ),
+    "hosts-as-list": (
+        "the inventory as Ansible reads it",
+        "…:6: YAML parsing failed: Mapping values are not allowed in this context.",
+    ),
+    "unknown-group-key": (
+        "the inventory as Ansible reads it",
+        '…: Skipping unexpected key (host) in group (proxmox_hosts), only "vars", "children" and "hosts" are valid',
+    ),
+    "ini-unclosed-section": (
+        "the inventory as Ansible reads it",
+        "…: Failed to parse inventory: not enough values to unpack (expected 3, got 2)",
+    ),
+    "ini-range-without-end": (
+        "the inventory as Ansible reads it",
+        "…: Failed to parse inventory: host range must specify end value",
+    ),
+    "ini-bad-assignment": (
+        "the inventory as Ansible reads it",
+        "…: Failed to parse inventory: Expected key=value host variable assignment, got: ansible_port",
+    ),
+    "binary-file": (
+        "the inventory as Ansible reads it",
         "…: Failed to parse inventory: Error parsing host definition "
-        "'!\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[…"),
-    "unknown-inventory-plugin": ("the inventory as Ansible reads it",
-        "…: inventory config '…' specifies unknown plugin 'nosuch.col.plug'"),
-    "vmid-string": ("values checked before the run",
-        "…:11: host ct1: proxmox_vmid: expected an integer, got '110' (str)"),
-    "vmid-float": ("values checked before the run",
-        "…:11: host ct1: proxmox_vmid: expected an integer, got 110.5 (float)"),
+        "'!\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[…",
+    ),
+    "unknown-inventory-plugin": (
+        "the inventory as Ansible reads it",
+        "…: inventory config '…' specifies unknown plugin 'nosuch.col.plug'",
+    ),
+    "vmid-string": (
+        "values checked before the run",
+        "…:11: host ct1: proxmox_vmid: expected an integer, got '110' (str)",
+    ),
+    "vmid-float": (
+        "values checked before the run",
+        "…:11: host ct1: proxmox_vmid: expected an integer, got 110.5 (float)",
+    ),
     "vmid-bool": ("values checked before the run", "…: host ct1: proxmox_vmid: expected an integer, got True (bool)"),
-    "vmid-too-small": ("values checked before the run",
-        "…:11: host ct1: proxmox_vmid: 99 is out of range 100..999999999"),
-    "vmid-duplicate": ("values checked before the run",
-        "…:14: host ct2: proxmox_vmid: 110 is already used by ct1 on node pve1"),
+    "vmid-too-small": (
+        "values checked before the run",
+        "…:11: host ct1: proxmox_vmid: 99 is out of range 100..999999999",
+    ),
+    "vmid-duplicate": (
+        "values checked before the run",
+        "…:14: host ct2: proxmox_vmid: 110 is already used by ct1 on node pve1",
+    ),
     "vmid-missing": ("values checked before the run", "…:9: host ct1: proxmox_vmid: missing (the container's VMID)"),
-    "node-unknown": ("values checked before the run",
-        "…:10: host ct1: proxmox_host: 'pve9' is not a host in proxmox_hosts"),
+    "node-unknown": (
+        "values checked before the run",
+        "…:10: host ct1: proxmox_host: 'pve9' is not a host in proxmox_hosts",
+    ),
     "node-missing": ("values checked before the run", "…:9: host ct1: proxmox_host: missing (name its PVE node)"),
-    "host-in-both-groups": ("values checked before the run",
-        "…: host ct1: is in both proxmox_hosts and gpu_containers"),
-    "port-as-string": ("values checked before the run",
-        "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '8006' (str)"),
-    "validate-certs-string": ("values checked before the run",
-        "…:1: hosts ct1, pve1: proxmox_api_validate_certs: expected true or false, got 'no' (str)"),
-    "api-user-without-realm": ("values checked before the run",
-        "…:1: hosts ct1, pve1: proxmox_api_user: expected a PVE user with its realm, e.g. root@pam, got "
-        "'root' (str)"),
-    "wrong-type-from-parent-group": ("values checked before the run",
-        "…:1: host ct1: proxmox_api_port: expected an integer port from 1 to 65535, got [8006] (list)"),
-    "group-vars-syntax-error": ("the inventory as Ansible reads it",
-        "…:2: YAML parsing failed: Colons in unquoted values must be followed by a non-space character."),
-    "group-vars-is-a-list": ("the inventory as Ansible reads it",
-        "…: Could not process '…': failed to combine variables, expected dicts but got a 'dict' and a "
-        "'list'."),
-    "host-vars-syntax-error": ("the inventory as Ansible reads it",
-        "…:2: YAML parsing failed: While parsing a flow node did not find expected node content."),
-    "vaulted-file-without-password": ("secrets",
-        f"…: cannot decrypt: Attempting to decrypt but no vault secrets found. ({GIVE_THE_VAULT_PASSWORD})"),
-    "host-key-checking-off-in-inventory": ("trust",
+    "host-in-both-groups": (
+        "values checked before the run",
+        "…: host ct1: is in both proxmox_hosts and gpu_containers",
+    ),
+    "port-as-string": (
+        "values checked before the run",
+        "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '8006' (str)",
+    ),
+    "validate-certs-string": (
+        "values checked before the run",
+        "…:1: hosts ct1, pve1: proxmox_api_validate_certs: expected true or false, got 'no' (str)",
+    ),
+    "api-user-without-realm": (
+        "values checked before the run",
+        "…:1: hosts ct1, pve1: proxmox_api_user: expected a PVE user with its realm, e.g. root@pam, got 'root' (str)",
+    ),
+    "wrong-type-from-parent-group": (
+        "values checked before the run",
+        "…:1: host ct1: proxmox_api_port: expected an integer port from 1 to 65535, got [8006] (list)",
+    ),
+    "group-vars-syntax-error": (
+        "the inventory as Ansible reads it",
+        "…:2: YAML parsing failed: Colons in unquoted values must be followed by a non-space character.",
+    ),
+    "group-vars-is-a-list": (
+        "the inventory as Ansible reads it",
+        "…: Could not process '…': failed to combine variables, expected dicts but got a 'dict' and a 'list'.",
+    ),
+    "host-vars-syntax-error": (
+        "the inventory as Ansible reads it",
+        "…:2: YAML parsing failed: While parsing a flow node did not find expected node content.",
+    ),
+    "vaulted-file-without-password": (
+        "secrets",
+        f"…: cannot decrypt: Attempting to decrypt but no vault secrets found. ({GIVE_THE_VAULT_PASSWORD})",
+    ),
+    "host-key-checking-off-in-inventory": (
+        "trust",
         "…: hosts ct1, pve1: ansible_host_key_checking turns host key checking off; provision keeps it on: "
-        "remove that setting, or pass --no-host-key-checking to accept any host key"),
-    "strict-host-key-checking-off-in-args": ("trust",
+        "remove that setting, or pass --no-host-key-checking to accept any host key",
+    ),
+    "strict-host-key-checking-off-in-args": (
+        "trust",
         "…:1: hosts ct1, pve1: ssh_args turns ssh host key checking off; provision keeps it on: remove "
-        "that setting, or pass --no-host-key-checking to accept any host key"),
-    "ssh-host-key-checking-var-off": ("trust",
+        "that setting, or pass --no-host-key-checking to accept any host key",
+    ),
+    "ssh-host-key-checking-var-off": (
+        "trust",
         "…: hosts ct1, pve1: ansible_ssh_host_key_checking turns host key checking off; provision keeps it "
-        "on: remove that setting, or pass --no-host-key-checking to accept any host key"),
-    "host-key-checking-off-as-a-word": ("trust",
+        "on: remove that setting, or pass --no-host-key-checking to accept any host key",
+    ),
+    "host-key-checking-off-as-a-word": (
+        "trust",
         "…:1: hosts ct1, pve1: ansible_host_key_checking turns host key checking off; provision keeps it "
-        "on: remove that setting, or pass --no-host-key-checking to accept any host key"),
-    "accept-new-host-keys": ("trust",
+        "on: remove that setting, or pass --no-host-key-checking to accept any host key",
+    ),
+    "accept-new-host-keys": (
+        "trust",
         "…:1: hosts ct1, pve1: ssh_extra_args turns ssh host key checking off; provision keeps it on: "
-        "remove that setting, or pass --no-host-key-checking to accept any host key"),
-    "secret-of-the-wrong-type": ("secrets",
+        "remove that setting, or pass --no-host-key-checking to accept any host key",
+    ),
+    "secret-of-the-wrong-type": (
+        "secrets",
         "…:1: hosts ct1, pve1: proxmox_api_password: expected a string (from vault or the environment), "
-        "got a value of type int"),
-    "whole-pve-token-in-token-id": ("secrets",
+        "got a value of type int",
+    ),
+    "whole-pve-token-in-token-id": (
+        "secrets",
         "…:1: hosts ct1, pve1: proxmox_api_token_id: expected the token name only, e.g. provision (the "
-        "user comes from proxmox_api_user), got 'root@pam!provision=********' (str)"),
-    "hf-token-in-a-port": ("secrets",
-        "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '********' "
-        "(str)"),
-    "local-connection-in-a-managed-group": ("values checked before the run",
+        "user comes from proxmox_api_user), got 'root@pam!provision=********' (str)",
+    ),
+    "hf-token-in-a-port": (
+        "secrets",
+        "…:1: hosts ct1, pve1: proxmox_api_port: expected an integer port from 1 to 65535, got '********' (str)",
+    ),
+    "local-connection-in-a-managed-group": (
+        "values checked before the run",
         "…:1: host pve1: ansible_connection: local would run its tasks, reboots included, on this controller: remove "
-        "it, provision reaches its hosts over ssh"),
-    "yaml-alias-bomb": ("values checked before the run",
+        "it, provision reaches its hosts over ssh",
+    ),
+    "yaml-alias-bomb": (
+        "values checked before the run",
         "…:2: hosts ct1, pve1: sglang_extra_args: its value holds more than 10000 items once its YAML aliases are "
-        "expanded: nothing provision runs needs that many"),
-    "lock-lease-negative": ("values checked before the run",
-        "…:1: hosts ct1, pve1: provision_state_lock_lease_s: -1 is less than 1 (it counts seconds, tries or items)"),
-    "serving-port-out-of-range": ("values checked before the run",
-        "…:1: host ct1: sglang_port: 70000 is not a port (1 to 65535)"),
-    "collection-plugin-not-installed": ("the inventory as Ansible reads it",
-        "…: inventory config '…' specifies unknown plugin 'community.proxmox.proxmox'"),
-    "inventory-name-not-found": ("files on the controller",
+        "expanded: nothing provision runs needs that many",
+    ),
+    "lock-lease-negative": (
+        "values checked before the run",
+        "…:1: hosts ct1, pve1: provision_state_lock_lease_s: -1 is less than 1 (it counts seconds, tries or items)",
+    ),
+    "serving-port-out-of-range": (
+        "values checked before the run",
+        "…:1: host ct1: sglang_port: 70000 is not a port (1 to 65535)",
+    ),
+    "collection-plugin-not-installed": (
+        "the inventory as Ansible reads it",
+        "…: inventory config '…' specifies unknown plugin 'community.proxmox.proxmox'",
+    ),
+    "inventory-name-not-found": (
+        "files on the controller",
         "inventory 'nosuch' not found: looked for ./nosuch and ./inventory/nosuch/ in … pass a path, or "
-        "--inventory example for the packaged example"),
+        "--inventory example for the packaged example",
+    ),
     "inventory-path-missing": ("files on the controller", "./no/such/dir: inventory not found"),
     "runs-dir-is-a-file": ("files on the controller", "provision apply: argument --runs-dir: … is not a directory"),
-    "apply-without-yes-and-no-terminal": ("the command line",
-        "apply changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)"),
+    "apply-without-yes-and-no-terminal": (
+        "the command line",
+        "apply changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)",
+    ),
     "flag-abbreviation": ("the command line", "provision: unrecognized arguments: --lim pve1"),
-    "runs-dir-inside-the-inventory": ("files on the controller",
-        "the runs dir … is inside the inventory …: keep run records outside it (--runs-dir, or "
-        "PROVISION_RUNS_DIR)"),
-    "rollback-without-yes-and-no-terminal": ("the command line",
-        "rollback changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)"),
-    "junit-unwritable": ("files on the controller",
-        "provision verify: argument --junit: /nonexistent-dir does not exist"),
-    "session-tokens-abc": ("the command line",
-        "--session-tokens 'abc': expected token counts separated by commas, e.g. 32768,131072"),
+    "runs-dir-inside-the-inventory": (
+        "files on the controller",
+        "the runs dir … is inside the inventory …: keep run records outside it (--runs-dir, or PROVISION_RUNS_DIR)",
+    ),
+    "rollback-without-yes-and-no-terminal": (
+        "the command line",
+        "rollback changes hosts and may reboot them: pass --yes to confirm (no terminal to ask)",
+    ),
+    "junit-unwritable": (
+        "files on the controller",
+        "provision verify: argument --junit: /nonexistent-dir does not exist",
+    ),
+    "session-tokens-abc": (
+        "the command line",
+        "--session-tokens 'abc': expected token counts separated by commas, e.g. 32768,131072",
+    ),
     "concurrency-zero": ("the command line", "--concurrency '0': every level must be 1 or more"),
-    "concurrency-letters": ("the command line",
-        "--concurrency 'a,b': expected comma-separated whole numbers, e.g. 1,4,16"),
+    "concurrency-letters": (
+        "the command line",
+        "--concurrency 'a,b': expected comma-separated whole numbers, e.g. 1,4,16",
+    ),
     "threshold-too-big": ("the command line", "--threshold must be between 0 and 1 (got 2.0)"),
     "input-len-negative": ("the command line", "--input-len must be 1 or more (got -1)"),
     "input-len-text": ("the command line", "provision bench: argument --input-len: invalid int value: 'many'"),
-    "baseline-missing": ("files on the controller",
-        "--baseline /nonexistent.json: cannot read it: No such file or directory"),
+    "baseline-missing": (
+        "files on the controller",
+        "--baseline /nonexistent.json: cannot read it: No such file or directory",
+    ),
     "unknown-tag": ("scope", "--tags: unknown phase(s) nosuch; choose from kernel, driver, gpu, sglang, verify"),
-    "bad-reboot-choice": ("the command line",
-        "provision apply: argument --reboot: invalid choice: 'sometimes' (choose from 'auto', 'never')"),
+    "bad-reboot-choice": (
+        "the command line",
+        "provision apply: argument --reboot: invalid choice: 'sometimes' (choose from 'auto', 'never')",
+    ),
     "unknown-flag": ("the command line", "provision: unrecognized arguments: --frobnicate"),
     "missing-inventory": ("the command line", "provision plan: the following arguments are required: --inventory/-i"),
-    "inline-vault-without-password": ("secrets",
+    "inline-vault-without-password": (
+        "secrets",
         "…/group_vars/all/key.yml:1: hosts ct1, pve1: sglang_api_key: cannot decrypt its !vault value: Attempting to "
-        f"decrypt but no vault secrets found ({GIVE_THE_VAULT_PASSWORD})"),
-    "inline-vault-wrong-password": ("secrets",
+        f"decrypt but no vault secrets found ({GIVE_THE_VAULT_PASSWORD})",
+    ),
+    "inline-vault-wrong-password": (
+        "secrets",
         "…/group_vars/all/key.yml:1: hosts ct1, pve1: sglang_api_key: cannot decrypt its !vault value: "
-        f"Decryption failed (no vault secrets were found that could decrypt) ({GIVE_THE_VAULT_PASSWORD})"),
-    "vault-password-file-missing": ("secrets",
+        f"Decryption failed (no vault secrets were found that could decrypt) ({GIVE_THE_VAULT_PASSWORD})",
+    ),
+    "vault-password-file-missing": (
+        "secrets",
         "--vault-password-file: no such readable file (the argument is not shown: it names no file, and "
-        "may be the password itself)"),
-    "vault-id-file-missing": ("secrets",
+        "may be the password itself)",
+    ),
+    "vault-id-file-missing": (
+        "secrets",
         "--vault-id dev@…: no such password file or script (the argument is not shown: it names no file, "
-        "and may be the password itself)"),
-    "limit-matches-nothing": ("scope",
+        "and may be the password itself)",
+    ),
+    "limit-matches-nothing": (
+        "scope",
         "--limit nosuch matches no host in proxmox_hosts or gpu_containers of …: nothing runs until every "
-        "part of it names a host"),
-    "limit-empty": ("scope",
+        "part of it names a host",
+    ),
+    "limit-empty": (
+        "scope",
         "provision apply: argument --limit/-l: is empty: it would reach every host of the inventory; name "
-        "the hosts, or leave --limit out"),
-    "limit-blank": ("scope",
+        "the hosts, or leave --limit out",
+    ),
+    "limit-blank": (
+        "scope",
         "provision verify: argument --limit/-l: is empty: it would reach every host of the inventory; name "
-        "the hosts, or leave --limit out"),
-    "limit-part-matches-nothing": ("scope",
+        "the hosts, or leave --limit out",
+    ),
+    "limit-part-matches-nothing": (
+        "scope",
         "--limit pve1,typo: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs "
-        "until every part of it names a host"),
-    "limit-exclusion-matches-nothing": ("scope",
+        "until every part of it names a host",
+    ),
+    "limit-exclusion-matches-nothing": (
+        "scope",
         "--limit all:!typo: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs "
-        "until every part of it names a host"),
+        "until every part of it names a host",
+    ),
     "limit-file-missing": ("scope", "--limit @…: cannot read the limit file: No such file or directory"),
-    "limit-file-line-matches-nothing": ("scope",
+    "limit-file-line-matches-nothing": (
+        "scope",
         "--limit @…: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs until "
-        "every part of it names a host"),
-    "tags-empty": ("scope",
-        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or "
-        "leave it out"),
-    "tags-only-commas": ("scope",
-        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or "
-        "leave it out"),
-    "rollback-without-limit": ("scope",
-        "rollback needs --limit HOST: roll back the nodes you mean, by name or pattern"),
-    "unknown-command": ("the command line",
+        "every part of it names a host",
+    ),
+    "tags-empty": (
+        "scope",
+        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or leave it out",
+    ),
+    "tags-only-commas": (
+        "scope",
+        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or leave it out",
+    ),
+    "rollback-without-limit": (
+        "scope",
+        "rollback needs --limit HOST: roll back the nodes you mean, by name or pattern",
+    ),
+    "unknown-command": (
+        "the command line",
         "provision: argument COMMAND: invalid choice: 'frobnicate' (choose from 'apply', 'rollback', "
-        "'plan', 'verify', 'capacity', 'diag', 'bench', 'lab', 'inventory')"),
+        "'plan', 'verify', 'capacity', 'diag', 'bench', 'lab', 'inventory')",
+    ),
     "lab-hosts-3": ("the command line", "provision lab up: argument --hosts: invalid choice: 3 (choose from 1, 2)"),
     "diag-unknown-flag": ("the command line", "provision: unrecognized arguments: --frob"),
-    "vault-id-prompt": ("secrets",
+    "vault-id-prompt": (
+        "secrets",
         "--vault-id dev@prompt: provision cannot prompt for a vault password (its runs have no terminal); "
-        "give a password file or script instead"),
-    "runs-dir-dangling-link": ("files on the controller",
-        "--runs-dir …: cannot create a run record there: File exists"),
-    "vault-password-given-as-its-file": ("secrets",
+        "give a password file or script instead",
+    ),
+    "runs-dir-dangling-link": (
+        "files on the controller",
+        "--runs-dir …: cannot create a run record there: File exists",
+    ),
+    "vault-password-given-as-its-file": (
+        "secrets",
         "--vault-password-file: no such readable file (the argument is not shown: it names no file, and "
-        "may be the password itself)"),
-    "vault-password-given-as-a-vault-id": ("secrets",
+        "may be the password itself)",
+    ),
+    "vault-password-given-as-a-vault-id": (
+        "secrets",
         "--vault-id prod@…: no such password file or script (the argument is not shown: it names no file, "
-        "and may be the password itself)"),
-    "whole-pve-token-as-the-inventory": ("secrets",
+        "and may be the password itself)",
+    ),
+    "whole-pve-token-as-the-inventory": (
+        "secrets",
         "inventory 'root@pam!provision=********' not found: looked for ./root@pam!provision=******** and "
-        "./inventory/root@pam!pro…"),
+        "./inventory/root@pam!pro…",
+    ),
     "env-skip-tags": ("the environment", f"env: ANSIBLE_SKIP_TAGS: tags_skip = sglang {_NARROWS}"),
     "env-run-tags": ("the environment", f"env: ANSIBLE_RUN_TAGS: tags_run = sglang {_NARROWS}"),
     "cfg-skip-tags": ("the environment", f"…/ansible.cfg: tags_skip = sglang {_NARROWS}"),
-    "env-keep-remote-files": ("the environment",
-        f"env: ANSIBLE_KEEP_REMOTE_FILES: default_keep_remote_files = True {_KEEPS}"),
+    "env-keep-remote-files": (
+        "the environment",
+        f"env: ANSIBLE_KEEP_REMOTE_FILES: default_keep_remote_files = True {_KEEPS}",
+    ),
     "cfg-keep-remote-files": ("the environment", f"…/ansible.cfg: default_keep_remote_files = True {_KEEPS}"),
     "env-transport-local": ("the environment", f"env: ANSIBLE_TRANSPORT: default_transport = local {_LOCAL}"),
-    "env-transport-mitogen-local": ("the environment",
-        f"env: ANSIBLE_TRANSPORT: default_transport = mitogen_local {_LOCAL}"),
-    "cfg-transport-local": ("the environment",
-        f"…/ansible.cfg: default_transport = ansible.builtin.local {_LOCAL}"),
-    "env-hash-merge": ("the environment", "env: ANSIBLE_HASH_BEHAVIOUR: default_hash_behaviour = merge would merge "
-        "dictionaries from the inventory's layers where the roles expect the nearest one to win: remove it"),
+    "env-transport-mitogen-local": (
+        "the environment",
+        f"env: ANSIBLE_TRANSPORT: default_transport = mitogen_local {_LOCAL}",
+    ),
+    "cfg-transport-local": ("the environment", f"…/ansible.cfg: default_transport = ansible.builtin.local {_LOCAL}"),
+    "env-hash-merge": (
+        "the environment",
+        "env: ANSIBLE_HASH_BEHAVIOUR: default_hash_behaviour = merge would merge "
+        "dictionaries from the inventory's layers where the roles expect the nearest one to win: remove it",
+    ),
     "cfg-task-debugger": ("the environment", f"…/ansible.cfg: enable_task_debugger = True {_PROMPT}"),
     "env-debug-strategy": ("the environment", f"env: ANSIBLE_STRATEGY: default_strategy = debug {_PROMPT}"),
-    "env-any-errors-fatal": ("the environment", "env: ANSIBLE_ANY_ERRORS_FATAL: any_errors_fatal = True would stop "
+    "env-any-errors-fatal": (
+        "the environment",
+        "env: ANSIBLE_ANY_ERRORS_FATAL: any_errors_fatal = True would stop "
         "the gpu, sglang and verify phases on every host at one host's failure, where provision finishes the others "
-        "and reports each: remove it"),
-}  # fmt: skip
+        "and reports each: remove it",
+    ),
+}
 
 NOT_CONTACTED = "nothing contacted, no run record"
 
 
 def _row(case: str, test: str) -> Row:
     kind, sees = SEES[case]
-    return Row(case.replace("-", " "), "before any run", f"`error: {sees}`, exit 2 (the same in `--json`)",
-               NOT_CONTACTED, NOT_SHOWN, f"tests/unit/test_bad_inputs.py::{test}[{case}]", True, False,
-               "hostile input: " + kind)  # fmt: skip
+    return Row(
+        case.replace("-", " "),
+        "before any run",
+        f"`error: {sees}`, exit 2 (the same in `--json`)",
+        NOT_CONTACTED,
+        NOT_SHOWN,
+        f"tests/unit/test_bad_inputs.py::{test}[{case}]",
+        True,
+        False,
+        "hostile input: " + kind,
+    )
 
 
 # The --json and exit-code contract under a hostile stdout or signal: (fault, what the user sees, test)
 _CONTRACT = [
-    ("stdout closed by its reader before anything is written (`--json`)",
-     "`error: stdout was closed before the JSON envelope was written`, the command's own exit code",
-     "test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_code"),
-    ("stdout on a full file (`/dev/full`), with and without `--json`",
-     "`error: stdout could not be written (No space left on device): … is not there`, exit 1",
-     "test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback"),
-    ("stdout closed at the start (`>&-`), with `--json`",
-     "`error: stdout could not be written (stdout is closed): the JSON envelope is not there`, exit 1",
-     "test_a_closed_stdout_or_stderr_gets_no_traceback[stdout]"),
-    ("stderr closed at the start (`2>&-`), with `--json`", "the envelope on stdout, the command's own exit code",
-     "test_a_closed_stdout_or_stderr_gets_no_traceback[stderr]"),
-    ("`ANSIBLE_DEBUG=1`, and `--junit /dev/stdout`, with `--json`",
-     "one JSON document on stdout; Ansible's debug lines and the JUnit file on stderr",
-     "test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_there"),
-    ("SIGTERM before any run", "`error: stopped by SIGTERM before any host was changed`, the envelope, exit 143",
-     "test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code[SIGTERM]"),
-    ("SIGHUP before any run", "`error: stopped by SIGHUP before any host was changed`, the envelope, exit 129",
-     "test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code[SIGHUP]"),
-]  # fmt: skip
+    (
+        "stdout closed by its reader before anything is written (`--json`)",
+        "`error: stdout was closed before the JSON envelope was written`, the command's own exit code",
+        "test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_code",
+    ),
+    (
+        "stdout on a full file (`/dev/full`), with and without `--json`",
+        "`error: stdout could not be written (No space left on device): … is not there`, exit 1",
+        "test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback",
+    ),
+    (
+        "stdout closed at the start (`>&-`), with `--json`",
+        "`error: stdout could not be written (stdout is closed): the JSON envelope is not there`, exit 1",
+        "test_a_closed_stdout_or_stderr_gets_no_traceback[stdout]",
+    ),
+    (
+        "stderr closed at the start (`2>&-`), with `--json`",
+        "the envelope on stdout, the command's own exit code",
+        "test_a_closed_stdout_or_stderr_gets_no_traceback[stderr]",
+    ),
+    (
+        "`ANSIBLE_DEBUG=1`, and `--junit /dev/stdout`, with `--json`",
+        "one JSON document on stdout; Ansible's debug lines and the JUnit file on stderr",
+        "test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_there",
+    ),
+    (
+        "SIGTERM before any run",
+        "`error: stopped by SIGTERM before any host was changed`, the envelope, exit 143",
+        "test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code[SIGTERM]",
+    ),
+    (
+        "SIGHUP before any run",
+        "`error: stopped by SIGHUP before any host was changed`, the envelope, exit 129",
+        "test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code[SIGHUP]",
+    ),
+]
 
 FAULT_ROWS = (
     [_row(c[0], "test_bad_inventory") for c in INVENTORIES]
     + [_row(c[0], "test_bad_flag") for c in FLAGS]
     + [_row(c[0], "test_environment_that_would_silently_change_the_run") for c in ENVIRONMENTS]
     + [
-        Row(fault, "before any run", sees, NOT_CONTACTED, NOT_SHOWN, f"tests/unit/test_bad_inputs.py::{test}", True,
-            False, "hostile input: the --json and exit-code contract")
+        Row(
+            fault,
+            "before any run",
+            sees,
+            NOT_CONTACTED,
+            NOT_SHOWN,
+            f"tests/unit/test_bad_inputs.py::{test}",
+            True,
+            False,
+            "hostile input: the --json and exit-code contract",
+        )
         for fault, sees, test in _CONTRACT
     ]
-)  # fmt: skip
+)
 
 
 def _pattern(sees: str) -> re.Pattern:
@@ -493,8 +678,9 @@ def test_bad_inventory(workdir, capsys, case, files):
     root, sees = workdir / "inv", SEES[case][1]
     _write(root, files)
     _assert_usage_error(["inventory", "check", "-i", str(root)], capsys, workdir / "runs", sees=sees)
-    _assert_usage_error(["plan", "-i", str(root), "--runs-dir", str(workdir / "runs")], capsys, workdir / "runs",
-                        sees=sees)  # fmt: skip
+    _assert_usage_error(
+        ["plan", "-i", str(root), "--runs-dir", str(workdir / "runs")], capsys, workdir / "runs", sees=sees
+    )
 
 
 @pytest.mark.parametrize(("case", "argv"), FLAGS, ids=[c[0] for c in FLAGS])
@@ -506,9 +692,15 @@ def test_bad_flag(workdir, capsys, case, argv):
     if "VAULTED" in argv:  # an inline !vault value, and a password file that holds another password
         _write(workdir / "vaulted", {"hosts.yml": GOOD, "group_vars/all/key.yml": "INLINE_VAULT"})
         (workdir / "wrong-password").write_text("not-the-password\n")
-    names = {"INV": workdir / "inv", "FILE": workdir / "a-file", "DANGLING": workdir / "dangling",
-             "@LIMITFILE": "@limit-file", "INV/runs": workdir / "inv" / "runs", "VAULTED": workdir / "vaulted",
-             "WRONG_PASSWORD": workdir / "wrong-password"}  # fmt: skip
+    names = {
+        "INV": workdir / "inv",
+        "FILE": workdir / "a-file",
+        "DANGLING": workdir / "dangling",
+        "@LIMITFILE": "@limit-file",
+        "INV/runs": workdir / "inv" / "runs",
+        "VAULTED": workdir / "vaulted",
+        "WRONG_PASSWORD": workdir / "wrong-password",
+    }
     argv = [str(names.get(a, a)) for a in argv]
     runs = workdir / "runs"
     if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
@@ -522,8 +714,13 @@ def test_an_ansible_cfg_ansible_cannot_read_is_a_usage_error_naming_it(tmp_path)
     _write(tmp_path / "inv", {"hosts.yml": GOOD})
     (tmp_path / "ansible.cfg").write_text("[defaults\nforks = 5\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     said = "error: Ansible cannot read its configuration: Error reading config file"
     assert proc.stderr.startswith(f"{said} ({tmp_path}/ansible.cfg)"), proc.stderr
@@ -562,8 +759,13 @@ def test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set(tmp_p
     if cfg:
         (tmp_path / "ansible.cfg").write_text(cfg)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
-                          capture_output=True, text=True, cwd=tmp_path, env={**clean, **env})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**clean, **env},
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [f"error: {said.format(cfg=tmp_path / 'ansible.cfg')}"]
     assert json.loads(proc.stdout)["exit_code"] == 2
@@ -574,8 +776,13 @@ def test_a_reader_that_closes_stdout_early_gets_no_traceback_and_the_real_exit_c
     read, write = os.pipe()
     os.close(read)  # the consumer is gone before provision writes a byte
     try:
-        proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
-                              stdout=write, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
     finally:
         os.close(write)
     assert proc.returncode == 0, proc.stderr
@@ -588,8 +795,13 @@ def test_a_full_stdout_gets_one_line_on_stderr_and_no_traceback(tmp_path):
     said = {}
     for json_flag in ([], ["--json"]):
         with open("/dev/full", "w") as full:
-            proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", *json_flag],
-                                  stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", *json_flag],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+            )
         assert "Traceback" not in proc.stderr
         # the last line: before it, Ansible may warn that it cannot reconfigure a stream it cannot seek (/dev/full)
         said[bool(json_flag)] = (proc.returncode, proc.stderr.splitlines()[-1:])
@@ -605,8 +817,9 @@ def test_a_closed_stdout_or_stderr_gets_no_traceback(tmp_path, closed):
     command still runs and exits with its code, and what it can write goes where it can."""
     _write(tmp_path / "inv", {"hosts.yml": GOOD})
     argv = [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"]
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, pass_fds=(),
-                          preexec_fn=lambda: os.close(closed))  # fmt: skip
+    proc = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, pass_fds=(), preexec_fn=lambda: os.close(closed)
+    )
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     if closed == 2:
         assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
@@ -656,16 +869,22 @@ def test_ansible_cfg_that_turns_host_key_checking_off(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     proc = subprocess.run(
         [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv"],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         f"error: {tmp_path}/ansible.cfg: host_key_checking is off; provision keeps it on: remove that setting, "
         "or pass --no-host-key-checking to accept any host key"
     ]
     ok = subprocess.run(
         [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--no-host-key-checking"],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -691,8 +910,12 @@ def test_environment_that_would_silently_change_the_run(workdir, capsys, monkeyp
         monkeypatch.setenv(name, value)
     if cfg:
         (workdir / "ansible.cfg").write_text(cfg)
-    _assert_usage_error(["plan", "-i", str(workdir / "inv"), "--runs-dir", str(workdir / "runs")], capsys,
-                        workdir / "runs", sees=SEES[case][1])  # fmt: skip
+    _assert_usage_error(
+        ["plan", "-i", str(workdir / "inv"), "--runs-dir", str(workdir / "runs")],
+        capsys,
+        workdir / "runs",
+        sees=SEES[case][1],
+    )
 
 
 def test_forks_below_the_host_count_are_kept_and_named(workdir, capsys, monkeypatch):
@@ -716,17 +939,39 @@ def test_ansible_debug_and_a_junit_file_on_stdout_leave_the_json_envelope_alone_
     document, the envelope; the rest goes to stderr."""
     _write(tmp_path / "inv", {"hosts.yml": GOOD})
     env = {**os.environ, "ANSIBLE_DEBUG": "1"}
-    proc = subprocess.run([sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True, proc.stdout[:500]
     assert "Loading" in proc.stderr  # Ansible's debug lines, moved to stderr
     # a node whose ssh port refuses: verify reads nothing, and still writes its JUnit and its envelope
     refusing = GOOD.replace("ansible_host: 192.0.2.10", "ansible_host: 127.0.0.1\n          ansible_port: 9")
     _write(tmp_path / "inv", {"hosts.yml": refusing})
     junit = subprocess.run(
-        [sys.executable, "-m", "provision", "verify", "-i", "inv", "--json", "--junit", "/dev/stdout", "--runs-dir",
-         "runs", "--no-host-key-checking", "--limit", "pve1"], capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "provision",
+            "verify",
+            "-i",
+            "inv",
+            "--json",
+            "--junit",
+            "/dev/stdout",
+            "--runs-dir",
+            "runs",
+            "--no-host-key-checking",
+            "--limit",
+            "pve1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert json.loads(junit.stdout)["exit_code"] == junit.returncode == 1, (junit.stdout[:500], junit.stderr[-500:])
     assert "<testsuite" in junit.stderr
 
@@ -771,8 +1016,11 @@ def test_collection_inventory_plugin_is_loaded(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     proc = subprocess.run(
         [sys.executable, "-m", "provision", "inventory", "check", "-i", "inv"],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0 and "(1 proxmox_hosts, 1 gpu_containers)" in proc.stdout, proc.stderr
 
 
@@ -785,8 +1033,13 @@ def test_a_signal_outside_a_run_ends_the_command_with_its_line_envelope_and_code
     script = root / "slow.py"
     script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(20)\nprint('{{}}')\n")
     script.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "provision.cli", "inventory", "check", "-i", str(root), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provision.cli", "inventory", "check", "-i", str(root), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     deadline = time.monotonic() + 30
     while not _children(proc.pid) and time.monotonic() < deadline:  # the script runs: the load is under way
         time.sleep(0.1)

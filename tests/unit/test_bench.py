@@ -15,20 +15,40 @@ SCENARIO_BASELINE = Path(__file__).resolve().parents[2] / "docs" / "baselines" /
 
 def row(c: int, completed: int, tput: float, api_key: str = "sk-lab-0123456789") -> dict:
     return {
-        "max_concurrency": c, "completed": completed, "output_throughput": tput, "total_throughput": tput * 2,
-        "request_throughput": c / 5, "median_ttft_ms": 50.0, "p99_ttft_ms": 90.0, "median_itl_ms": 8.0,
-        "p99_itl_ms": 20.0, "server_info": {"api_key": api_key, "admin_api_key": None, "version": "0.5.23"},
-    }  # fmt: skip
+        "max_concurrency": c,
+        "completed": completed,
+        "output_throughput": tput,
+        "total_throughput": tput * 2,
+        "request_throughput": c / 5,
+        "median_ttft_ms": 50.0,
+        "p99_ttft_ms": 90.0,
+        "median_itl_ms": 8.0,
+        "p99_itl_ms": 20.0,
+        "server_info": {"api_key": api_key, "admin_api_key": None, "version": "0.5.23"},
+    }
 
 
 def fetched(tmp_path: Path, rows: list[dict], levels: list[dict], host: str = "sglang-01") -> Path:
     host_dir = tmp_path / host
     host_dir.mkdir()
     (host_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (host_dir / "levels.json").write_text(json.dumps({
-        "host": host, "client_module": "sglang.benchmark.serving", "sglang_version": "0.5.23",
-        "p2p_policy": "off", "p2p_reason": "iommu translating", "tp_size": 2, "dataset": "random-ids",
-        "input_len": 1024, "output_len": 1024, "note": "", "levels": levels}))  # fmt: skip
+    (host_dir / "levels.json").write_text(
+        json.dumps(
+            {
+                "host": host,
+                "client_module": "sglang.benchmark.serving",
+                "sglang_version": "0.5.23",
+                "p2p_policy": "off",
+                "p2p_reason": "iommu translating",
+                "tp_size": 2,
+                "dataset": "random-ids",
+                "input_len": 1024,
+                "output_len": 1024,
+                "note": "",
+                "levels": levels,
+            }
+        )
+    )
     return host_dir
 
 
@@ -170,10 +190,15 @@ def test_levels_above_the_servers_max_running_requests_are_flagged(tmp_path):
     # the client copies /server_info into each line; internal_states carries the scheduler's own limit
     # (for the scenario's Qwen3.5 at tp=2, the hybrid state pool caps it well below the sweep's top levels)
     limited = [
-        {**row(c, 2 * c, 100.0 * c), "server_info": {"max_running_requests": None, "internal_states": [
-            {"effective_max_running_requests_per_dp": 22}]}}
+        {
+            **row(c, 2 * c, 100.0 * c),
+            "server_info": {
+                "max_running_requests": None,
+                "internal_states": [{"effective_max_running_requests_per_dp": 22}],
+            },
+        }
         for c in (16, 32, 64)
-    ]  # fmt: skip
+    ]
     host_dir = fetched(tmp_path, limited, [level(16), level(32), level(64)])
     opts = bench.BenchOptions(inventory="x", concurrency=(16, 32, 64), prompts_per_level=2)
     hb = bench.build_host_report(host_dir, opts, None, None)

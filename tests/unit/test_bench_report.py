@@ -24,10 +24,21 @@ SCENARIO = {1: 108, 4: 286, 16: 873, 32: 1359, 64: 2327, 128: 2800}
 def jsonl(throughputs: dict[int, float], completed: dict[int, int] | None = None, ttft_p99: float = 500.0) -> str:
     rows = []
     for c, tput in throughputs.items():
-        rows.append(json.dumps({
-            "max_concurrency": c, "completed": (completed or {}).get(c, 3 * c), "output_throughput": tput,
-            "total_throughput": tput * 2, "request_throughput": c / 10, "median_ttft_ms": 100.0,
-            "p99_ttft_ms": ttft_p99, "median_itl_ms": 10.0, "p99_itl_ms": 30.0}))  # fmt: skip
+        rows.append(
+            json.dumps(
+                {
+                    "max_concurrency": c,
+                    "completed": (completed or {}).get(c, 3 * c),
+                    "output_throughput": tput,
+                    "total_throughput": tput * 2,
+                    "request_throughput": c / 10,
+                    "median_ttft_ms": 100.0,
+                    "p99_ttft_ms": ttft_p99,
+                    "median_itl_ms": 10.0,
+                    "p99_itl_ms": 30.0,
+                }
+            )
+        )
     return "\n".join(rows) + "\n"
 
 

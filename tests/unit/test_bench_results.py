@@ -35,7 +35,10 @@ def test_the_key_is_taken_out_of_every_form_and_the_file_stays_root_only(tmp_pat
     assert rows[0]["server_info"]["launch_command"].endswith("--api-key <redacted> --port 30000")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert main_result(module("sglang_bench_results"), {"path": str(path)}) == {
-        "changed": False, "dropped": [], "invocation": {"module_args": {"path": str(path)}}}  # fmt: skip
+        "changed": False,
+        "dropped": [],
+        "invocation": {"module_args": {"path": str(path)}},
+    }
 
 
 def test_check_mode_leaves_the_file_and_a_missing_file_is_no_change(tmp_path):

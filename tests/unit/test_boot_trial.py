@@ -119,8 +119,13 @@ def test_grubenv_next_entry(trial):
 
 
 # ----------------------------------------------------------------- systemd-boot
-ENTRIES = ["proxmox-6.8.12-4-pve.conf", "proxmox-6.8.12-10-pve.conf", "proxmox-6.5.13-6-pve.conf",
-           "provision-trial.conf", "other-1.conf"]  # fmt: skip
+ENTRIES = [
+    "proxmox-6.8.12-4-pve.conf",
+    "proxmox-6.8.12-10-pve.conf",
+    "proxmox-6.5.13-6-pve.conf",
+    "provision-trial.conf",
+    "other-1.conf",
+]
 
 
 @pytest.mark.parametrize(
@@ -144,10 +149,12 @@ def test_loader_conf_default(trial):
 
 
 def test_the_systemd_boot_trial_entry_has_our_title_and_the_new_options_and_keeps_the_rest(trial):
-    entry = ("title    Proxmox Virtual Environment\nversion  6.8.12-4-pve\n"
-             "options  root=ZFS=rpool/ROOT/pve-1 boot=zfs\noptions  quiet\n"
-             "linux    /EFI/proxmox/6.8.12-4-pve/vmlinuz-6.8.12-4-pve\n"
-             "initrd   /EFI/proxmox/6.8.12-4-pve/initrd.img-6.8.12-4-pve\n")  # fmt: skip
+    entry = (
+        "title    Proxmox Virtual Environment\nversion  6.8.12-4-pve\n"
+        "options  root=ZFS=rpool/ROOT/pve-1 boot=zfs\noptions  quiet\n"
+        "linux    /EFI/proxmox/6.8.12-4-pve/vmlinuz-6.8.12-4-pve\n"
+        "initrd   /EFI/proxmox/6.8.12-4-pve/initrd.img-6.8.12-4-pve\n"
+    )
     out = trial.sdboot_trial_entry(entry, 'root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet iommu=nopt acpi_osi="Windows 2020"')
     assert out.split("\n") == [
         f"title    {trial.TRIAL_TITLE}",

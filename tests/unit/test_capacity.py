@@ -39,8 +39,9 @@ def test_scenario_per_token_figures():
 
 
 def test_scenario_predictions_move_the_weights_first():
-    cap = compute(SCENARIO_INFO, SCENARIO_MODELS, model_config=QWEN35, weights_bytes=QWEN35_WEIGHTS,
-                  predict_tp=(1, 2, 4))  # fmt: skip
+    cap = compute(
+        SCENARIO_INFO, SCENARIO_MODELS, model_config=QWEN35, weights_bytes=QWEN35_WEIGHTS, predict_tp=(1, 2, 4)
+    )
     tp1, tp4 = cap.predictions  # tp=2 is the server itself
     # budget now: KV 780,820 x 12,288 = 9,594,716,160 B is 1/1.9 of rest (the state pool took 0.9/1.9),
     # so rest = 18,229,960,704; + 125e9 of weights = 143,229,960,704 B per GPU for weights and cache
@@ -67,10 +68,21 @@ def test_reported_state_slots_make_the_budget_exact():
 
 def test_no_prediction_without_the_weights_or_under_a_token_cap():
     no_index = compute(SCENARIO_INFO, SCENARIO_MODELS, model_config=QWEN35, predict_tp=(4,))
-    assert no_index.predictions == [{"what": "tp=4, same GPUs and mem_fraction_static", "tp": 4, "fits": None,
-                                     "why": "weights size unknown (no safetensors index)"}]  # fmt: skip
-    capped = compute({**SCENARIO_INFO, "max_total_tokens": 780820}, SCENARIO_MODELS, model_config=QWEN35,
-                     weights_bytes=QWEN35_WEIGHTS, predict_tp=(4,))  # fmt: skip
+    assert no_index.predictions == [
+        {
+            "what": "tp=4, same GPUs and mem_fraction_static",
+            "tp": 4,
+            "fits": None,
+            "why": "weights size unknown (no safetensors index)",
+        }
+    ]
+    capped = compute(
+        {**SCENARIO_INFO, "max_total_tokens": 780820},
+        SCENARIO_MODELS,
+        model_config=QWEN35,
+        weights_bytes=QWEN35_WEIGHTS,
+        predict_tp=(4,),
+    )
     assert capped.predictions == [] and "--max-total-tokens" in capped.notes[0]
 
 
@@ -88,8 +100,13 @@ def test_effective_max_running_requests_prefers_the_scheduler():
 
 
 def test_unmodelled_model_leaves_a_note_not_a_guess():
-    falcon = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_attention_heads": 8,
-              "num_hidden_layers": 4, "mamba_num_heads": 8}  # fmt: skip
+    falcon = {
+        "architectures": ["FalconH1ForCausalLM"],
+        "model_type": "falcon_h1",
+        "num_attention_heads": 8,
+        "num_hidden_layers": 4,
+        "mamba_num_heads": 8,
+    }
     cap = compute(SCENARIO_INFO, SCENARIO_MODELS, model_config=falcon)
     assert cap.kv_bytes_per_token_per_gpu is None and "falcon_h1" in cap.notes[0]
 

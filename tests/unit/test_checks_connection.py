@@ -27,8 +27,13 @@ def _host(tmp_path, name="ct1", **host_vars):
 @pytest.mark.skipif(os.geteuid() != 0, reason="su to another user without a password needs root")
 def test_commands_become_the_inventory_s_become_user_through_ansible_s_become_plugin(tmp_path):
     """ansible_become with the su method and its flags: the command runs as that user, through real su."""
-    host = _host(tmp_path, ansible_become=True, ansible_become_method="su", ansible_become_user="nobody",
-                 ansible_become_flags="-s /bin/sh")  # fmt: skip
+    host = _host(
+        tmp_path,
+        ansible_become=True,
+        ansible_become_method="su",
+        ansible_become_user="nobody",
+        ansible_become_flags="-s /bin/sh",
+    )
     assert host.run("id -un").stdout.strip() == "nobody"
     assert host.user().name == "nobody"
 
@@ -36,8 +41,13 @@ def test_commands_become_the_inventory_s_become_user_through_ansible_s_become_pl
 def test_become_to_the_user_already_connected_is_skipped_as_ansible_skips_it(tmp_path):
     """Ansible runs no become plugin when the become user is the remote user (become_allow_same_user off): flags
     that su would refuse are never used."""
-    host = _host(tmp_path, ansible_become=True, ansible_become_method="su", ansible_become_user=getpass.getuser(),
-                 ansible_become_flags="--no-such-su-flag")  # fmt: skip
+    host = _host(
+        tmp_path,
+        ansible_become=True,
+        ansible_become_method="su",
+        ansible_become_user=getpass.getuser(),
+        ansible_become_flags="--no-such-su-flag",
+    )
     result = host.run("echo $0; exit 3")
     assert (result.rc, result.stdout.strip()) == (3, "/bin/sh")
 
@@ -52,9 +62,12 @@ def test_a_command_s_exit_code_and_both_streams_come_back(tmp_path):
 def test_values_that_render_to_omit_are_dropped_and_hostvars_are_there(tmp_path):
     """As in a play: an option whose value renders to `omit` is left out, and a template may read another host's
     variables through hostvars."""
-    host = _host(tmp_path, ansible_become="{{ nothing_here | default(omit) }}",
-                 ansible_remote_tmp="{{ nothing_here | default(omit) }}",
-                 ansible_shell_executable="{{ hostvars['pve1'].shell_path }}")  # fmt: skip
+    host = _host(
+        tmp_path,
+        ansible_become="{{ nothing_here | default(omit) }}",
+        ansible_remote_tmp="{{ nothing_here | default(omit) }}",
+        ansible_shell_executable="{{ hostvars['pve1'].shell_path }}",
+    )
     assert host.run("echo $0").stdout.strip() == "/bin/bash"
 
 

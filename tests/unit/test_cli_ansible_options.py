@@ -28,9 +28,10 @@ def test_extra_vars_are_checked_as_inventory_values_naming_the_option(tmp_path, 
     runs = tmp_path / "runs"
     for given in ("sglang_p2p=maybe", '{"sglang_p2p": "maybe"}', "@vars.yml"):
         code, env = _run(capsys, "plan", "-i", str(root), "-e", given, "--runs-dir", str(runs))
-        assert (code, env["errors"]) == (2, [
-            "--extra-vars: host ct1: value of sglang_p2p must be one of: auto, off, on, got: maybe"
-        ]), (given, env)  # fmt: skip
+        assert (code, env["errors"]) == (
+            2,
+            ["--extra-vars: host ct1: value of sglang_p2p must be one of: auto, off, on, got: maybe"],
+        ), (given, env)
     assert not runs.exists(), "nothing ran"
 
 
@@ -61,10 +62,13 @@ def test_a_secret_given_with_extra_vars_is_masked_like_the_inventorys(tmp_path, 
 def test_extra_vars_may_not_replace_what_provision_sets_for_the_run(tmp_path, capsys):
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": CT})
     code, env = _run(capsys, "apply", "-i", str(root), "--yes", "-e", "provision_lock=x", "-e", "_sglang_args=[]")
-    assert (code, env["errors"]) == (2, [
-        "--extra-vars _sglang_args: provision sets it itself for this run (or a role keeps it to itself); "
-        "--extra-vars provision_lock: provision sets it itself for this run (or a role keeps it to itself)"
-    ]), env  # fmt: skip
+    assert (code, env["errors"]) == (
+        2,
+        [
+            "--extra-vars _sglang_args: provision sets it itself for this run (or a role keeps it to itself); "
+            "--extra-vars provision_lock: provision sets it itself for this run (or a role keeps it to itself)"
+        ],
+    ), env
 
 
 def test_list_hosts_prints_the_hosts_of_the_limit_and_runs_nothing(tmp_path, capsys):
@@ -96,12 +100,28 @@ def test_skip_tags_leave_a_phase_out_of_the_checks_and_the_run(tmp_path, capsys)
     code, env = _run(capsys, "plan", "-i", str(root), "--skip-tags", "gpu,kernel,driver", "--list-hosts")
     assert code == 0, env
     code, env = _run(capsys, "plan", "-i", str(root), "--skip-tags", "")
-    assert (code, env["errors"]) == (2, [
-        "--skip-tags is empty: it leaves no phase out; name phases (kernel, driver, gpu, sglang, verify) or leave it "
-        "out"
-    ])  # fmt: skip
-    argv = ["plan", "-i", str(root), "--skip-tags", "gpu", "-vvv", "-e", "@v.yml", "-e", "sglang_api_key=k-9f3e1d",
-            "-u", "ops", "-b"]  # fmt: skip
+    assert (code, env["errors"]) == (
+        2,
+        [
+            "--skip-tags is empty: it leaves no phase out; name phases (kernel, driver, gpu, sglang, verify) "
+            "or leave it out"
+        ],
+    )
+    argv = [
+        "plan",
+        "-i",
+        str(root),
+        "--skip-tags",
+        "gpu",
+        "-vvv",
+        "-e",
+        "@v.yml",
+        "-e",
+        "sglang_api_key=k-9f3e1d",
+        "-u",
+        "ops",
+        "-b",
+    ]
     opts = cli._apply_options(cli.build_parser().parse_args(argv), plan=True)
     config = runner.PlaybookConfig("site.yml", root, 2, user=opts.user)
     pdd = tmp_path / "pdd"

@@ -43,9 +43,14 @@ def installed(tmp_path_factory) -> Path:
 def ansible_env(root: Path) -> dict[str, str]:
     """Only the installed collection: no roles path into this checkout, no PYTHONPATH, no ansible.cfg of ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
-    return {**env, "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"), "ANSIBLE_ROLES_PATH": str(root / "none"),
-            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "false",
-            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"}  # fmt: skip
+    return {
+        **env,
+        "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"),
+        "ANSIBLE_ROLES_PATH": str(root / "none"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+    }
 
 
 def test_the_collection_has_the_package_version_and_only_collection_content(installed):
@@ -56,8 +61,18 @@ def test_the_collection_has_the_package_version_and_only_collection_content(inst
     manifest = json.loads((tree / "MANIFEST.json").read_text())
     assert manifest["collection_info"]["version"] == version
     tops = {p.name for p in tree.iterdir()}
-    assert tops == {"CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "meta", "playbooks",
-                    "plugins", "roles", "tests"}, tops  # fmt: skip
+    assert tops == {
+        "CHANGELOG.md",
+        "FILES.json",
+        "LICENSE",
+        "MANIFEST.json",
+        "README.md",
+        "meta",
+        "playbooks",
+        "plugins",
+        "roles",
+        "tests",
+    }, tops
     tests = {str(p.relative_to(tree)) for p in (tree / "tests").rglob("*") if p.is_file()}
     assert tests == {"tests/sanity/ignore-2.19.txt"}, "of the tests, only ansible-test's sanity ignores"
     assert (tree / "roles" / "gpu_diag" / "files" / "gpu_p2p_diag.py").is_file()
@@ -66,8 +81,11 @@ def test_the_collection_has_the_package_version_and_only_collection_content(inst
 
 def test_no_file_of_the_collection_imports_provision(installed):
     tree = installed / "collections" / "ansible_collections"
-    offenders = [str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", "")
-                 and IMPORTS_PROVISION.search(p.read_text(errors="replace"))]  # fmt: skip
+    offenders = [
+        str(p.relative_to(tree))
+        for p in tree.rglob("*")
+        if p.is_file() and p.suffix in (".py", ".j2", "") and IMPORTS_PROVISION.search(p.read_text(errors="replace"))
+    ]
     assert offenders == []
     # the rule above does find such an import
     assert IMPORTS_PROVISION.search("    from provision.sglang_flags import flags_from_wheel\n")
@@ -99,8 +117,18 @@ def test_ansible_doc_reads_every_module_and_lookup_of_the_installed_collection(i
 # (ansible_test/_util/controller/sanity/validate-modules/validate_modules/schema.py, ansible-core 2.19,
 # list_dict_option_schema l.577-589 and the suboptions of l.697-700). `no_log` is not one: it belongs to the
 # argument spec, where Ansible acts on it.
-MODULE_OPTION_KEYS = {"description", "required", "choices", "aliases", "version_added", "version_added_collection",
-                      "default", "type", "elements", "suboptions"}  # fmt: skip
+MODULE_OPTION_KEYS = {
+    "description",
+    "required",
+    "choices",
+    "aliases",
+    "version_added",
+    "version_added_collection",
+    "default",
+    "type",
+    "elements",
+    "suboptions",
+}
 
 
 def test_every_documented_option_has_only_the_keys_ansible_documents(installed):
@@ -131,8 +159,11 @@ def test_a_module_runs_its_module_utils_from_the_collection_without_provision(in
     args = {"version": "0.5.23", "args": ["--tp", "2", "--no-such-flag"], "wheel_dirs": [str(wheels)]}
     module = "provision.pve_sglang.sglang_flag_check"
     interpreter = f"ansible_python_interpreter={SYSTEM_PYTHON}"
-    ran = run([BIN / "ansible", "localhost", "-m", module, "-a", json.dumps(args), "-e", interpreter],
-              cwd=tmp_path, env=ansible_env(installed))  # fmt: skip
+    ran = run(
+        [BIN / "ansible", "localhost", "-m", module, "-a", json.dumps(args), "-e", interpreter],
+        cwd=tmp_path,
+        env=ansible_env(installed),
+    )
     assert "SGLang 0.5.23 has no flag --no-such-flag" in ran.stdout, ran.stdout + ran.stderr
     assert ran.returncode == 2
 
@@ -141,8 +172,11 @@ def test_a_module_runs_its_module_utils_from_the_collection_without_provision(in
 def test_site_from_the_installed_collection_records_a_phase_then_skips_it(installed, tmp_path):
     """Without the CLI, the phase fingerprint holds to the installed collection's release (MANIFEST.json)."""
     state = tmp_path / "state"
-    host = {"ansible_connection": "local", "ansible_python_interpreter": str(SYSTEM_PYTHON),
-            "provision_state_dir": str(state)}  # fmt: skip
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": str(SYSTEM_PYTHON),
+        "provision_state_dir": str(state),
+    }
     groups = {"proxmox_hosts": {"hosts": {"node-1": host}}, "gpu_containers": {"hosts": {}}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": groups}}))
     argv = [BIN / "ansible-playbook", "-i", tmp_path / "hosts.yml", "provision.pve_sglang.site", "--tags", "verify"]

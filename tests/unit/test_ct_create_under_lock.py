@@ -22,8 +22,15 @@ from tests.unit.test_proxmox_lxc_ct import SPEC, TEMPLATE
 from tests.unit.test_proxmox_lxc_gpu_faults import NODE, Served, faulty_pve_class, pki  # noqa: F401 (pki: a fixture)
 
 RUN_ID = "20260101T000000-apply"
-LOCK = {"run_id": RUN_ID, "controller": "test-controller", "pid": os.getpid(), "since": "2026-01-01T00:00:00+00:00",
-        "pid_ns": "", "command": "provision apply", "break": False}  # fmt: skip
+LOCK = {
+    "run_id": RUN_ID,
+    "controller": "test-controller",
+    "pid": os.getpid(),
+    "since": "2026-01-01T00:00:00+00:00",
+    "pid_ns": "",
+    "command": "provision apply",
+    "break": False,
+}
 
 
 def recording_pve_class():
@@ -52,18 +59,33 @@ def served(pki, tmp_path):  # noqa: F811
 
 def inventory(root: Path, served) -> Path:
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    hosts = {"all": {
-        "vars": {**local, "proxmox_api_host": "127.0.0.1", "proxmox_api_port": served.pve.port,
-                 "proxmox_api_user": "root@pam", "proxmox_api_password": "secret",
-                 "proxmox_api_ca_file": served.cafile},
-        "children": {
-            "proxmox_hosts": {"hosts": {NODE: {"provision_state_dir": str(root / "pve1-state")}}},
-            "gpu_containers": {"hosts": {"ct1": {
-                "proxmox_host": NODE, "proxmox_vmid": VMID, "proxmox_ct_spec": SPEC,
-                "provision_state_dir": str(root / "ct1-state"), "proxmox_ct_known_hosts": str(root / "known_hosts"),
-                "proxmox_ct_ssh_timeout": 10}}},
-        },
-    }}  # fmt: skip
+    hosts = {
+        "all": {
+            "vars": {
+                **local,
+                "proxmox_api_host": "127.0.0.1",
+                "proxmox_api_port": served.pve.port,
+                "proxmox_api_user": "root@pam",
+                "proxmox_api_password": "secret",
+                "proxmox_api_ca_file": served.cafile,
+            },
+            "children": {
+                "proxmox_hosts": {"hosts": {NODE: {"provision_state_dir": str(root / "pve1-state")}}},
+                "gpu_containers": {
+                    "hosts": {
+                        "ct1": {
+                            "proxmox_host": NODE,
+                            "proxmox_vmid": VMID,
+                            "proxmox_ct_spec": SPEC,
+                            "provision_state_dir": str(root / "ct1-state"),
+                            "proxmox_ct_known_hosts": str(root / "known_hosts"),
+                            "proxmox_ct_ssh_timeout": 10,
+                        }
+                    }
+                },
+            },
+        }
+    }
     path = root / "hosts.yml"
     path.write_text(yaml.safe_dump(hosts))
     return path
@@ -74,10 +96,23 @@ def test_a_missing_container_is_created_while_its_node_is_locked_for_the_run(ser
     with_key(node)  # what the create leaves in the CT for the node's `pct exec ... cat`
     (node / "extra.json").write_text(json.dumps({"provision_lock": LOCK}))
     playbook = Path(sys.executable).parent / "ansible-playbook"
-    argv = [playbook, "-i", inventory(node, served), "-e", f"@{node}/extra.json", "provision.pve_sglang.site",
-            "--tags", "no-phase", *(["--limit", limit] if limit else [])]  # fmt: skip
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{node / 'bin'}:{os.environ['PATH']}"}  # fmt: skip
+    argv = [
+        playbook,
+        "-i",
+        inventory(node, served),
+        "-e",
+        f"@{node}/extra.json",
+        "provision.pve_sglang.site",
+        "--tags",
+        "no-phase",
+        *(["--limit", limit] if limit else []),
+    ]
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
+        "ANSIBLE_NOCOLOR": "1",
+        "PATH": f"{node / 'bin'}:{os.environ['PATH']}",
+    }
     ran = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=300)
     assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
     assert served.pve.guest(VMID) is not None, "CT 150 was created"

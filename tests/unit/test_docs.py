@@ -102,8 +102,9 @@ def test_the_inventory_tables_types_are_the_argument_specs():
     """Every variable the table lists that a role declares has the type its argument spec gives it."""
     from provision import arg_specs
 
-    declared = {name: spec.get("type", "str") for options in arg_specs.role_options().values()
-                for name, spec in options.items()}  # fmt: skip
+    declared = {
+        name: spec.get("type", "str") for options in arg_specs.role_options().values() for name, spec in options.items()
+    }
     table = _inventory_table()
     assert len(table) >= 15
     wrong = {name: (cell, declared[name]) for name, cell in table.items() if cell != declared.get(name, cell)}

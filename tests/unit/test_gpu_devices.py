@@ -35,9 +35,15 @@ def wanted(gpus="all", mode="0666", uid=None, gid=None):
 def test_all_gpus_get_every_node_with_caps_keeping_host_modes():
     w = wanted()
     assert list(w) == [
-        "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-        "/dev/nvidia-modeset", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
-    ]  # fmt: skip
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps/nvidia-cap2",
+    ]
     assert gd.format_entry(w["/dev/nvidia0"]) == "/dev/nvidia0,mode=0666"
     assert gd.format_entry(w["/dev/nvidia-caps/nvidia-cap1"]) == "/dev/nvidia-caps/nvidia-cap1,mode=0400"
 
@@ -53,13 +59,19 @@ def test_gpu_subset_and_uid_gid():
     [
         (HOST, [3], "GPU(s) [3] asked for"),
         ([n for n in HOST if n["path"] != "/dev/nvidia-uvm"], "all", "/dev/nvidia-uvm is missing"),
-        ([n for n in HOST if not n["path"].startswith("/dev/nvidia") or "-" in n["path"] or "ctl" in n["path"]], "all",
-         "no /dev/nvidiaN"),
-        ([*[n for n in HOST if n["path"] != "/dev/nvidiactl"], node("/dev/nvidiactl", kind="link")], "all",
-         "/dev/nvidiactl: PVE only passes device nodes, not a link"),
+        (
+            [n for n in HOST if not n["path"].startswith("/dev/nvidia") or "-" in n["path"] or "ctl" in n["path"]],
+            "all",
+            "no /dev/nvidiaN",
+        ),
+        (
+            [*[n for n in HOST if n["path"] != "/dev/nvidiactl"], node("/dev/nvidiactl", kind="link")],
+            "all",
+            "/dev/nvidiactl: PVE only passes device nodes, not a link",
+        ),
         ([*HOST, node("/dev/../etc/passwd")], "all", "without /./ or /../"),
     ],
-)  # fmt: skip
+)
 def test_refusals(nodes, gpus, message):
     with pytest.raises(gd.DeviceError, match=re.escape(message)):
         gd.select_nodes(nodes, gpus)
@@ -127,8 +139,13 @@ def test_one_rule_says_which_device_nodes_are_gpus():
     gpus = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia12"]
     assert [p for p in paths if gd.is_gpu_node(p)] == gpus
     assert [gd.gpu_index(p) for p in gpus] == [0, 1, 12]
-    assert [p for p in paths if gd.is_cuda_node(p)] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl",
-                                                         "/dev/nvidia-uvm", "/dev/nvidia12"]  # fmt: skip
+    assert [p for p in paths if gd.is_cuda_node(p)] == [
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia12",
+    ]
     templar = Templar(loader=DataLoader(), variables={"paths": paths})
     template = "{{ paths | select('provision.pve_sglang.gpu_device_node') | list }}"
     assert templar.template(trust_as_template(template)) == gpus
@@ -146,7 +163,9 @@ def test_no_other_file_spells_the_gpu_node_pattern():
         str(path.relative_to(root))
         for top in ("plugins", "roles", "provision", "playbooks")
         for path in (root / top).rglob("*")
-        if path.is_file() and path.suffix in (".py", ".yml", ".j2") and path.name != "gpu_devices.py"
+        if path.is_file()
+        and path.suffix in (".py", ".yml", ".j2")
+        and path.name != "gpu_devices.py"
         and spellings.search(path.read_text(errors="replace"))
-    ]  # fmt: skip
+    ]
     assert found == []

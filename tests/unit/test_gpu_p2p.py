@@ -104,9 +104,14 @@ def test_a_verdict_older_than_the_kernel_phase_change_does_not_count():
 
 
 def test_a_mix_of_nvlink_and_pcie_is_off_unless_a_current_verdict_says_healthy():
-    mix = {"gpus": ["GPU0", "GPU1", "GPU2"], "links": [
-        {"a": "GPU0", "b": "GPU1", "link": "NV12"}, {"a": "GPU0", "b": "GPU2", "link": "SYS"},
-        {"a": "GPU1", "b": "GPU2", "link": "SYS"}]}  # fmt: skip
+    mix = {
+        "gpus": ["GPU0", "GPU1", "GPU2"],
+        "links": [
+            {"a": "GPU0", "b": "GPU1", "link": "NV12"},
+            {"a": "GPU0", "b": "GPU2", "link": "SYS"},
+            {"a": "GPU1", "b": "GPU2", "link": "SYS"},
+        ],
+    }
     off = p2p.decide("auto", mix, TRANSLATES, None, CONTEXT)
     assert off["policy"] == "off" and "GPU0-GPU2 SYS, GPU1-GPU2 SYS" in off["reason"]
     assert p2p.decide("auto", mix, TRANSLATES, healthy(), CONTEXT)["policy"] == "on"
@@ -127,7 +132,9 @@ def test_insufficient_gpu_memory_is_not_a_p2p_verdict():
 
 def test_iommu_mode_prefers_the_gpus_groups_and_is_unknown_without_a_source():
     assert p2p.iommu_mode(["identity", "identity"], "Translated") == {
-        "translates": False, "source": "GPU IOMMU group type identity"}  # fmt: skip
+        "translates": False,
+        "source": "GPU IOMMU group type identity",
+    }
     assert p2p.iommu_mode(["DMA-FQ"], None)["translates"] is True
     assert p2p.iommu_mode([], None)["translates"] is None
     d = p2p.decide("auto", PHB, p2p.iommu_mode([], None), None, CONTEXT)

@@ -34,9 +34,12 @@ def installer(tmp_path: Path, bindir: Path, marker: Path) -> Path:
 
 
 def run(tmp_path: Path, source: Path, sha256: str, bindir: Path) -> str | None:
-    extra = {"provision_state_dir": str(tmp_path / "state"), "gpu_passthrough_node_driver": VERSION,
-             "gpu_passthrough_userspace_installer": str(source),
-             "gpu_passthrough_userspace_installer_sha256": sha256}  # fmt: skip
+    extra = {
+        "provision_state_dir": str(tmp_path / "state"),
+        "gpu_passthrough_node_driver": VERSION,
+        "gpu_passthrough_userspace_installer": str(source),
+        "gpu_passthrough_userspace_installer_sha256": sha256,
+    }
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
 
     def sh(command: str, check: bool) -> subprocess.CompletedProcess:
@@ -51,9 +54,13 @@ def setup(tmp_path):
     bindir.mkdir()
     marker = tmp_path / "ran"
     source = installer(tmp_path, bindir, marker)
-    return {"bindir": bindir, "marker": marker, "source": source,
-            "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-            "target": tmp_path / "state" / "downloads" / source.name}  # fmt: skip
+    return {
+        "bindir": bindir,
+        "marker": marker,
+        "source": source,
+        "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "target": tmp_path / "state" / "downloads" / source.name,
+    }
 
 
 def test_no_checksum_refuses_before_anything_is_copied_or_run(tmp_path, setup):
@@ -96,10 +103,14 @@ def run_with_node(tmp_path: Path, setup: dict, node_installer: str) -> str | Non
     the container's own installer variables set."""
     import json
 
-    node = {"nvidia_driver_version": VERSION, "nvidia_driver_installer_sha256": setup["sha256"],
-            "nvidia_driver_installer": node_installer}  # fmt: skip
-    inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local", "proxmox_host": "node1"},
-                                   "node1": node}}}  # fmt: skip
+    node = {
+        "nvidia_driver_version": VERSION,
+        "nvidia_driver_installer_sha256": setup["sha256"],
+        "nvidia_driver_installer": node_installer,
+    }
+    inventory = {
+        "all": {"hosts": {"localhost": {"ansible_connection": "local", "proxmox_host": "node1"}, "node1": node}}
+    }
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     extra = {"provision_state_dir": str(tmp_path / "state"), "gpu_passthrough_node_driver": VERSION}
     env = {**os.environ, "PATH": f"{setup['bindir']}:{os.environ['PATH']}"}

@@ -20,8 +20,15 @@ NOW = 1_000_000.0
 
 
 def _holder(run_id="20250101T000000-apply", controller="ctl-a", pid=4242, **more):
-    return {"run_id": run_id, "controller": controller, "pid": pid, "since": "2025-01-01T00:00:00+00:00",
-            "pid_ns": "boot/1", "command": "provision apply", **more}  # fmt: skip
+    return {
+        "run_id": run_id,
+        "controller": controller,
+        "pid": pid,
+        "since": "2025-01-01T00:00:00+00:00",
+        "pid_ns": "boot/1",
+        "command": "provision apply",
+        **more,
+    }
 
 
 def _record(taken_at=NOW - 60, lease_s=3600, **more):
@@ -54,10 +61,22 @@ SAME_CONTROLLER = _holder(run_id="20250101T010101-apply", pid=7)
         (_record(), {**SAME_CONTROLLER, "break": True}, "held"),
         (_record(), {**SAME_CONTROLLER, "break": True, "take_over": _holder()}, "stale"),
     ],
-    ids=["free", "ours", "held", "broken", "expired", "expired-not-broken", "stale", "stale-changed-hands",
-         "other-controller", "holders-lease", "unreadable", "break-not-a-run-of-this-controller",
-         "break-a-gone-run-of-this-controller"],
-)  # fmt: skip
+    ids=[
+        "free",
+        "ours",
+        "held",
+        "broken",
+        "expired",
+        "expired-not-broken",
+        "stale",
+        "stale-changed-hands",
+        "other-controller",
+        "holders-lease",
+        "unreadable",
+        "break-not-a-run-of-this-controller",
+        "break-a-gone-run-of-this-controller",
+    ],
+)
 def test_lock_decision(current, request_, decision):
     assert script.lock_decision(current, request_, NOW) == decision
 

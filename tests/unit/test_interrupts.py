@@ -71,8 +71,12 @@ def test_the_record_names_each_hosts_last_task_and_whether_it_finished():
     where = stopped_at(result)
     assert where["n1"]["task"] == "Reboot into the new kernel command line" and where["n1"]["finished"] is False
     assert where["n1"]["leaves"].startswith("reboot under way")
-    assert where["ct1"] == {"task": "B", "role": "sglang", "finished": True,
-                            "leaves": "the sglang phase stopped after 'B': run apply again to finish it"}  # fmt: skip
+    assert where["ct1"] == {
+        "task": "B",
+        "role": "sglang",
+        "finished": True,
+        "leaves": "the sglang phase stopped after 'B': run apply again to finish it",
+    }
     assert host_states(result, ["n1", "ct1", "n2"]) == {"n1": "interrupted", "ct1": "interrupted", "n2": "interrupted"}
 
 
@@ -95,12 +99,16 @@ def test_a_signal_stops_every_process_of_the_run_and_no_other(tmp_path):
     # a child in the run's group, and one that starts a session of its own (as ssh's ControlPersist master does)
     run = _spawn(marker, "sleep 300 & setsid sleep 300 & wait")
     # and one known by its title only, as ssh's ControlPersist master writes it over its environment and argv
-    master = subprocess.Popen(["bash", "-c", f'exec -a "ssh: {marker}/cp/0123456789 [mux]" sleep 300'],
-                              env={"PATH": os.environ["PATH"]}, start_new_session=True)  # fmt: skip
+    master = subprocess.Popen(
+        ["bash", "-c", f'exec -a "ssh: {marker}/cp/0123456789 [mux]" sleep 300'],
+        env={"PATH": os.environ["PATH"]},
+        start_new_session=True,
+    )
     bystander = _spawn(str(tmp_path / "other"), "sleep 300")
     # an operator's command that names the run's directory is not the run's
-    reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"{marker}/artifacts/run/stdout"],
-                              start_new_session=True)  # fmt: skip
+    reader = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", f"{marker}/artifacts/run/stdout"], start_new_session=True
+    )
     try:
         _wait_for(marker, 4)
         with interrupts.SignalTrap() as trap:

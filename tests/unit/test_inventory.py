@@ -180,8 +180,10 @@ def test_a_state_dir_variable_of_an_earlier_release_is_warned_about_not_ignored(
     release read it, would otherwise lose it without a word."""
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_state_dir: /srv/state\n"})
     (warning,) = inventory.load(root).warnings
-    assert warning.endswith("host ct1: sglang_state_dir is no longer read: set provision_state_dir "
-                            "(roles/provision_common), one state directory for every role"), warning  # fmt: skip
+    assert warning.endswith(
+        "host ct1: sglang_state_dir is no longer read: set provision_state_dir "
+        "(roles/provision_common), one state directory for every role"
+    ), warning
     assert "gpu_containers" in warning.split(": host")[0], "the warning names the file that sets it"
 
 
@@ -221,9 +223,11 @@ def problems_or_none(root: Path) -> list[str]:
 def test_a_container_serving_beyond_loopback_without_an_api_key_is_warned_about(tmp_path):
     root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": "sglang_host: 0.0.0.0\nsglang_model_path: /m\n"})
     (warning,) = [w for w in inventory.load(root).warnings if "sglang_host" in w]
-    assert warning.endswith("gpu_containers.yml:1: host ct1: sglang_host is 0.0.0.0 and sglang_api_key is empty: the "
-                            "API answers anyone who can reach that address; set sglang_api_key (from vault or the "
-                            "environment)"), warning  # fmt: skip
+    assert warning.endswith(
+        "gpu_containers.yml:1: host ct1: sglang_host is 0.0.0.0 and sglang_api_key is empty: the "
+        "API answers anyone who can reach that address; set sglang_api_key (from vault or the "
+        "environment)"
+    ), warning
     key = "sglang_api_key: \"{{ lookup('env', 'K') }}\"\n"
     (tmp_path / "k").mkdir()
     keyed = make(tmp_path / "k", GOOD_HOSTS, {"gpu_containers": "sglang_host: 0.0.0.0\nsglang_model_path: /m\n" + key})
@@ -318,14 +322,18 @@ def test_ini_inventory_with_a_host_range_and_a_vaulted_group_vars_file(tmp_path)
 def test_control_characters_in_what_reaches_a_unit_grub_or_the_kernel_are_inventory_errors(tmp_path):
     """Caught on the controller, before any host: each line names file:line, the hosts and the variable (never the
     value); the roles check the same after rendering (plugins/module_utils/rendered_values.py)."""
-    root = make(tmp_path, GOOD_HOSTS, {
-        "proxmox_hosts": 'kernel_cmdline_extra_args: [iommu=nopt, "quiet\\nGRUB_TIMEOUT=0"]\n',
-        "gpu_containers": textwrap.dedent("""\
+    root = make(
+        tmp_path,
+        GOOD_HOSTS,
+        {
+            "proxmox_hosts": 'kernel_cmdline_extra_args: [iommu=nopt, "quiet\\nGRUB_TIMEOUT=0"]\n',
+            "gpu_containers": textwrap.dedent("""\
             sglang_model_path: "/m\\nExecStartPre=/bin/sh -c id"
             sglang_environment: {HF_TOKEN: "s3cret\\r", OK: fine}
             sglang_served_model_name: "{{ 'templated' }}"
         """),
-    })  # fmt: skip
+        },
+    )
     found = problems(root)
     suffix = "it would be written into a systemd unit, a GRUB file or the kernel command line"
     assert found == [
@@ -348,8 +356,9 @@ def test_unverified_tls_to_the_proxmox_api_is_warned_about_before_anything_runs(
         "that signed it instead"
     ]
     (tmp_path / "ssh").mkdir()
-    ssh = make(tmp_path / "ssh", GOOD_HOSTS, {"all": "proxmox_api_validate_certs: false\n"
-                                                     "gpu_passthrough_api_backend: ssh\n"})  # fmt: skip
+    ssh = make(
+        tmp_path / "ssh", GOOD_HOSTS, {"all": "proxmox_api_validate_certs: false\ngpu_passthrough_api_backend: ssh\n"}
+    )
     assert inventory.load(ssh).warnings == [], "the ssh backend does not use the API's TLS"
 
 
@@ -398,10 +407,17 @@ def test_the_size_bound_counts_the_inventorys_values_not_ansibles_own():
 
 @pytest.mark.parametrize(
     "argv",
-    [["plan"], ["apply", "--yes"], ["rollback", "--yes", "--limit", "pve1"], ["verify"], ["capacity"], ["diag"],
-     ["bench"]],
+    [
+        ["plan"],
+        ["apply", "--yes"],
+        ["rollback", "--yes", "--limit", "pve1"],
+        ["verify"],
+        ["capacity"],
+        ["diag"],
+        ["bench"],
+    ],
     ids=lambda argv: argv[0],
-)  # fmt: skip
+)
 def test_each_command_loads_its_inventory_once(argv, tmp_path, monkeypatch):
     """The CLI loads and checks the inventory, then hands that one to the command (inventory.loaded): Ansible's
     loader runs once per command, bench's capacity read included. The first playbook run stops the command here."""

@@ -87,8 +87,11 @@ def test_interrupted_and_locked_envelopes(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(apply_mod, "apply", interrupted)
     data = _envelope(["apply", "-i", GOOD, "--yes"], capsys)
-    assert (data["exit_code"], data["errors"], data["result"]) == (130, ["interrupted by SIGINT: run record R"],
-                                                                     {"stopped_at": {}})  # fmt: skip
+    assert (data["exit_code"], data["errors"], data["result"]) == (
+        130,
+        ["interrupted by SIGINT: run record R"],
+        {"stopped_at": {}},
+    )
     assert data["hosts"] == {"pve-gpu-01": "interrupted"}
 
     def locked(opts, progress=None, kind="apply", playbook=""):

@@ -215,19 +215,23 @@ def test_the_grub_edit_keeps_everything_else_on_the_line(line):
     assert sourced(text, "GRUB_TIMEOUT", "GRUB_CMDLINE_LINUX_DEFAULT") == ["5", "quiet"]
     new = edited(text, 'quiet iommu=nopt dyndbg="module iommu +p"')
     assert sourced(new, "GRUB_TIMEOUT", "GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_DEFAULT") == [
-        "5", 'quiet iommu=nopt dyndbg="module iommu +p"', "0",
-    ]  # fmt: skip
+        "5",
+        'quiet iommu=nopt dyndbg="module iommu +p"',
+        "0",
+    ]
     assert new.split("\n")[0] == text.split("\n")[0] and ("#" in line) == ("#" in new.split("\n")[2])
 
 
 def test_assignments_are_only_statements_not_comments_strings_or_continued_values():
-    text = '\n'.join([
-        '# GRUB_CMDLINE_LINUX_DEFAULT="commented"',
-        'echo "GRUB_CMDLINE_LINUX_DEFAULT=in a string"',
-        'X=1 GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT more"',
-        'GRUB_CMDLINE_LINUX_DEFAULT="goes on',
-        'to the next line"',
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            '# GRUB_CMDLINE_LINUX_DEFAULT="commented"',
+            'echo "GRUB_CMDLINE_LINUX_DEFAULT=in a string"',
+            'X=1 GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT more"',
+            'GRUB_CMDLINE_LINUX_DEFAULT="goes on',
+            'to the next line"',
+        ]
+    )
     found = kc.assignments(text, "GRUB_CMDLINE_LINUX_DEFAULT")
     assert [w[0] for w in found] == [2, 3]
     assert kc.literal_value(kc.assigned_word(text, found[0])) is None, "expands a variable: not a plain literal"
@@ -263,6 +267,13 @@ def test_the_module_refuses_a_control_character_before_reading_anything(tmp_path
     """A newline in an argument would be a new statement in /etc/default/grub: refused, whatever calls the module."""
     from tests.unit.test_provision_state_module import PLUGINS, call
 
-    out = call(tmp_path, PLUGINS / "modules" / "kernel_cmdline.py", action="configure", bootloader="grub",
-               add=["iommu=nopt", "quiet\nGRUB_TIMEOUT=0"], remove=[], backup_dir=str(tmp_path))  # fmt: skip
+    out = call(
+        tmp_path,
+        PLUGINS / "modules" / "kernel_cmdline.py",
+        action="configure",
+        bootloader="grub",
+        add=["iommu=nopt", "quiet\nGRUB_TIMEOUT=0"],
+        remove=[],
+        backup_dir=str(tmp_path),
+    )
     assert out["failed"] and out["msg"] == "add[1] holds a control character (newline, tab, ...): nothing was changed"

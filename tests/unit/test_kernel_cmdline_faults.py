@@ -146,9 +146,13 @@ class Node:
         """The role through ansible-playbook, never rebooting: the message it failed with (None: it succeeded), and
         whether its merge changed the configuration."""
         # never: this machine is the node; the role must not reboot it
-        extra = {"kernel_cmdline_bootloader": self.bootloader, "kernel_cmdline_snp_profile": False,
-                 "kernel_cmdline_reboot": "never",
-                 "kernel_cmdline_extra_args": [NEW_ARG], "provision_state_dir": str(self.state)}  # fmt: skip
+        extra = {
+            "kernel_cmdline_bootloader": self.bootloader,
+            "kernel_cmdline_snp_profile": False,
+            "kernel_cmdline_reboot": "never",
+            "kernel_cmdline_extra_args": [NEW_ARG],
+            "provision_state_dir": str(self.state),
+        }
         return run_role_playbook(self.sh, self.root, PLAYBOOK, extra, collection.COLLECTIONS)
 
     def close(self) -> None:
@@ -212,22 +216,41 @@ RESTORED = (
 )
 ESP_MOUNTED = "mount $(cat $ROOT/loop) $ROOT/esp && {} && umount $ROOT/esp"
 CASES = [
-    Case("grub-full-boot", "/boot full during `update-grub`", "grub", GRUB_NODE, "rm /boot/filler",
-         "cat /etc/default/grub /boot/grub/grub.cfg", "/etc/default/grub and /boot/grub/grub.cfg as before",
-         REFUSED.format(tool_error="cat: write error: No space left on device") + RESTORED),
-    Case("sdboot-full-esp", "ESP full during `proxmox-boot-tool refresh` (a newer kernel to copy)", "systemd-boot",
-         SDBOOT_NODE, ESP_MOUNTED.format("rm $ROOT/esp/filler"),
-         "cat /etc/kernel/cmdline && " + ESP_MOUNTED.format("cat $ROOT/esp/loader/entries/*.conf"),
-         "/etc/kernel/cmdline and the ESP's loader entries as before (the older kernel's entry, rewritten with the "
-         "new line, is written back by the restore's regeneration before that too runs out of room)",
-         REFUSED.format(tool_error="cp: error writing …: No space left on device") + RESTORED),
-]  # fmt: skip
+    Case(
+        "grub-full-boot",
+        "/boot full during `update-grub`",
+        "grub",
+        GRUB_NODE,
+        "rm /boot/filler",
+        "cat /etc/default/grub /boot/grub/grub.cfg",
+        "/etc/default/grub and /boot/grub/grub.cfg as before",
+        REFUSED.format(tool_error="cat: write error: No space left on device") + RESTORED,
+    ),
+    Case(
+        "sdboot-full-esp",
+        "ESP full during `proxmox-boot-tool refresh` (a newer kernel to copy)",
+        "systemd-boot",
+        SDBOOT_NODE,
+        ESP_MOUNTED.format("rm $ROOT/esp/filler"),
+        "cat /etc/kernel/cmdline && " + ESP_MOUNTED.format("cat $ROOT/esp/loader/entries/*.conf"),
+        "/etc/kernel/cmdline and the ESP's loader entries as before (the older kernel's entry, rewritten with the "
+        "new line, is written back by the restore's regeneration before that too runs out of room)",
+        REFUSED.format(tool_error="cp: error writing …: No space left on device") + RESTORED,
+    ),
+]
 FAULT_ROWS = [
-    Row(c.label, "kernel", f"`{c.sees}`", c.after + "; no marker of a changed line; no reboot",
+    Row(
+        c.label,
+        "kernel",
+        f"`{c.sees}`",
+        c.after + "; no marker of a changed line; no reboot",
         "yes: with room made, the next run merges, regenerates and checks; the one after changes nothing",
-        f"tests/unit/test_kernel_cmdline_faults.py::test_regeneration_fault[{c.id}]", True, True)
+        f"tests/unit/test_kernel_cmdline_faults.py::test_regeneration_fault[{c.id}]",
+        True,
+        True,
+    )
     for c in CASES
-]  # fmt: skip
+]
 
 
 def pattern(sees: str) -> re.Pattern:

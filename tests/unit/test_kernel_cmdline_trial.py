@@ -85,8 +85,12 @@ class TrialNode(Node):
 
     def __init__(self, root: Path, bootloader: str):
         super().__init__(root, bootloader)
-        for name, text in (("grub-editenv", GRUB_EDITENV), ("grub-reboot", GRUB_REBOOT), ("grub-probe", GRUB_PROBE),
-                           ("bootctl", BOOTCTL)):  # fmt: skip
+        for name, text in (
+            ("grub-editenv", GRUB_EDITENV),
+            ("grub-reboot", GRUB_REBOOT),
+            ("grub-probe", GRUB_PROBE),
+            ("bootctl", BOOTCTL),
+        ):
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
         self.sh("mount -t tmpfs tmpfs /sys/firmware")
@@ -106,14 +110,21 @@ class TrialNode(Node):
             proc = self.sh(f'{sys.executable} -c "{script}"', check=False)
             return proc.stdout.strip() if proc.returncode == 0 else None
         data = (6).to_bytes(4, "little") + (value + "\0").encode("utf-16-le")
-        self.sh(f"mkdir -p /sys/firmware/efi/efivars && echo {data.hex()} | {sys.executable} -c "
-                f"\"import sys; open({path!r}, 'wb').write(bytes.fromhex(sys.stdin.read().strip()))\"")  # fmt: skip
+        self.sh(
+            f"mkdir -p /sys/firmware/efi/efivars && echo {data.hex()} | {sys.executable} -c "
+            f"\"import sys; open({path!r}, 'wb').write(bytes.fromhex(sys.stdin.read().strip()))\""
+        )
         return value
 
     def module(self, **args) -> dict:
         """The kernel_cmdline module, as Ansible runs it, inside the namespace."""
-        args = {"bootloader": self.bootloader, "add": [NEW_ARG], "remove": [],
-                "backup_dir": str(self.state / "kernel-cmdline"), **args}  # fmt: skip
+        args = {
+            "bootloader": self.bootloader,
+            "add": [NEW_ARG],
+            "remove": [],
+            "backup_dir": str(self.state / "kernel-cmdline"),
+            **args,
+        }
         args_file = self.root / "args.json"
         args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
         module = PLUGINS / "modules" / "kernel_cmdline.py"
@@ -225,8 +236,9 @@ def test_the_next_run_removes_a_trial_entry_an_interrupted_run_left_before_anyth
     node.sh("rm /boot/grub/custom.cfg")
     assert node.module(trial_boot="auto")["trial"]["mode"] == "trial"  # then interrupted: never rebooted
     assert node.module(action="configure", _ansible_check_mode=True)["trial_removed"] == [
-        "/boot/grub/custom.cfg: the trial menu entry", "/boot/grub/grubenv: next_entry=provision-trial",
-    ], "check mode says what it would remove"  # fmt: skip
+        "/boot/grub/custom.cfg: the trial menu entry",
+        "/boot/grub/grubenv: next_entry=provision-trial",
+    ], "check mode says what it would remove"
     assert node.read("/boot/grub/custom.cfg") is not None, "and removes nothing"
     out = node.module(reboot="never", trial_boot="auto")
     assert len(out["trial_removed"]) == 2 and out["trial"]["mode"] == "none"
@@ -235,8 +247,9 @@ def test_the_next_run_removes_a_trial_entry_an_interrupted_run_left_before_anyth
 
 
 @pytest.mark.parametrize("node", ["grub"], indirect=True)
-@pytest.mark.parametrize(("abstraction", "fs", "reason"), [("lvm", "ext2", "/boot/grub is on lvm"),
-                                                           ("", "btrfs", "/boot/grub is on btrfs")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("abstraction", "fs", "reason"), [("lvm", "ext2", "/boot/grub is on lvm"), ("", "btrfs", "/boot/grub is on btrfs")]
+)
 def test_where_grub_cannot_clear_the_one_shot_required_changes_nothing_and_auto_warns(node, abstraction, fs, reason):
     node.sh(f"echo '{abstraction}' > $ROOT/probe-abstraction; echo {fs} > $ROOT/probe-fs")
     before = grub_files(node)
@@ -253,8 +266,10 @@ def test_where_grub_cannot_clear_the_one_shot_required_changes_nothing_and_auto_
 def test_a_grub_default_other_than_the_first_entry_rules_the_trial_out(node):
     node.sh("sed -i 's/^GRUB_DEFAULT=0/GRUB_DEFAULT=saved/' /etc/default/grub")
     out = node.module(trial_boot="auto")
-    assert out["trial"] == {"mode": "warn", "reason": "GRUB_DEFAULT is 'saved', not 0: the entry the node boots by "
-                            "default is not the first"}  # fmt: skip
+    assert out["trial"] == {
+        "mode": "warn",
+        "reason": "GRUB_DEFAULT is 'saved', not 0: the entry the node boots by default is not the first",
+    }
 
 
 @pytest.mark.parametrize("node", ["systemd-boot"], indirect=True)
@@ -361,9 +376,11 @@ def test_a_one_shot_lost_at_the_reset_is_told_from_a_trial_that_hung_by_the_entr
         assert out["trial_never_ran"] is None and not record.exists()
         assert node.module(trial_boot="auto")["trial"]["mode"] == "trial", "a hung trial does not rule out the next"
         return
-    lost = (f"the firmware did not keep systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back "
-            f"provision-trial+1.conf after bootctl set-oneshot, yet the loader booted proxmox-{NEW_KVER}.conf and "
-            "never provision-trial+1.conf (its boot counter is untouched)")  # fmt: skip
+    lost = (
+        f"the firmware did not keep systemd-boot's one-shot through the reboot: LoaderEntryOneShot read back "
+        f"provision-trial+1.conf after bootctl set-oneshot, yet the loader booted proxmox-{NEW_KVER}.conf and "
+        "never provision-trial+1.conf (its boot counter is untouched)"
+    )
     assert json.loads(record.read_text())["reason"] == lost
     assert out["trial_never_ran"] == (
         f"{lost}; recorded in {record}: until it is removed, runs boot no trial on this node (auto makes the line the "
@@ -476,8 +493,15 @@ def stand_in_reboot(tmp_path_factory):
         "Reboot into the new kernel command line",
         "Wait for the node's onboot guests",
     ]
-    tasks[:2] = [{"name": "Boot through the bootloader stand-in", "ansible.builtin.command": "boot {{ boot_mode }}",
-                  "when": tasks[0]["when"], "register": tasks[0]["register"], "changed_when": True}]  # fmt: skip
+    tasks[:2] = [
+        {
+            "name": "Boot through the bootloader stand-in",
+            "ansible.builtin.command": "boot {{ boot_mode }}",
+            "when": tasks[0]["when"],
+            "register": tasks[0]["register"],
+            "changed_when": True,
+        }
+    ]
     reboot.write_text(yaml.safe_dump(tasks, sort_keys=False))
     return collections
 
@@ -500,8 +524,10 @@ def boot_config(node) -> dict:
     """The node's default boot configuration: what boots after a power cycle."""
     if node.bootloader == "grub":
         return {p: node.read(p) for p in ("/etc/default/grub", "/boot/grub/grub.cfg")}
-    return {"/etc/kernel/cmdline": node.read("/etc/kernel/cmdline"),
-            "ESP": node.sh(ESP.format("cat $ROOT/esp/loader/entries/proxmox-*.conf")).stdout}  # fmt: skip
+    return {
+        "/etc/kernel/cmdline": node.read("/etc/kernel/cmdline"),
+        "ESP": node.sh(ESP.format("cat $ROOT/esp/loader/entries/proxmox-*.conf")).stdout,
+    }
 
 
 def trial_left(node) -> list[str]:
@@ -518,15 +544,17 @@ def running(node) -> str:
     return (node.root / "cmdline").read_text()
 
 
-@pytest.mark.parametrize(("node", "boot_mode"), [("grub", "hang"), ("systemd-boot", "not-taken")],
-                         indirect=["node"])  # fmt: skip
+@pytest.mark.parametrize(("node", "boot_mode"), [("grub", "hang"), ("systemd-boot", "not-taken")], indirect=["node"])
 def test_a_node_back_on_its_old_line_keeps_its_default_and_the_next_run_converges(node, stand_in_reboot, boot_mode):
     """hang: the trial entry booted and hung, and a power cycle booted the default; not-taken: the bootloader did not
     take the one-shot (still set). Either way the role stops with one line; a run that boots the trial commits it."""
     before = boot_config(node)
     failed = apply(node, stand_in_reboot, boot_mode)
-    files = ("/etc/default/grub, /boot/grub/grub.cfg" if node.bootloader == "grub"
-             else "/etc/kernel/cmdline, loader/entries/proxmox-*.conf on the ESPs")  # fmt: skip
+    files = (
+        "/etc/default/grub, /boot/grub/grub.cfg"
+        if node.bootloader == "grub"
+        else "/etc/kernel/cmdline, loader/entries/proxmox-*.conf on the ESPs"
+    )
     said = (
         "the trial boot did not come up on the new line (running: BOOT_IMAGE=/vmlinuz " + OLD_LINE + ")"
         if node.bootloader == "grub"
@@ -552,14 +580,21 @@ COMMIT_FAULT_SEES = (
     "reboots, and its default boot entry stays the old line"
 )
 FAULT_ROWS = [
-    Row("/boot full when a trial boot's line is made the default (`update-grub` after the trial)", "kernel",
+    Row(
+        "/boot full when a trial boot's line is made the default (`update-grub` after the trial)",
+        "kernel",
         f"`{COMMIT_FAULT_SEES}`",
         "/etc/default/grub and /boot/grub/grub.cfg as before, the trial entry removed, no marker; the node runs the "
         "new line until its next boot",
         "yes: with room made, the next run writes the default without another reboot",
-        "tests/unit/test_kernel_cmdline_trial.py::test_a_full_boot_when_the_trial_is_committed[grub]", True, True),
-    Row("firmware drops the trial's one-shot at the reset (`LoaderEntryOneShot` read back as armed, gone after the "
-        "reboot)", "kernel",
+        "tests/unit/test_kernel_cmdline_trial.py::test_a_full_boot_when_the_trial_is_committed[grub]",
+        True,
+        True,
+    ),
+    Row(
+        "firmware drops the trial's one-shot at the reset (`LoaderEntryOneShot` read back as armed, gone after the "
+        "reboot)",
+        "kernel",
         "`<host>: the trial boot never ran, so the new line was not tried: the firmware did not keep systemd-boot's "
         "one-shot through the reboot: …`",
         "the default boot configuration and the running line as before, the trial entry removed, the loss recorded "
@@ -567,8 +602,11 @@ FAULT_ROWS = [
         "yes: the next run boots no trial there (`auto` warns, makes the line the default and reboots, monitored)",
         "tests/unit/test_kernel_cmdline_trial.py::"
         "test_a_one_shot_lost_at_the_reset_is_told_from_a_trial_that_hung_by_the_entrys_boot_counter"
-        "[never-booted-systemd-boot]", True, True),
-]  # fmt: skip
+        "[never-booted-systemd-boot]",
+        True,
+        True,
+    ),
+]
 
 
 @pytest.mark.parametrize("node", ["grub"], indirect=True)

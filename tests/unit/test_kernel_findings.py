@@ -56,8 +56,11 @@ def test_this_boots_journal_is_read_before_a_ring_buffer_that_may_have_dropped_t
 def test_no_other_file_reads_these_findings_by_its_own_rule():
     rule_lines = ("Default domain type: (", 'count("IO_PAGE_FAULT")', "kvm_amd/parameters/sev_snp")
     owners = {"kernel_findings.py", "sev_snp.py"}
-    for path in [*ROOT.joinpath("plugins").rglob("*.py"), *ROOT.joinpath("roles").rglob("*.py"),
-                 *ROOT.joinpath("provision").rglob("*.py")]:  # fmt: skip
+    for path in [
+        *ROOT.joinpath("plugins").rglob("*.py"),
+        *ROOT.joinpath("roles").rglob("*.py"),
+        *ROOT.joinpath("provision").rglob("*.py"),
+    ]:
         if path.name not in owners:
             text = path.read_text()
             assert not [line for line in rule_lines if line in text], f"{path} has its own copy of a findings rule"
@@ -65,13 +68,17 @@ def test_no_other_file_reads_these_findings_by_its_own_rule():
 
 def test_the_diagnostic_as_its_role_ships_it_reads_the_node_by_the_same_rule(tmp_path):
     """The gpu_diag role copies the script and the two module_utils side by side (roles/gpu_diag/vars/main.yml)."""
-    for source in (SCRIPT, plugins_dir() / "module_utils" / "kernel_findings.py",
-                   plugins_dir() / "module_utils" / "sev_snp.py"):  # fmt: skip
+    for source in (
+        SCRIPT,
+        plugins_dir() / "module_utils" / "kernel_findings.py",
+        plugins_dir() / "module_utils" / "sev_snp.py",
+    ):
         shutil.copy(source, tmp_path)
     shipped = (ROOT / "roles" / "gpu_diag" / "vars" / "main.yml").read_text()
     assert "module_utils/kernel_findings.py" in shipped and "module_utils/sev_snp.py" in shipped
-    proc = subprocess.run([sys.executable, str(tmp_path / "gpu_p2p_diag.py"), "--skip-nccl"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "gpu_p2p_diag.py"), "--skip-nccl"], capture_output=True, text=True, timeout=300
+    )
     host = json.loads(proc.stdout)["host_findings"]
 
     def run(argv):

@@ -18,7 +18,11 @@ from provision.lab.ctbody import has_nesting, parse_dev, parse_node_read
 def test_a_devn_entry_without_mode_gets_pves_default_0660():
     assert parse_dev("/dev/nvidia0") == {"path": "/dev/nvidia0", "mode": 0o660, "uid": 0, "gid": 0}
     assert parse_dev("path=/dev/nvidia-uvm,mode=0666,uid=100,gid=44") == {
-        "path": "/dev/nvidia-uvm", "mode": 0o666, "uid": 100, "gid": 44}  # fmt: skip
+        "path": "/dev/nvidia-uvm",
+        "mode": 0o666,
+        "uid": 100,
+        "gid": 44,
+    }
 
 
 def test_nesting_is_read_from_the_features_string():
@@ -35,8 +39,12 @@ def test_node_read_tells_device_nodes_from_missing_paths_and_files():
         "--- version\nNVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05\n"
         "--- cmdline\nBOOT_IMAGE=/boot/vmlinuz-6.1.0-28-amd64 root=UUID=abc ro iommu=pt\n"
     )
-    assert found == {"/dev/nvidia0": (195, 0), "/dev/nvidia-uvm-tools": (511, 1), "/dev/nvidia7": None,
-                     "/dev/not-a-device": None}  # fmt: skip
+    assert found == {
+        "/dev/nvidia0": (195, 0),
+        "/dev/nvidia-uvm-tools": (511, 1),
+        "/dev/nvidia7": None,
+        "/dev/not-a-device": None,
+    }
     assert "580.95.05" in version and "--- cmdline" not in version
     assert cmdline == "BOOT_IMAGE=/boot/vmlinuz-6.1.0-28-amd64 root=UUID=abc ro iommu=pt\n"
     assert parse_node_read("--- version\n") == ({}, None, None)
@@ -59,8 +67,12 @@ def test_a_static_net0_must_name_a_free_lab_link():
     from provision.lab.ctbody import net_index
 
     assert net_index("name=eth0,bridge=vmbr0,ip=10.213.9.2/30,gw=10.213.9.1", {1}, _free(), first=1) == 9
-    for ip, why in (("192.168.1.50/24", "the lab's links are"), ("10.213.1.2/30", "is taken"),
-                    ("10.213.5.2/30", "is taken"), ("10.213.300.2/30", "the lab's links are")):  # fmt: skip
+    for ip, why in (
+        ("192.168.1.50/24", "the lab's links are"),
+        ("10.213.1.2/30", "is taken"),
+        ("10.213.5.2/30", "is taken"),
+        ("10.213.300.2/30", "the lab's links are"),
+    ):
         with pytest.raises(ValueError, match=why):
             net_index(f"name=eth0,ip={ip}", {1}, _free(5), first=1)
     with pytest.raises(ValueError, match="no free lab link"):
@@ -70,8 +82,14 @@ def test_a_static_net0_must_name_a_free_lab_link():
 def test_a_body_record_round_trips_through_another_process(tmp_path):
     from provision.lab.container import ContainerSpec, LabContainer
 
-    body = LabContainer(ContainerSpec(name="ct150", index=3, created=True), tmp_path / "ct150", tmp_path / "rootfs",
-                        tmp_path / "key", tmp_path / "kh", read_only_binds={"/srv/x": tmp_path / "x"})  # fmt: skip
+    body = LabContainer(
+        ContainerSpec(name="ct150", index=3, created=True),
+        tmp_path / "ct150",
+        tmp_path / "rootfs",
+        tmp_path / "key",
+        tmp_path / "kh",
+        read_only_binds={"/srv/x": tmp_path / "x"},
+    )
     again = LabContainer.from_record(json.loads(json.dumps(body.record())))
     assert again.record() == body.record() and again.spec == body.spec
     assert again.host_key == tmp_path / "ct150" / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key"
@@ -80,8 +98,13 @@ def test_a_body_record_round_trips_through_another_process(tmp_path):
 def test_post_create_writes_roots_keys_in_pves_block_and_fresh_host_keys(tmp_path):
     from provision.lab.container import ContainerSpec, LabContainer
 
-    body = LabContainer(ContainerSpec(name="ct150.lab.example", index=3, created=True), tmp_path / "ct150",
-                        tmp_path / "rootfs", tmp_path / "key", tmp_path / "kh")  # fmt: skip
+    body = LabContainer(
+        ContainerSpec(name="ct150.lab.example", index=3, created=True),
+        tmp_path / "ct150",
+        tmp_path / "rootfs",
+        tmp_path / "key",
+        tmp_path / "kh",
+    )
     body.dir.mkdir()
     keys = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDfakefakefakefakefakefakefakefakefakefakefake a@b\nssh-rsa AAAAB3 c@d"
     body.post_create(keys)
@@ -97,8 +120,13 @@ def test_post_create_writes_roots_keys_in_pves_block_and_fresh_host_keys(tmp_pat
         assert derived.stdout.split()[:2] == public.read_text().split()[:2], "a pair"
     assert body.known_hosts_line().split()[1:] == (upper / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
     assert not list(body.dir.glob("tmp*")), "the key files made outside the CT are gone"
-    other = LabContainer(ContainerSpec(name="ct151", index=4, created=True), tmp_path / "ct151",
-                         tmp_path / "rootfs", tmp_path / "key", tmp_path / "kh")  # fmt: skip
+    other = LabContainer(
+        ContainerSpec(name="ct151", index=4, created=True),
+        tmp_path / "ct151",
+        tmp_path / "rootfs",
+        tmp_path / "key",
+        tmp_path / "kh",
+    )
     other.dir.mkdir()
     other.post_create(None)
     assert not (other.dir / "upper" / "root").exists(), "no ssh-public-keys: no authorized_keys"
@@ -114,8 +142,9 @@ def test_a_driver_the_node_loads_after_the_ct_started_shows_through_the_ct_s_bou
     body's copy is bound into the CT at start (nspawn --bind-ro); a refresh must show through that bind."""
     from provision.lab.container import PROC_DRIVER_STAGE, ContainerSpec, LabContainer
 
-    body = LabContainer(ContainerSpec(name="ct", index=250), tmp_path / "ct", tmp_path / "rootfs", tmp_path / "key",
-                        tmp_path / "kh")  # fmt: skip
+    body = LabContainer(
+        ContainerSpec(name="ct", index=250), tmp_path / "ct", tmp_path / "rootfs", tmp_path / "key", tmp_path / "kh"
+    )
     body.configure([], nesting=True, driver_version=None)  # started before the node had a driver
     stage = body.dir / "proc-driver"
     assert f"--bind-ro={stage}:{PROC_DRIVER_STAGE}" in body.nspawn_command()
@@ -137,8 +166,27 @@ def test_a_driver_the_node_loads_after_the_ct_started_shows_through_the_ct_s_bou
     )
     script = 'mount --bind -o ro "$1" "$2" && exec "$3" "$4" "$5" "$2" "$6"'
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(stage),
-                           str(inside), sys.executable, str(refresh), str(body.dir), NVRM], capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(stage),
+            str(inside),
+            sys.executable,
+            str(refresh),
+            str(body.dir),
+            NVRM,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == NVRM + "[]\n", "loaded, then unloaded: both seen through the bind"

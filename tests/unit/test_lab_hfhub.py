@@ -72,8 +72,9 @@ def test_the_gated_repo_refuses_a_client_without_a_token(hub, tmp_path):
     with pytest.raises(errors.GatedRepoError):
         api(hub, token=False).model_info(hfhub.REPO_ID, revision=repo.commit)
     with pytest.raises(errors.GatedRepoError):
-        hf.hf_hub_download(hfhub.REPO_ID, "config.json", revision=repo.commit, local_dir=tmp_path, token=False,
-                           endpoint=hub.url)  # fmt: skip
+        hf.hf_hub_download(
+            hfhub.REPO_ID, "config.json", revision=repo.commit, local_dir=tmp_path, token=False, endpoint=hub.url
+        )
     assert not (tmp_path / "config.json").exists()
 
 
@@ -91,8 +92,9 @@ def test_an_unknown_revision_is_404_revision_not_found(hub):
 def test_an_unknown_file_is_entry_not_found(hub, tmp_path):
     repo = hub.repos[hfhub.REPO_ID]
     with pytest.raises(errors.EntryNotFoundError):
-        hf.hf_hub_download(hfhub.REPO_ID, "nope.bin", revision=repo.commit, local_dir=tmp_path, token=TOKEN,
-                           endpoint=hub.url)  # fmt: skip
+        hf.hf_hub_download(
+            hfhub.REPO_ID, "nope.bin", revision=repo.commit, local_dir=tmp_path, token=TOKEN, endpoint=hub.url
+        )
 
 
 def test_an_unknown_repo_is_refused_as_not_found(hub):
@@ -116,8 +118,9 @@ def test_a_transfer_resumes_with_a_range_request(hub):
 def test_a_corrupted_file_has_its_size_and_the_true_sha256_in_the_headers_but_other_bytes(hub, tmp_path):
     repo = hub.repos[hfhub.REPO_ID]
     hub.corrupt(hfhub.REPO_ID, "model.safetensors")
-    got = hf.hf_hub_download(hfhub.REPO_ID, "model.safetensors", revision=repo.commit, local_dir=tmp_path,
-                             token=TOKEN, endpoint=hub.url)  # fmt: skip
+    got = hf.hf_hub_download(
+        hfhub.REPO_ID, "model.safetensors", revision=repo.commit, local_dir=tmp_path, token=TOKEN, endpoint=hub.url
+    )
     data = Path(got).read_bytes()
     expected = repo.file("model.safetensors")
     assert len(data) == len(expected.data) and hashlib.sha256(data).hexdigest() != expected.sha256

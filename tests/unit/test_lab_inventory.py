@@ -33,10 +33,17 @@ def written(tmp_path, monkeypatch):
     (lab.dir / "hf-token").write_text(TOKEN + "\n")
 
     def write(bare: bool) -> Path:
-        vms = [{"name": "pve-grub", "bootloader": "grub", "port": 2201},
-               {"name": "pve-sdboot", "bootloader": "sdboot", "port": 2202}]  # fmt: skip
-        state = {"bare": bare, "vms": vms, "containers": [] if bare else [{"name": "sglang-01", "index": 1}],
-                 "pve_port": 40000, **({"hub": HUB} if bare else {})}  # fmt: skip
+        vms = [
+            {"name": "pve-grub", "bootloader": "grub", "port": 2201},
+            {"name": "pve-sdboot", "bootloader": "sdboot", "port": 2202},
+        ]
+        state = {
+            "bare": bare,
+            "vms": vms,
+            "containers": [] if bare else [{"name": "sglang-01", "index": 1}],
+            "pve_port": 40000,
+            **({"hub": HUB} if bare else {}),
+        }
         return lab.write_inventory(state)
 
     return write

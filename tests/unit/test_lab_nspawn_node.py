@@ -27,11 +27,14 @@ pytestmark = pytest.mark.skipif(
 
 def node(tool: str, *args: str, as_user: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`tool args` on a node whose ring is RING, booted at BOOT, run through `as_user` (e.g. setpriv) if given."""
-    setup = (f"mount -t tmpfs tmpfs /run/lab && printf '%s' '{RING}' > /run/lab/kmsg && "
-             f"echo {BOOT} > /run/lab/kmsg-boot")  # fmt: skip
+    setup = f"mount -t tmpfs tmpfs /run/lab && printf '%s' '{RING}' > /run/lab/kmsg && echo {BOOT} > /run/lab/kmsg-boot"
     body = f'mkdir -p /run/lab && {setup} && exec {" ".join(as_user)} "$0" "$@"'
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", body, str(BIN / tool), *args],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", body, str(BIN / tool), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_dmesg_prints_each_line_at_its_seconds_since_boot():

@@ -41,13 +41,23 @@ class Namespace:
             work.mkdir()
             mounts.append(f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {lower}")
         lab = OVERLAY / "usr" / "local" / "lib" / "lab" / "fake-nvidia.sh"
-        self.setup = " && ".join([*mounts, "mkdir -p /usr/local/lib/lab /etc/lab /var/lib/dkms",
-                                  f"cp {lab} /usr/local/lib/lab/fake-nvidia.sh", "echo 2 > /etc/lab/gpus"])  # fmt: skip
+        self.setup = " && ".join(
+            [
+                *mounts,
+                "mkdir -p /usr/local/lib/lab /etc/lab /var/lib/dkms",
+                f"cp {lab} /usr/local/lib/lab/fake-nvidia.sh",
+                "echo 2 > /etc/lab/gpus",
+            ]
+        )
 
     def run(self, script: str) -> subprocess.CompletedProcess:
         body = f"set -e; {self.setup}; set +e; {script}"
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", body],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", body],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
 
 @pytest.fixture
@@ -91,8 +101,12 @@ def test_a_bare_node_gets_the_driver_registered_with_dkms_and_loaded(ns, install
     assert out["dkms"] == f"nvidia/{V1}, {kernel}, {os.uname().machine}: installed\n"
     assert out["userspace"] == f"{V1}\n"
     # what the role reads from it: the pinned driver installed, registered with DKMS and loaded
-    report = {"kernel": kernel, "loaded": rules.module_version(out["version"]), "nouveau_loaded": False,
-              "dkms": rules.parse_dkms_status(out["dkms"])}  # fmt: skip
+    report = {
+        "kernel": kernel,
+        "loaded": rules.module_version(out["version"]),
+        "nouveau_loaded": False,
+        "dkms": rules.parse_dkms_status(out["dkms"]),
+    }
     report["installed"] = rules.installed_version(None, report["dkms"], kernel)
     assert rules.decide(V1, report)["current"]
 

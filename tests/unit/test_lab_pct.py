@@ -91,8 +91,16 @@ def created(tmp_path, pct) -> list[str]:
 
 def test_exec_cat_reads_the_keys_the_create_copied_onto_the_node(tmp_path, node, capsys):
     keys = created(tmp_path, node)
-    rc, out, err = pct_run(node, capsys, "exec", str(VMID), "--", "cat", "/etc/ssh/ssh_host_ed25519_key.pub",
-                           "/etc/ssh/ssh_host_rsa_key.pub")  # fmt: skip
+    rc, out, err = pct_run(
+        node,
+        capsys,
+        "exec",
+        str(VMID),
+        "--",
+        "cat",
+        "/etc/ssh/ssh_host_ed25519_key.pub",
+        "/etc/ssh/ssh_host_rsa_key.pub",
+    )
     assert (rc, err) == (0, ""), err
     assert out == keys[0] + keys[1]
     assert not list((tmp_path / "pct").rglob("*_key")), "only public keys reach the node"
@@ -107,8 +115,10 @@ def test_a_stopped_ct_is_refused_as_pct_refuses_it(tmp_path, node, capsys):
     created(tmp_path, node)
     Api.status = "stopped"
     assert pct_run(node, capsys, "exec", str(VMID), "--", "cat", "/etc/ssh/ssh_host_ed25519_key.pub") == (
-        255, "", f"container '{VMID}' not running!\n"
-    )  # fmt: skip
+        255,
+        "",
+        f"container '{VMID}' not running!\n",
+    )
     assert pct_run(node, capsys, "status", str(VMID)) == (0, "status: stopped\n", "")
 
 

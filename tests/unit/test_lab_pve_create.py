@@ -34,22 +34,42 @@ def pve(tmp_path):
 
     port = _free_port()
     seed = {
-        "port": port, "token_name": "provision", "nodes": [NODE], "pve_version": "9.0.11", "bodies": {},
+        "port": port,
+        "token_name": "provision",
+        "nodes": [NODE],
+        "pve_version": "9.0.11",
+        "bodies": {},
         "containers": [{"vmid": 101, "name": "sglang-01", "node": NODE, "config": {"hostname": "sglang-01"}}],
-        "create": {"rootfs": str(tmp_path / "rootfs"), "containers_dir": str(tmp_path / "containers"),
-                   "client_key": str(tmp_path / "id_ed25519"), "binds": {}, "first_index": 200},
-    }  # fmt: skip
+        "create": {
+            "rootfs": str(tmp_path / "rootfs"),
+            "containers_dir": str(tmp_path / "containers"),
+            "client_key": str(tmp_path / "id_ed25519"),
+            "binds": {},
+            "first_index": 200,
+        },
+    }
     (tmp_path / "pve-seed.json").write_text(json.dumps(seed))
     (tmp_path / "secrets.json").write_text(json.dumps({"pve_password": PASSWORD, "pve_token_secret": "t"}))
     log = (tmp_path / "pve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "provision.lab.pve", str(tmp_path)], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provision.lab.pve", str(tmp_path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "pve-ready").exists():
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "pve.log").read_text()[-2000:]
         time.sleep(0.1)
-    api = ProxmoxAPI("127.0.0.1", port=port, user="root@pam", password=PASSWORD, service="PVE",
-                     verify_ssl=str(tmp_path / "pve.crt"), timeout=60)  # fmt: skip
+    api = ProxmoxAPI(
+        "127.0.0.1",
+        port=port,
+        user="root@pam",
+        password=PASSWORD,
+        service="PVE",
+        verify_ssl=str(tmp_path / "pve.crt"),
+        timeout=60,
+    )
     try:
         yield api
     finally:
@@ -67,8 +87,15 @@ def _task(api, upid: str) -> str:
 
 
 def _create(api, **extra) -> str:
-    params = {"vmid": 150, "ostemplate": TEMPLATE_VOLID, "hostname": "ct150", "rootfs": "local-lvm:8",
-              "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "ssh-public-keys": KEY, **extra}  # fmt: skip
+    params = {
+        "vmid": 150,
+        "ostemplate": TEMPLATE_VOLID,
+        "hostname": "ct150",
+        "rootfs": "local-lvm:8",
+        "net0": "name=eth0,bridge=vmbr0,ip=dhcp",
+        "ssh-public-keys": KEY,
+        **extra,
+    }
     return _task(api, api.nodes(NODE).lxc.post(**params))
 
 
@@ -101,8 +128,9 @@ def test_create_makes_a_stopped_body_and_destroy_removes_it_unless_it_runs(pve, 
     # what `provision lab status` and `lab down` read: the created body, by VMID
     (tmp_path / "state.json").write_text(json.dumps({"up": True, "vms": [], "containers": [], "pve_port": 0}))
     lab = Lab(dir=tmp_path)
-    assert lab.status()["containers"] == [{"name": "ct150", "vmid": 150, "ssh": "10.213.200.2:22",
-                                           "running": False, "created_through_api": True}]  # fmt: skip
+    assert lab.status()["containers"] == [
+        {"name": "ct150", "vmid": 150, "ssh": "10.213.200.2:22", "running": False, "created_through_api": True}
+    ]
     with pytest.raises(ResourceException) as running:
         pve.nodes(NODE).lxc(101).delete()
     assert running.value.status_code == 500 and "unable to destroy CT 101 - container is running" in str(running.value)

@@ -123,20 +123,26 @@ def _record(tmp_path, events) -> Path:
 
 def test_left_locked_names_hosts_whose_lock_was_taken_or_may_be_and_not_given_back(tmp_path):
     taken, held = {"lock": {"taken": True}}, {"lock": {"taken": False}}
-    record = _record(tmp_path, [
-        _event(1, "runner_on_start", "done", locks.READ_TASK),
-        _event(2, "runner_on_ok", "done", locks.READ_TASK, taken),
-        _event(3, "runner_on_ok", "failed-later", locks.READ_TASK, taken),
-        _event(4, "runner_on_ok", "other-run", locks.READ_TASK, held),
-        _event(5, "runner_on_ok", "taken-over", locks.READ_TASK, held),
-        _event(6, "runner_on_ok", "taken-over", locks.TAKE_OVER_TASK, taken),
-        _event(7, "runner_on_start", "cut-short", locks.READ_TASK),
-        _event(8, "runner_on_unreachable", "down", locks.READ_TASK),
-        _event(9, "runner_on_ok", "done", locks.RELEASE_TASK, {"lock": {"released": True}}),
-        # an answer that cannot be read (mangled): the lock may be this run's
-        {"counter": 10, "event": "runner_on_ok", "event_data": {"host": "unread", "task": locks.READ_TASK,
-                                                                 "res": {"stdout": '{"lock": {"taken": ***'}}},
-    ])  # fmt: skip
+    record = _record(
+        tmp_path,
+        [
+            _event(1, "runner_on_start", "done", locks.READ_TASK),
+            _event(2, "runner_on_ok", "done", locks.READ_TASK, taken),
+            _event(3, "runner_on_ok", "failed-later", locks.READ_TASK, taken),
+            _event(4, "runner_on_ok", "other-run", locks.READ_TASK, held),
+            _event(5, "runner_on_ok", "taken-over", locks.READ_TASK, held),
+            _event(6, "runner_on_ok", "taken-over", locks.TAKE_OVER_TASK, taken),
+            _event(7, "runner_on_start", "cut-short", locks.READ_TASK),
+            _event(8, "runner_on_unreachable", "down", locks.READ_TASK),
+            _event(9, "runner_on_ok", "done", locks.RELEASE_TASK, {"lock": {"released": True}}),
+            # an answer that cannot be read (mangled): the lock may be this run's
+            {
+                "counter": 10,
+                "event": "runner_on_ok",
+                "event_data": {"host": "unread", "task": locks.READ_TASK, "res": {"stdout": '{"lock": {"taken": ***'}},
+            },
+        ],
+    )
     assert locks.left_locked(record) == ["cut-short", "failed-later", "taken-over", "unread"]
     assert locks.released(record) == {"done"}
 
@@ -238,15 +244,18 @@ def test_a_lease_that_is_no_number_of_seconds_names_the_host_and_variable(tmp_pa
 
 def test_a_node_locked_through_its_container_is_named_by_its_own_name(tmp_path):
     taken, held = {"lock": {"taken": True}}, {"lock": {"taken": False}}
-    record = _record(tmp_path, [
-        _event(1, "runner_on_ok", "ct1", locks.READ_TASK, taken),
-        _event(2, "runner_on_ok", "ct1", locks.NODE_READ_TASK, taken),  # delegated to pve1
-        _event(3, "runner_on_ok", "ct2", locks.NODE_READ_TASK, held),
-        _event(4, "runner_on_ok", "ct2", locks.NODE_TAKE_OVER_TASK, taken),  # pve2, from a gone run
-        _event(5, "runner_on_start", "ct3", locks.NODE_READ_TASK),  # pve3: may be ours
-        _event(6, "runner_on_ok", "ct2", locks.RELEASE_TASK, {"lock": {"released": True}}),
-        _event(7, "runner_on_ok", "ct2", locks.NODE_RELEASE_TASK, {"lock": {"released": True}}),
-    ])  # fmt: skip
+    record = _record(
+        tmp_path,
+        [
+            _event(1, "runner_on_ok", "ct1", locks.READ_TASK, taken),
+            _event(2, "runner_on_ok", "ct1", locks.NODE_READ_TASK, taken),  # delegated to pve1
+            _event(3, "runner_on_ok", "ct2", locks.NODE_READ_TASK, held),
+            _event(4, "runner_on_ok", "ct2", locks.NODE_TAKE_OVER_TASK, taken),  # pve2, from a gone run
+            _event(5, "runner_on_start", "ct3", locks.NODE_READ_TASK),  # pve3: may be ours
+            _event(6, "runner_on_ok", "ct2", locks.RELEASE_TASK, {"lock": {"released": True}}),
+            _event(7, "runner_on_ok", "ct2", locks.NODE_RELEASE_TASK, {"lock": {"released": True}}),
+        ],
+    )
     nodes = {"ct1": "pve1", "ct2": "pve2", "ct3": "pve3"}
     assert locks.left_locked(record, nodes) == ["ct1", "pve1", "pve3"]
     assert locks.released(record, nodes) == {"ct2", "pve2"}

@@ -13,14 +13,21 @@ PROFILE = "BOOT_IMAGE=/boot/vmlinuz-6.8.12-9-pve root=/dev/mapper/pve-root ro qu
 PASSTHROUGH = {"translates": False, "source": "GPU IOMMU group type identity"}
 PHB = {"gpus": ["GPU0", "GPU1"], "links": [{"a": "GPU0", "b": "GPU1", "link": "PHB"}]}
 NV18 = {"gpus": ["GPU0", "GPU1"], "links": [{"a": "GPU0", "b": "GPU1", "link": "NV18"}]}
-CONTEXT = {"boot_id": "b1", "cmdline": PT, "iommu": PASSTHROUGH["source"], "driver_version": "580.95.05",
-           "gpus": ["0000:41:00.0", "0000:42:00.0"]}  # fmt: skip
+CONTEXT = {
+    "boot_id": "b1",
+    "cmdline": PT,
+    "iommu": PASSTHROUGH["source"],
+    "driver_version": "580.95.05",
+    "gpus": ["0000:41:00.0", "0000:42:00.0"],
+}
 HEALTHY = {"verdict": "healthy", "reason": "bit-exact", "context": CONTEXT, "recorded_at": 1.0}
 
 
 def boots(*lines):
-    return [{"source": f"line {i}", "cmdline": line, "iommu": nb.boot_iommu(PT, PASSTHROUGH, line)}
-            for i, line in enumerate(lines)]  # fmt: skip
+    return [
+        {"source": f"line {i}", "cmdline": line, "iommu": nb.boot_iommu(PT, PASSTHROUGH, line)}
+        for i, line in enumerate(lines)
+    ]
 
 
 def test_what_a_line_does_to_the_iommu():

@@ -20,9 +20,19 @@ WANTED = "580.95.05"
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("580.65.06", True), ("580.95.05", True), ("590.48.01", True), ("580.65.05", False), ("575.57.08", False),
-     ("570.1", False), ("580", False), ("580.95.05\n", False), ("", False), (580.95, False)],
-)  # fmt: skip
+    [
+        ("580.65.06", True),
+        ("580.95.05", True),
+        ("590.48.01", True),
+        ("580.65.05", False),
+        ("575.57.08", False),
+        ("570.1", False),
+        ("580", False),
+        ("580.95.05\n", False),
+        ("", False),
+        (580.95, False),
+    ],
+)
 def test_the_floor_is_cuda_13_0s_driver(version, ok):
     assert (rules.version_problem(version) is None) is ok
 
@@ -36,10 +46,15 @@ def test_a_version_below_the_floor_says_why():
 
 @pytest.mark.parametrize(
     ("source", "ok"),
-    [("https://us.download.nvidia.com/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run", True),
-     ("/srv/mirror/NVIDIA-Linux-x86_64-580.95.05.run", True), ("mirror/NVIDIA.run", False),
-     ("ftp://x/y.run", False), ("/srv/a\nb", False), (None, False)],
-)  # fmt: skip
+    [
+        ("https://us.download.nvidia.com/tesla/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run", True),
+        ("/srv/mirror/NVIDIA-Linux-x86_64-580.95.05.run", True),
+        ("mirror/NVIDIA.run", False),
+        ("ftp://x/y.run", False),
+        ("/srv/a\nb", False),
+        (None, False),
+    ],
+)
 def test_the_installer_comes_from_a_url_or_an_absolute_path(source, ok):
     assert (rules.source_problem(source) is None) is ok
 
@@ -72,8 +87,13 @@ def dkms(version=WANTED, kernel=KERNEL, state="installed"):
 
 
 def report(installed=None, loaded=None, entries=(), nouveau=False):
-    return {"kernel": KERNEL, "installed": installed, "loaded": loaded, "dkms": list(entries),
-            "nouveau_loaded": nouveau}  # fmt: skip
+    return {
+        "kernel": KERNEL,
+        "installed": installed,
+        "loaded": loaded,
+        "dkms": list(entries),
+        "nouveau_loaded": nouveau,
+    }
 
 
 def test_a_bare_node_gets_the_installer():
@@ -158,8 +178,12 @@ def test_inventory_check_validates_the_driver_pin(tmp_path):
     )
     found = problems(make(tmp_path, GOOD_HOSTS, {"proxmox_hosts": node_vars}))
     assert len(found) == 3, found
-    assert any("nvidia_driver_version: expected an NVIDIA driver version such as 580.95.05, 580.65.06 or newer" in p
-               and "got '575.57.08' (str)" in p and "group_vars/proxmox_hosts.yml" in p for p in found)  # fmt: skip
+    assert any(
+        "nvidia_driver_version: expected an NVIDIA driver version such as 580.95.05, 580.65.06 or newer" in p
+        and "got '575.57.08' (str)" in p
+        and "group_vars/proxmox_hosts.yml" in p
+        for p in found
+    )
     assert any("nvidia_driver_installer_sha256: expected the installer's sha256" in p for p in found)
     assert any("nvidia_driver_installer: expected an http(s) URL or an absolute path" in p for p in found)
 
@@ -223,8 +247,10 @@ INSTALLER_LOG = textwrap.dedent("""\
 
 
 def test_an_installer_failure_is_one_line_with_its_last_error():
-    cause = ("Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module "
-             "was built against the wrong or improperly configured kernel sources")  # fmt: skip
+    cause = (
+        "Unable to load the kernel module 'nvidia.ko'.  This happens most frequently when this kernel module "
+        "was built against the wrong or improperly configured kernel sources"
+    )
     assert rules.last_installer_error(INSTALLER_LOG) == cause
     assert rules.installer_failure("pve1", WANTED, 1, rules.INSTALLER_LOG, INSTALLER_LOG) == (
         f"pve1: the NVIDIA installer for driver {WANTED} failed (exit 1): {cause}; its log: "
@@ -287,8 +313,12 @@ def test_the_module_quotes_only_a_log_this_runs_installer_wrote(tmp_path):
 
 
 def test_the_module_checks_nothing_where_no_version_is_pinned():
-    params = {"version": "", "installer": "https://us.download.nvidia.com/tesla//NVIDIA-Linux-x86_64-.run",
-              "installer_sha256": "", "host": "pve1"}  # fmt: skip
+    params = {
+        "version": "",
+        "installer": "https://us.download.nvidia.com/tesla//NVIDIA-Linux-x86_64-.run",
+        "installer_sha256": "",
+        "host": "pve1",
+    }
     assert nvidia_driver_info.input_problems(params) == []
 
 

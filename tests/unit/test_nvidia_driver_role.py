@@ -46,12 +46,17 @@ def outcome(tmp_path: Path, check: bool = False, runs: list | None = None, **ove
     if not source.exists():
         source.parent.mkdir()
         source.write_text(f'#!/bin/sh\necho "$0 $*" >> {marker}\n')
-    extra = {"provision_state_dir": str(tmp_path / "state"), "nvidia_driver_version": VERSION,
-             "nvidia_driver_installer": str(source),
-             "nvidia_driver_installer_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-             # nothing from apt, and no blacklist outside tmp_path: the run must stop before either anyway
-             "nvidia_driver_headers_packages": [], "nvidia_driver_packages": ["provision-test-no-such-package"],
-             "nvidia_driver_nouveau_blacklist": str(tmp_path / "blacklist.conf"), **overrides}  # fmt: skip
+    extra = {
+        "provision_state_dir": str(tmp_path / "state"),
+        "nvidia_driver_version": VERSION,
+        "nvidia_driver_installer": str(source),
+        "nvidia_driver_installer_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        # nothing from apt, and no blacklist outside tmp_path: the run must stop before either anyway
+        "nvidia_driver_headers_packages": [],
+        "nvidia_driver_packages": ["provision-test-no-such-package"],
+        "nvidia_driver_nouveau_blacklist": str(tmp_path / "blacklist.conf"),
+        **overrides,
+    }
     extra = {k: v for k, v in extra.items() if v is not UNSET}
 
     def sh(command: str, check: bool) -> subprocess.CompletedProcess:
@@ -89,8 +94,13 @@ def test_no_pin_means_the_driver_is_not_managed_and_the_phase_skips_the_node_say
     """An inventory that pins no driver (inventory/prod leaves it commented out): the node is read and reported in
     one line, nothing is fetched, written or installed, and the phase does not fail."""
     runs = []
-    found = outcome(tmp_path, runs=runs, nvidia_driver_version=pin, nvidia_driver_installer=UNSET,
-                    nvidia_driver_installer_sha256=UNSET)  # fmt: skip
+    found = outcome(
+        tmp_path,
+        runs=runs,
+        nvidia_driver_version=pin,
+        nvidia_driver_installer=UNSET,
+        nvidia_driver_installer_sha256=UNSET,
+    )
     assert found["failed"] is None, runs[-1][-3000:]
     assert found["reason"].startswith("driver not managed (nvidia_driver_version is not set), skipped: ")
     assert reports(runs[-1]) == [found["reason"]]
@@ -173,9 +183,14 @@ def namespace_node(tmp_path: Path):
         if sh.check:
             command = command.replace(" -i localhost,", " --check -i localhost,")
         before, sh.before = sh.before, ":"
-        reads = (("initramfs", "cat /run/initramfs-calls"), ("version", "cat /proc/driver/nvidia/version"),
-                 ("dkms", "dkms status -m nvidia"), ("systemctl", "cat /run/systemctl-calls"),
-                 ("modprobe", "cat /run/modprobe-calls"), ("blacklist", f"cat {BLACKLIST}"))  # fmt: skip
+        reads = (
+            ("initramfs", "cat /run/initramfs-calls"),
+            ("version", "cat /proc/driver/nvidia/version"),
+            ("dkms", "dkms status -m nvidia"),
+            ("systemctl", "cat /run/systemctl-calls"),
+            ("modprobe", "cat /run/modprobe-calls"),
+            ("blacklist", f"cat {BLACKLIST}"),
+        )
         show = "; ".join(f'echo "== {name}"; {read} 2>/dev/null' for name, read in reads)
         calls = "/run/initramfs-calls /run/systemctl-calls /run/modprobe-calls"
         # the playbook's exit status is the run's: the reads after it say what it left
@@ -208,7 +223,7 @@ def pinned(tmp_path: Path, version: str) -> dict:
         "nvidia_driver_headers_packages": [],
         "nvidia_driver_packages": [],
         "nvidia_driver_persistenced": False,
-    }  # fmt: skip  (no systemd here)
+    }  # (no systemd here)
 
 
 @NAMESPACE
@@ -396,8 +411,10 @@ def test_an_installer_failure_is_one_line_naming_the_host_the_version_and_its_lo
     ending with "Installation has failed.", several lines on stderr): the phase stops with one line that names the
     host, the version, the installer's last error and the log."""
     sh, runs = namespace_node(tmp_path)
-    cause = ("Unable to find the kernel source tree for the currently running kernel.  Please make sure you have "
-             "installed the kernel source files for your kernel")  # fmt: skip
+    cause = (
+        "Unable to find the kernel source tree for the currently running kernel.  Please make sure you have "
+        "installed the kernel source files for your kernel"
+    )
     installer = tmp_path / "mirror" / f"NVIDIA-Linux-x86_64-{VERSION}.run"
     installer.parent.mkdir()
     installer.write_text(
@@ -407,8 +424,11 @@ def test_an_installer_failure_is_one_line_naming_the_host_the_version_and_its_lo
         f"for m in '{cause}' \"Installation has failed.  Please see the file '$log' for details.\"; do\n"
         '  echo "ERROR: $m" >> $log; printf \'ERROR: %s\\n\\n\' "$m" >&2\ndone\nexit 1\n'
     )
-    extra = {**pinned(tmp_path, VERSION), "nvidia_driver_installer": str(installer),
-             "nvidia_driver_installer_sha256": hashlib.sha256(installer.read_bytes()).hexdigest()}  # fmt: skip
+    extra = {
+        **pinned(tmp_path, VERSION),
+        "nvidia_driver_installer": str(installer),
+        "nvidia_driver_installer_sha256": hashlib.sha256(installer.read_bytes()).hexdigest(),
+    }
     failed = run_role_playbook(sh, tmp_path, PLAYBOOK, extra, COLLECTIONS)["failed"]
     assert failed == (
         f"localhost: the NVIDIA installer for driver {VERSION} failed (exit 1): {cause}; its log: "

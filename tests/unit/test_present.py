@@ -41,8 +41,14 @@ def test_a_download_loop_shows_files_bytes_rate_and_time_left_on_a_terminal_and_
     repo = hub.repos[hfhub.REPO_ID]
     playbooks = tmp_path / "playbooks"
     playbooks.mkdir()
-    weights = {"repo": repo.repo_id, "revision": repo.commit, "path": str(tmp_path / "model"), "endpoint": hub.url,
-               "token": HF_TOKEN, "files": ["{{ item }}"]}  # fmt: skip
+    weights = {
+        "repo": repo.repo_id,
+        "revision": repo.commit,
+        "path": str(tmp_path / "model"),
+        "endpoint": hub.url,
+        "token": HF_TOKEN,
+        "files": ["{{ item }}"],
+    }
     tasks = [
         # a second between items: the table, drawn four times a second, shows each step
         {
@@ -53,21 +59,32 @@ def test_a_download_loop_shows_files_bytes_rate_and_time_left_on_a_terminal_and_
         },
     ]
     (playbooks / "t.yml").write_text(yaml.safe_dump([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"h1": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {"all": {"hosts": {"h1": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
+        )
+    )
     monkeypatch.setattr(runner, "playbooks_dir", lambda: playbooks)
     total = sum(len(f.data) for f in repo.files)
     for terminal in (True, False):
         out = io.StringIO()
         console = Console(file=out, width=250, force_terminal=terminal, color_system=None)
         with RunRecord(tmp_path / "runs", "test") as record:
-            result = runner.run_playbook("t.yml", tmp_path / "hosts.yml", record=record, host_count=1,
-                                         progress=ConsoleProgress(console).playbook("t"))  # fmt: skip
+            result = runner.run_playbook(
+                "t.yml",
+                tmp_path / "hosts.yml",
+                record=record,
+                host_count=1,
+                progress=ConsoleProgress(console).playbook("t"),
+            )
         assert result.succeeded, result.failures
         shown = out.getvalue()
         if terminal:
-            rows = re.findall(rf"│ h1 +│ Stage \(([0-9.]+ k?B) of {present._size(total)}, (\d) of 3 files, "
-                              r"[0-9.]+ [kMG]?B/s, \d:\d\d:\d\d left\)", shown)  # fmt: skip
+            rows = re.findall(
+                rf"│ h1 +│ Stage \(([0-9.]+ k?B) of {present._size(total)}, (\d) of 3 files, "
+                r"[0-9.]+ [kMG]?B/s, \d:\d\d:\d\d left\)",
+                shown,
+            )
             assert {"1", "2"} <= {k for _, k in rows}, shown
         else:
             lines = [line for line in shown.splitlines() if line.startswith("  h1: ")]

@@ -29,8 +29,14 @@ def playbook(recorded: dict, node_recorded: dict) -> list:
         "_own": "{{ " + json.dumps(recorded) + "[inventory_hostname] | default({}) | test_resolve(_digests) }}",
         "_node": "{{ " + json.dumps(node_recorded) + " | test_resolve_node(_digests, inventory_hostname) }}",
     }
-    args = {"patterns": PATTERNS, "release": "{{ provision_release }}", "skip": "{{ skip | default(true) }}",
-            "recorded": "{{ _own }}", "node_recorded": "{{ _node }}", "node_phases": ["gpu", "sglang"]}  # fmt: skip
+    args = {
+        "patterns": PATTERNS,
+        "release": "{{ provision_release }}",
+        "skip": "{{ skip | default(true) }}",
+        "recorded": "{{ _own }}",
+        "node_recorded": "{{ _node }}",
+        "node_phases": ["gpu", "sglang"],
+    }
     tasks = [
         {"ansible.builtin.set_fact": {"_digests": resolve["_digests"]}},
         {"ansible.builtin.set_fact": {k: v for k, v in resolve.items() if k != "_digests"}},
@@ -42,8 +48,14 @@ def playbook(recorded: dict, node_recorded: dict) -> list:
         },
     ]
     show = "STALE {} {{{{ inventory_hostname }}}}"
-    stale = [{"hosts": f"provision_stale_{phase}", "gather_facts": False,
-              "tasks": [{"ansible.builtin.debug": {"msg": show.format(phase)}}]} for phase in PATTERNS]  # fmt: skip
+    stale = [
+        {
+            "hosts": f"provision_stale_{phase}",
+            "gather_facts": False,
+            "tasks": [{"ansible.builtin.debug": {"msg": show.format(phase)}}],
+        }
+        for phase in PATTERNS
+    ]
     return [{"hosts": "all", "gather_facts": False, "tasks": tasks}, *stale]
 
 
@@ -58,10 +70,21 @@ def run(tmp_path: Path, hosts: dict, recorded: dict, node_recorded: dict, extra:
     collections = tmp_path / "collections"
     found = collections_path(collections) if not collections.exists() else str(collections)
     filters = str(tmp_path / "filter_plugins")
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": found, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FILTER_PLUGINS": filters,
-           "ANSIBLE_LOCALHOST_WARNING": "false"}  # fmt: skip
-    argv = [str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inv.json"), str(tmp_path / "p.yml"),
-            "-e", f"@{tmp_path / 'extra.json'}"]  # fmt: skip
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": found,
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FILTER_PLUGINS": filters,
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+    }
+    argv = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(tmp_path / "inv.json"),
+        str(tmp_path / "p.yml"),
+        "-e",
+        f"@{tmp_path / 'extra.json'}",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     said = re.findall(r'"msg": "DECISION (\S+) (\S+)"', proc.stdout)
@@ -86,8 +109,11 @@ class FilterModule:
 
 
 def test_only_the_phases_whose_record_matches_are_current_and_the_rest_put_the_host_in_their_groups(tmp_path):
-    hosts = {"node1": {"kernel_cmdline_extra_args": ["x"]},
-             "ct1": {"proxmox_vmid": 101, "sglang_port": 30000}, "ct2": {"proxmox_vmid": 102}}  # fmt: skip
+    hosts = {
+        "node1": {"kernel_cmdline_extra_args": ["x"]},
+        "ct1": {"proxmox_vmid": 101, "sglang_port": 30000},
+        "ct2": {"proxmox_vmid": 102},
+    }
     current = {"inputs": "same", "current": True}
     recorded = {
         "node1": {"kernel": current, "verify": {"inputs": "other", "current": True}},  # verify: other inputs
@@ -100,8 +126,12 @@ def test_only_the_phases_whose_record_matches_are_current_and_the_rest_put_the_h
     assert out["decisions"]["node1"]["current"] == {"kernel": True, "gpu": False, "sglang": False, "verify": False}
     assert out["decisions"]["ct1"]["current"] == {"kernel": False, "gpu": True, "sglang": False, "verify": True}
     assert out["decisions"]["ct2"]["current"] == {"kernel": False, "gpu": True, "sglang": False, "verify": True}
-    assert out["stale"] == {"kernel": ["ct1", "ct2"], "gpu": ["node1"], "sglang": ["ct1", "ct2", "node1"],
-                            "verify": ["node1"]}  # fmt: skip
+    assert out["stale"] == {
+        "kernel": ["ct1", "ct2"],
+        "gpu": ["node1"],
+        "sglang": ["ct1", "ct2", "node1"],
+        "verify": ["node1"],
+    }
     assert all(d["changed"] is False for d in out["decisions"].values()), "joining a group is no change to a host"
 
 
@@ -111,8 +141,9 @@ def test_a_changed_variable_an_unknown_release_or_skip_off_makes_every_matching_
     node = {"gpu@ct1": {"current": True}, "sglang@ct1": {"current": True}}
     assert run(tmp_path, hosts, recorded, node)["stale"] == {"kernel": [], "gpu": [], "sglang": [], "verify": []}
     # recorded under other inputs: a variable of the gpu and sglang phases changed since
-    recorded_before = {"ct1": {**recorded["ct1"], "gpu": {"inputs": "x", "current": True},
-                               "sglang": {"inputs": "x", "current": True}}}  # fmt: skip
+    recorded_before = {
+        "ct1": {**recorded["ct1"], "gpu": {"inputs": "x", "current": True}, "sglang": {"inputs": "x", "current": True}}
+    }
     assert run(tmp_path, hosts, recorded_before, node)["stale"]["sglang"] == ["ct1"]
     everything = {"kernel": ["ct1"], "gpu": ["ct1"], "sglang": ["ct1"], "verify": ["ct1"]}
     assert run(tmp_path, hosts, recorded, node, {"provision_release": "unknown"})["stale"] == everything

@@ -29,8 +29,16 @@ def call(tmp_path: Path, module: Path, **args) -> dict:
 
 
 def run(tmp_path: Path, state_dir: Path, version: str = "1.0", check: bool = False, diff: bool = False, **more):
-    return call(tmp_path, MODULE, dir=str(state_dir), phase="kernel", version=version, _ansible_check_mode=check,
-                _ansible_diff=diff, **more)  # fmt: skip
+    return call(
+        tmp_path,
+        MODULE,
+        dir=str(state_dir),
+        phase="kernel",
+        version=version,
+        _ansible_check_mode=check,
+        _ansible_diff=diff,
+        **more,
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the record is owned by root")

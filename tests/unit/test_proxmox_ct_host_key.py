@@ -63,8 +63,13 @@ def with_key(root: Path, path: str = ED25519) -> str:
 
 
 def run(root: Path, **overrides) -> str | None:
-    extra = {"proxmox_host": "localhost", "proxmox_vmid": VMID, "proxmox_ct_known_hosts": str(root / "known_hosts"),
-             "proxmox_ct_ssh_timeout": 10, **overrides}  # fmt: skip
+    extra = {
+        "proxmox_host": "localhost",
+        "proxmox_vmid": VMID,
+        "proxmox_ct_known_hosts": str(root / "known_hosts"),
+        "proxmox_ct_ssh_timeout": 10,
+        **overrides,
+    }
 
     def sh(command: str, check: bool) -> subprocess.CompletedProcess:
         env = {**os.environ, "PATH": f"{root / 'bin'}:{os.environ['PATH']}"}

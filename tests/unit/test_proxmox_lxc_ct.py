@@ -23,10 +23,17 @@ NODE, VMID = "pve1", 150
 TEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKzKg6h3XvRMiPpGZ2ydPkN1nI7Fq1m0kLQyJ0G9qvPq ops@controller"
 SPEC = {
-    "template": TEMPLATE, "storage": "local-lvm", "rootfs_size": 32, "cores": 8, "memory": 65536, "swap": 0,
-    "hostname": "sglang-02", "net0": {"bridge": "vmbr0", "ip": "192.0.2.111/24", "gw": "192.0.2.1"},
-    "ssh_public_keys": [KEY], "startup_order": 2,
-}  # fmt: skip
+    "template": TEMPLATE,
+    "storage": "local-lvm",
+    "rootfs_size": 32,
+    "cores": 8,
+    "memory": 65536,
+    "swap": 0,
+    "hostname": "sglang-02",
+    "net0": {"bridge": "vmbr0", "ip": "192.0.2.111/24", "gw": "192.0.2.1"},
+    "ssh_public_keys": [KEY],
+    "startup_order": 2,
+}
 
 
 class LostConnectionError(ConnectionError):
@@ -72,8 +79,13 @@ class FakePve:
 
     def _task(self, kind, vmid=""):
         upid = f"UPID:{NODE}:0000{len(self.tasks):04X}:00000001:6700000{len(self.tasks)}:{kind}:{vmid}:root@pam:"
-        self.tasks[upid] = {"upid": upid, "type": kind, "starttime": len(self.tasks), "status": "stopped",
-                            "exitstatus": self.exitstatus.get(kind, "OK")}  # fmt: skip
+        self.tasks[upid] = {
+            "upid": upid,
+            "type": kind,
+            "starttime": len(self.tasks),
+            "status": "stopped",
+            "exitstatus": self.exitstatus.get(kind, "OK"),
+        }
         return upid
 
     def handle(self, method, path, kw):
@@ -140,8 +152,15 @@ def module(monkeypatch):
 
 def run(module, monkeypatch, pve, check=False, **params):
     monkeypatch.setattr(module, "connect", lambda p: pve.root())
-    args = {"api_host": "127.0.0.1", "api_password": "secret", "node": NODE, "vmid": VMID, "spec": SPEC,
-            "_ansible_check_mode": check, **params}  # fmt: skip
+    args = {
+        "api_host": "127.0.0.1",
+        "api_password": "secret",
+        "node": NODE,
+        "vmid": VMID,
+        "spec": SPEC,
+        "_ansible_check_mode": check,
+        **params,
+    }
     return collection.main_result(module, args)
 
 
@@ -157,11 +176,21 @@ def test_a_missing_ct_is_created_from_the_spec_and_started(module, monkeypatch):
     assert posts(pve) == [f"nodes/{NODE}/lxc", f"nodes/{NODE}/lxc/{VMID}/status/start"]
     create = next(kw for method, path, kw in pve.calls if path == f"nodes/{NODE}/lxc")
     assert create == {
-        "vmid": VMID, "ostemplate": TEMPLATE, "hostname": "sglang-02", "storage": "local-lvm",
-        "rootfs": "local-lvm:32", "memory": 65536, "swap": 0, "cores": 8,
-        "net0": "name=eth0,bridge=vmbr0,ip=192.0.2.111/24,gw=192.0.2.1", "ssh-public-keys": KEY + "\n",
-        "unprivileged": 1, "features": "nesting=1", "onboot": 1, "startup": "order=2",
-    }  # fmt: skip
+        "vmid": VMID,
+        "ostemplate": TEMPLATE,
+        "hostname": "sglang-02",
+        "storage": "local-lvm",
+        "rootfs": "local-lvm:32",
+        "memory": 65536,
+        "swap": 0,
+        "cores": 8,
+        "net0": "name=eth0,bridge=vmbr0,ip=192.0.2.111/24,gw=192.0.2.1",
+        "ssh-public-keys": KEY + "\n",
+        "unprivileged": 1,
+        "features": "nesting=1",
+        "onboot": 1,
+        "startup": "order=2",
+    }
     # each task waited for: its status read after the POST that started it
     statuses = [i for i, (m, p, _) in enumerate(pve.calls) if p.endswith("/status") and "/tasks/" in p]
     assert len(statuses) == 2
@@ -186,9 +215,18 @@ def test_check_mode_lists_the_create_as_pending_and_asks_for_reads_only(module, 
 
 
 def test_an_existing_ct_that_differs_is_reported_field_by_field_and_left_as_it_is(module, monkeypatch, capsys):
-    config = {"hostname": "sglang-02", "rootfs": "local-lvm:vm-150-disk-0,size=32G", "cores": 8, "memory": 2048,
-              "swap": 0, "unprivileged": 1, "features": "nesting=0", "onboot": 1, "startup": "order=2",
-              "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=192.0.2.111/24,gw=192.0.2.1"}  # fmt: skip
+    config = {
+        "hostname": "sglang-02",
+        "rootfs": "local-lvm:vm-150-disk-0,size=32G",
+        "cores": 8,
+        "memory": 2048,
+        "swap": 0,
+        "unprivileged": 1,
+        "features": "nesting=0",
+        "onboot": 1,
+        "startup": "order=2",
+        "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=192.0.2.111/24,gw=192.0.2.1",
+    }
     pve = FakePve(guests=[{"vmid": VMID, "type": "lxc", "node": NODE, "status": "running"}], configs={VMID: config})
     result = run(module, monkeypatch, pve)
     assert not result["changed"] and not result["created"], result
@@ -207,14 +245,22 @@ def test_an_existing_ct_that_differs_is_reported_field_by_field_and_left_as_it_i
 
 def test_a_missing_template_is_downloaded_with_its_sha256_before_the_create(module, monkeypatch):
     pve = FakePve(templates=())
-    spec = {**SPEC, "template_url": "https://mirror.example.net/debian-12-standard_12.7-1_amd64.tar.zst",
-            "template_sha256": "AB" * 32}  # fmt: skip
+    spec = {
+        **SPEC,
+        "template_url": "https://mirror.example.net/debian-12-standard_12.7-1_amd64.tar.zst",
+        "template_sha256": "AB" * 32,
+    }
     result = run(module, monkeypatch, pve, spec=spec)
     assert result["created"], result
     assert posts(pve)[0] == f"nodes/{NODE}/storage/local/download-url"
     download = pve.calls[[p for _, p, _ in pve.calls].index(f"nodes/{NODE}/storage/local/download-url")][2]
-    assert download == {"content": "vztmpl", "filename": "debian-12-standard_12.7-1_amd64.tar.zst",
-                        "url": spec["template_url"], "checksum": "ab" * 32, "checksum-algorithm": "sha256"}  # fmt: skip
+    assert download == {
+        "content": "vztmpl",
+        "filename": "debian-12-standard_12.7-1_amd64.tar.zst",
+        "url": spec["template_url"],
+        "checksum": "ab" * 32,
+        "checksum-algorithm": "sha256",
+    }
 
 
 def test_without_a_url_the_template_comes_from_the_appliance_index(module, monkeypatch):
@@ -338,9 +384,15 @@ def test_against_the_lab_api_a_missing_ct_is_pending_and_an_existing_one_is_comp
     from tests.unit.test_lab_pve_create import PASSWORD
 
     seed = json.loads((tmp_path / "pve-seed.json").read_text())
-    args = {"api_host": "127.0.0.1", "api_port": seed["port"], "api_password": PASSWORD, "node": LAB_NODE,
-            "ca_file": str(tmp_path / "pve.crt"), "spec": {**SPEC, "hostname": "sglang-01"},
-            "_ansible_check_mode": True}  # fmt: skip
+    args = {
+        "api_host": "127.0.0.1",
+        "api_port": seed["port"],
+        "api_password": PASSWORD,
+        "node": LAB_NODE,
+        "ca_file": str(tmp_path / "pve.crt"),
+        "spec": {**SPEC, "hostname": "sglang-01"},
+        "_ansible_check_mode": True,
+    }
     pending = collection.main_result(module, {**args, "vmid": VMID})
     assert pending["changed"] and pending["steps"] == [f"create CT {VMID} on {LAB_NODE}", f"start CT {VMID}"], pending
     missing = {**args["spec"], "template": "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"}

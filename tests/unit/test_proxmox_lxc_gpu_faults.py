@@ -163,8 +163,13 @@ class Served:
         """The config with pending changes merged in, as PVE shows it, and what the container runs with."""
         ct = self.ct
         merged = {k: v for k, v in {**ct.config, **ct.pending}.items() if v is not None}
-        return {"merged": merged, "running": dict(ct.config), "digest": ct.digest(), "status": ct.status,
-                "reboots": self.reboots()}  # fmt: skip
+        return {
+            "merged": merged,
+            "running": dict(ct.config),
+            "digest": ct.digest(),
+            "status": ct.status,
+            "reboots": self.reboots(),
+        }
 
 
 class Clock:
@@ -206,8 +211,13 @@ def clocked(monkeypatch, name: str, clock: Clock):
 
 def api_args(served: Served) -> dict:
     """The connection arguments every API module takes, for the fakepve `served`."""
-    return {"api_host": "127.0.0.1", "api_port": served.pve.port, "api_user": "root@pam", "api_password": "secret",
-            "ca_file": served.cafile}  # fmt: skip
+    return {
+        "api_host": "127.0.0.1",
+        "api_port": served.pve.port,
+        "api_user": "root@pam",
+        "api_password": "secret",
+        "ca_file": served.cafile,
+    }
 
 
 @pytest.fixture
@@ -260,17 +270,29 @@ class Case:
             sees, converges = f"no failure: {self.note}", "yes, in the same run; the next run changes nothing"
         else:
             sees, converges = f"`{PREFIX}{self.sees}`", "yes: " + RERUN[self.written, self.in_effect]
-        return Row(self.label, "gpu", sees, AFTER[self.written, self.in_effect], converges,
-                   f"tests/unit/test_proxmox_lxc_gpu_faults.py::test_api_fault[{self.id}]", True, True)  # fmt: skip
+        return Row(
+            self.label,
+            "gpu",
+            sees,
+            AFTER[self.written, self.in_effect],
+            converges,
+            f"tests/unit/test_proxmox_lxc_gpu_faults.py::test_api_fault[{self.id}]",
+            True,
+            True,
+        )
 
 
 # the faulty run's state (entries written?, in effect once PVE's tasks ended?): as the doc says it, and the next runs
-AFTER = {(False, False): "config unchanged (same digest), no reboot",
-         (True, False): "every entry written, none in part; nesting=1 pending a restart",
-         (True, True): "every entry written and in effect"}  # fmt: skip
-RERUN = {(False, False): "the next run writes the entries and reboots the container, the one after changes nothing",
-         (True, False): "the next run reboots the container, the one after changes nothing",
-         (True, True): "the next run changes nothing"}  # fmt: skip
+AFTER = {
+    (False, False): "config unchanged (same digest), no reboot",
+    (True, False): "every entry written, none in part; nesting=1 pending a restart",
+    (True, True): "every entry written and in effect",
+}
+RERUN = {
+    (False, False): "the next run writes the entries and reboots the container, the one after changes nothing",
+    (True, False): "the next run reboots the container, the one after changes nothing",
+    (True, True): "the next run changes nothing",
+}
 
 
 PREFIX = f"CT {VMID} on {NODE}: "
@@ -284,9 +306,14 @@ BROKEN_PIPE = "596 Errors during TLS negotiation, request sending and header pro
 LOCK_TIMEOUT = f"500 Internal Server Error: can't lock file '/run/lock/lxc/pve-config-{VMID}.lock' - got timeout"
 INVALID_TICKET = "401 Unauthorized: permission denied - invalid PVE ticket"
 REBOOT_TASK = "the container's reboot (task UPID:…)"
-WHAT = {GET_CONFIG: "reading the container config", PUT_CONFIG: "writing the container config",
-        GET_RUNNING: "reading the running config", GET_STATUS: "reading the container status",
-        REBOOT: "rebooting the container", TASK_STATUS: "reading the status of the container's reboot"}  # fmt: skip
+WHAT = {
+    GET_CONFIG: "reading the container config",
+    PUT_CONFIG: "writing the container config",
+    GET_RUNNING: "reading the running config",
+    GET_STATUS: "reading the container status",
+    REBOOT: "rebooting the container",
+    TASK_STATUS: "reading the status of the container's reboot",
+}
 
 
 def refused(call: Call, answer: str, todo: str) -> str:
@@ -300,29 +327,59 @@ def audit(privilege: str) -> str:
 def _faults_everywhere() -> list[Case]:
     """401 and 596 on every call; 403 on each that checks a privilege; the lock timeout where PVE locks."""
     cases = [
-        Case("login-401", "401 on the login (`authentication failure`)",
-             {"call": LOGIN, "error": "authentication_failure"},
-             f"authentication failed for root@pam at https://127.0.0.1:…: {CHECK_LOGIN} (…code: 401)"),
-        Case("login-596", "596 on the login (pveproxy lost pvedaemon)",
-             {"call": LOGIN, "status": 596, "message": "Broken pipe"},
-             RETRIED.format(what="logging in", answer="596 …code: 596", todo=ANSWERS)),
-    ]  # fmt: skip
+        Case(
+            "login-401",
+            "401 on the login (`authentication failure`)",
+            {"call": LOGIN, "error": "authentication_failure"},
+            f"authentication failed for root@pam at https://127.0.0.1:…: {CHECK_LOGIN} (…code: 401)",
+        ),
+        Case(
+            "login-596",
+            "596 on the login (pveproxy lost pvedaemon)",
+            {"call": LOGIN, "status": 596, "message": "Broken pipe"},
+            RETRIED.format(what="logging in", answer="596 …code: 596", todo=ANSWERS),
+        ),
+    ]
     for call in CALLS[1:]:
-        cases.append(Case(f"{_slug(call)}-401", f"401 on {call.name} (`invalid PVE ticket`)",
-                          {"call": call, "error": "invalid_ticket"},
-                          refused(call, INVALID_TICKET, LOGIN_AGAIN)))  # fmt: skip
-        cases.append(Case(f"{_slug(call)}-596", f"596 on {call.name}, every attempt",
-                          {"call": call, "status": 596, "message": "Broken pipe"},
-                          RETRIED.format(what=WHAT[call], answer=BROKEN_PIPE, todo=ANSWERS)))  # fmt: skip
-    for call, privilege in ((GET_CONFIG, "VM.Audit"), (GET_RUNNING, "VM.Audit"), (GET_STATUS, "VM.Audit"),
-                            (REBOOT, "VM.PowerMgmt")):  # fmt: skip
-        cases.append(Case(f"{_slug(call)}-403", f"403 on {call.name} (`Permission check failed`)",
-                          {"call": call, "error": "permission_denied"},
-                          refused(call, audit(privilege), GRANT)))  # fmt: skip
+        cases.append(
+            Case(
+                f"{_slug(call)}-401",
+                f"401 on {call.name} (`invalid PVE ticket`)",
+                {"call": call, "error": "invalid_ticket"},
+                refused(call, INVALID_TICKET, LOGIN_AGAIN),
+            )
+        )
+        cases.append(
+            Case(
+                f"{_slug(call)}-596",
+                f"596 on {call.name}, every attempt",
+                {"call": call, "status": 596, "message": "Broken pipe"},
+                RETRIED.format(what=WHAT[call], answer=BROKEN_PIPE, todo=ANSWERS),
+            )
+        )
+    for call, privilege in (
+        (GET_CONFIG, "VM.Audit"),
+        (GET_RUNNING, "VM.Audit"),
+        (GET_STATUS, "VM.Audit"),
+        (REBOOT, "VM.PowerMgmt"),
+    ):
+        cases.append(
+            Case(
+                f"{_slug(call)}-403",
+                f"403 on {call.name} (`Permission check failed`)",
+                {"call": call, "error": "permission_denied"},
+                refused(call, audit(privilege), GRANT),
+            )
+        )
     for call in (PUT_CONFIG, REBOOT):
-        cases.append(Case(f"{_slug(call)}-lock-timeout", f"500 config lock timeout on {call.name}, every attempt",
-                          {"call": call, "error": "config_lock_timeout"},
-                          RETRIED.format(what=WHAT[call], answer=LOCK_TIMEOUT, todo=LOCKED)))  # fmt: skip
+        cases.append(
+            Case(
+                f"{_slug(call)}-lock-timeout",
+                f"500 config lock timeout on {call.name}, every attempt",
+                {"call": call, "error": "config_lock_timeout"},
+                RETRIED.format(what=WHAT[call], answer=LOCK_TIMEOUT, todo=LOCKED),
+            )
+        )
     return cases
 
 
@@ -330,40 +387,89 @@ def _faults_of_writes_and_tasks() -> list[Case]:
     """PVE's devN rule, a CT a backup holds, failing and slow tasks, resets: what is written, and the reboot."""
     devn_403 = "403 Forbidden: Permission check failed (configuring device passthrough is only allowed for root@pam)"
     return [
-        Case("put-config-403", "403 on PUT config (device passthrough is root@pam's)",
-             {"call": PUT_CONFIG, "error": "permission_check_failed_configuring_device"},
-             f"PVE refused the devN change ({devn_403}): only root@pam may change devN entries: "
-             "set proxmox_api_user: root@pam, then run again"),
-        Case("put-config-locked-backup", "500 `CT is locked (backup)` on PUT config, every attempt",
-             {"call": PUT_CONFIG, "error": "locked"},
-             RETRIED.format(what=WHAT[PUT_CONFIG], answer="500 Internal Server Error: CT is locked (backup)",
-                            todo=LOCKED)),
-        Case("put-config-lock-timeout-once", "500 config lock timeout on PUT config, once",
-             {"call": PUT_CONFIG, "error": "config_lock_timeout", "times": 1}, None, "the PUT is retried after 1 s"),
-        Case("reboot-task-error", "the reboot task ends in `TASK ERROR: container did not stop`",
-             {"call": REBOOT, "error": "did_not_stop"},
-             f"{REBOOT_TASK} ended with exitstatus 'container did not stop': …; the devN entries are written and "
-             f"wait for a restart: run again, or reboot it yourself (pct reboot {VMID} on {NODE})"),
-        Case("reboot-task-slow", "a reboot task slower than `task_timeout` (3 s, timeout 1 s)", {"call": REBOOT},
-             f"{REBOOT_TASK} is still running after 1s; PVE goes on with it: run again once it has ended, "
-             "or raise gpu_passthrough_task_timeout", params=(("task_timeout", 1),), reboot_s=3),
-        Case("reboot-task-slow-within", "a slow reboot task (1.5 s) within `task_timeout`", {"call": REBOOT}, None,
-             "the task is polled until it ends", reboot_s=1.5),
-        Case("put-config-reset-before", "connection reset mid-PUT, before PVE wrote the config",
-             {"call": PUT_CONFIG, "reset": "before", "times": 1}, None, "the PUT is retried with the same digest"),
-        Case("put-config-reset-after", "connection reset mid-PUT, after PVE wrote the config",
-             {"call": PUT_CONFIG, "reset": "after", "times": 1}, None,
-             "the retried PUT meets `detected modified configuration`, the config is read again and found done"),
-        Case("reboot-reset-after", "connection reset after PVE started the reboot task",
-             {"call": REBOOT, "reset": "after", "times": 1}, None,
-             "the reboot is not asked for again: its effect is found in the running config"),
-        Case("reboot-reset-after-slow", "connection reset after PVE started a slow reboot task (1.5 s)",
-             {"call": REBOOT, "reset": "after", "times": 1}, None,
-             "the reboot is not asked for again: the task is found among the CT's running tasks and waited for",
-             reboot_s=1.5),
-        Case("task-status-reset", "connection reset on a task status poll",
-             {"call": TASK_STATUS, "reset": "before", "times": 1}, None, "the poll is retried"),
-    ]  # fmt: skip
+        Case(
+            "put-config-403",
+            "403 on PUT config (device passthrough is root@pam's)",
+            {"call": PUT_CONFIG, "error": "permission_check_failed_configuring_device"},
+            f"PVE refused the devN change ({devn_403}): only root@pam may change devN entries: "
+            "set proxmox_api_user: root@pam, then run again",
+        ),
+        Case(
+            "put-config-locked-backup",
+            "500 `CT is locked (backup)` on PUT config, every attempt",
+            {"call": PUT_CONFIG, "error": "locked"},
+            RETRIED.format(
+                what=WHAT[PUT_CONFIG], answer="500 Internal Server Error: CT is locked (backup)", todo=LOCKED
+            ),
+        ),
+        Case(
+            "put-config-lock-timeout-once",
+            "500 config lock timeout on PUT config, once",
+            {"call": PUT_CONFIG, "error": "config_lock_timeout", "times": 1},
+            None,
+            "the PUT is retried after 1 s",
+        ),
+        Case(
+            "reboot-task-error",
+            "the reboot task ends in `TASK ERROR: container did not stop`",
+            {"call": REBOOT, "error": "did_not_stop"},
+            f"{REBOOT_TASK} ended with exitstatus 'container did not stop': …; the devN entries are written and "
+            f"wait for a restart: run again, or reboot it yourself (pct reboot {VMID} on {NODE})",
+        ),
+        Case(
+            "reboot-task-slow",
+            "a reboot task slower than `task_timeout` (3 s, timeout 1 s)",
+            {"call": REBOOT},
+            f"{REBOOT_TASK} is still running after 1s; PVE goes on with it: run again once it has ended, "
+            "or raise gpu_passthrough_task_timeout",
+            params=(("task_timeout", 1),),
+            reboot_s=3,
+        ),
+        Case(
+            "reboot-task-slow-within",
+            "a slow reboot task (1.5 s) within `task_timeout`",
+            {"call": REBOOT},
+            None,
+            "the task is polled until it ends",
+            reboot_s=1.5,
+        ),
+        Case(
+            "put-config-reset-before",
+            "connection reset mid-PUT, before PVE wrote the config",
+            {"call": PUT_CONFIG, "reset": "before", "times": 1},
+            None,
+            "the PUT is retried with the same digest",
+        ),
+        Case(
+            "put-config-reset-after",
+            "connection reset mid-PUT, after PVE wrote the config",
+            {"call": PUT_CONFIG, "reset": "after", "times": 1},
+            None,
+            "the retried PUT meets `detected modified configuration`, the config is read again and found done",
+        ),
+        Case(
+            "reboot-reset-after",
+            "connection reset after PVE started the reboot task",
+            {"call": REBOOT, "reset": "after", "times": 1},
+            None,
+            "the reboot is not asked for again: its effect is found in the running config",
+        ),
+        Case(
+            "reboot-reset-after-slow",
+            "connection reset after PVE started a slow reboot task (1.5 s)",
+            {"call": REBOOT, "reset": "after", "times": 1},
+            None,
+            "the reboot is not asked for again: the task is found among the CT's running tasks and waited for",
+            reboot_s=1.5,
+        ),
+        Case(
+            "task-status-reset",
+            "connection reset on a task status poll",
+            {"call": TASK_STATUS, "reset": "before", "times": 1},
+            None,
+            "the poll is retried",
+        ),
+    ]
 
 
 def _slug(call: Call) -> str:

@@ -53,8 +53,9 @@ def module(monkeypatch):
 
 
 def run(module, served, **params):
-    return collection.main_result(module, {**api_args(served), "node": NODE, "vmid": VMID, "host_path": HOST,
-                                           "ct_path": CT, **params})  # fmt: skip
+    return collection.main_result(
+        module, {**api_args(served), "node": NODE, "vmid": VMID, "host_path": HOST, "ct_path": CT, **params}
+    )
 
 
 def test_the_mount_is_written_and_a_second_run_changes_nothing(module, served):
@@ -79,8 +80,11 @@ def test_check_mode_writes_nothing(module, served):
 def outcome(result: dict) -> dict:
     """What a run did, or in check mode would do: the change, the reboot, and the mount left pending."""
     assert not result.get("failed"), result
-    return {"changed": result["changed"], "restart": result.get("restarted") or result.get("would_restart", False),
-            "pending": result["pending"]}  # fmt: skip
+    return {
+        "changed": result["changed"],
+        "restart": result.get("restarted") or result.get("would_restart", False),
+        "pending": result["pending"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -93,11 +97,14 @@ def outcome(result: dict) -> dict:
         # a stopped CT takes the change at once
         ({"mp1": f"/srv/old,mp={CT}"}, "stopped", {"changed": True, "restart": False, "pending": False}),
         # nothing to write, but an earlier change of the entry still pending on the running CT
-        ({"mp1": f"/srv/old,mp={CT}", "pending": {"mp1": f"{HOST},mp={CT},ro=1"}}, "running",
-         {"changed": True, "restart": True, "pending": False}),
+        (
+            {"mp1": f"/srv/old,mp={CT}", "pending": {"mp1": f"{HOST},mp={CT},ro=1"}},
+            "running",
+            {"changed": True, "restart": True, "pending": False},
+        ),
     ],
     ids=["new-entry-hot-plugged", "changed-entry-rebooted", "stopped-ct", "left-pending-earlier"],
-)  # fmt: skip
+)
 def test_check_mode_predicts_exactly_what_apply_does(module, served, config, status, apply_does):
     served.ct.config.update({k: v for k, v in config.items() if k != "pending"})
     served.ct.pending.update(config.get("pending", {}))

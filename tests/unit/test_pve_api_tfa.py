@@ -25,8 +25,14 @@ from tests.unit.test_proxmox_lxc_gpu_faults import (
 SECRET = base64.b32encode(b"provision-lab-totp-1").decode().rstrip("=")
 RFC_SECRET = base64.b32encode(b"12345678901234567890").decode()  # RFC 6238 appendix B's SHA-1 key
 # RFC 6238 appendix B, SHA-1: (time, 8-digit code); PVE's codes are the last 6 digits
-RFC_VECTORS = [(59, "94287082"), (1111111109, "07081804"), (1111111111, "14050471"), (1234567890, "89005924"),
-               (2000000000, "69279037"), (20000000000, "65353130")]  # fmt: skip
+RFC_VECTORS = [
+    (59, "94287082"),
+    (1111111109, "07081804"),
+    (1111111111, "14050471"),
+    (1234567890, "89005924"),
+    (2000000000, "69279037"),
+    (20000000000, "65353130"),
+]
 ASKS = (
     f"{PREFIX}root@pam at https://127.0.0.1:… asks for a second factor (TFA): set proxmox_api_totp_secret to the "
     "secret of its TOTP entry, or use an API token (and gpu_passthrough_api_backend: ssh for devN entries)"
@@ -77,10 +83,14 @@ def test_with_the_totp_secret_the_module_logs_in_and_converges(served, monkeypat
 # TOTP lockout)
 CASES = [
     ("no-secret", {}, ASKS, []),
-    ("wrong-secret", {"api_totp_secret": base64.b32encode(b"another-users-secret").decode()}, REFUSED,
-     [("root@pam", False)]),
+    (
+        "wrong-secret",
+        {"api_totp_secret": base64.b32encode(b"another-users-secret").decode()},
+        REFUSED,
+        [("root@pam", False)],
+    ),
     ("not-base32", {"api_totp_secret": "not a secret!"}, NOT_BASE32, []),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("given", "sees", "answers"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -102,13 +112,21 @@ def test_every_api_module_takes_the_totp_secret(name):
 
 
 FAULT_ROWS = [
-    Row(f"root@pam with a TOTP second factor, {label}", "gpu", f"`{sees}`", "config unchanged (same digest), no reboot",
+    Row(
+        f"root@pam with a TOTP second factor, {label}",
+        "gpu",
+        f"`{sees}`",
+        "config unchanged (same digest), no reboot",
         "yes: with proxmox_api_totp_secret the run logs in and converges",
         "tests/unit/test_pve_api_tfa.py::test_a_second_factor_pve_asks_for_and_does_not_get_is_one_line_before_"
-        f"anything_is_written[{case_id}]", True, True, "hard fault: the PVE API")
+        f"anything_is_written[{case_id}]",
+        True,
+        True,
+        "hard fault: the PVE API",
+    )
     for case_id, label, sees in [
         ("no-secret", "no proxmox_api_totp_secret", ASKS),
         ("wrong-secret", "another secret's code", REFUSED),
         ("not-base32", "a proxmox_api_totp_secret that is not base32", NOT_BASE32),
     ]
-]  # fmt: skip
+]

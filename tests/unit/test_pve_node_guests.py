@@ -52,9 +52,13 @@ QEMU_LIST = Call("GET nodes/{node}/qemu", "GET", f"/nodes/{NODE}/qemu")
 LXC_LIST = Call("GET nodes/{node}/lxc", "GET", f"/nodes/{NODE}/lxc")
 RESOURCES = Call("GET cluster/resources", "GET", "/cluster/resources")
 CALLS = [LOGIN, PERMISSIONS, CLUSTER_STATUS, QEMU_LIST, LXC_LIST, RESOURCES]
-WHAT = {PERMISSIONS: "reading the API user's privileges", CLUSTER_STATUS: "reading the cluster status",
-        QEMU_LIST: "listing the node's VMs", LXC_LIST: "listing the node's containers",
-        RESOURCES: "reading the cluster's HA resources"}  # fmt: skip
+WHAT = {
+    PERMISSIONS: "reading the API user's privileges",
+    CLUSTER_STATUS: "reading the cluster status",
+    QEMU_LIST: "listing the node's VMs",
+    LXC_LIST: "listing the node's containers",
+    RESOURCES: "reading the cluster's HA resources",
+}
 REFUSED = f"{NODE}: not rebooting: "
 NOT_OURS = "; stop or migrate them, or set kernel_cmdline_reboot_running_guests: allow"
 
@@ -80,15 +84,32 @@ def node_pve_class():
             """GET /cluster/ha/status/manager_status as pve-ha-manager's API2/HA/Status.pm answers it."""
             if not request.path.endswith("/cluster/ha/status/manager_status"):
                 return await handler(request)
-            status = {"master_node": NODE, "timestamp": int(time.time()), "node_status": {NODE: "online"},
-                      "service_status": {}, **({"disarm": self.disarm} if self.disarm else {})}  # fmt: skip
+            status = {
+                "master_node": NODE,
+                "timestamp": int(time.time()),
+                "node_status": {NODE: "online"},
+                "service_status": {},
+                **({"disarm": self.disarm} if self.disarm else {}),
+            }
             return ok({"manager_status": status, "quorum": {"node": NODE, "quorate": "1"}, "lrm_status": {}})
 
         async def _cluster_status(self, request):
             if not self.standalone:
                 return await super()._cluster_status(request)
-            return ok([{"type": "node", "id": f"node/{NODE}", "name": NODE, "ip": "192.0.2.11", "local": 1,
-                        "nodeid": 0, "online": 1, "level": ""}])  # fmt: skip
+            return ok(
+                [
+                    {
+                        "type": "node",
+                        "id": f"node/{NODE}",
+                        "name": NODE,
+                        "ip": "192.0.2.11",
+                        "local": 1,
+                        "nodeid": 0,
+                        "online": 1,
+                        "level": "",
+                    }
+                ]
+            )
 
     return NodePve
 
@@ -298,8 +319,16 @@ class Case:
             sees, converges = f"no failure: {self.note}", "yes, in the same run"
         else:
             sees, converges = f"`{PREFIX}{self.sees}`", "yes: " + (self.note or "the next run passes the check")
-        return Row(self.label, "kernel", sees, AFTER, converges,
-                   f"tests/unit/test_pve_node_guests.py::test_reboot_check_fault[{self.id}]", True, True)  # fmt: skip
+        return Row(
+            self.label,
+            "kernel",
+            sees,
+            AFTER,
+            converges,
+            f"tests/unit/test_pve_node_guests.py::test_reboot_check_fault[{self.id}]",
+            True,
+            True,
+        )
 
 
 def _slug(call: Call) -> str:
@@ -328,13 +357,19 @@ def _api_cases() -> list[Case]:
     """401 and 596 on every call, the 403 PVE checks (/cluster/status: Sys.Audit), an offline node (595) and a
     connection reset."""
     cases = [
-        Case("login-401", "401 on the login before a reboot (`authentication failure`)",
-             f"authentication failed for root@pam at https://127.0.0.1:…: {CHECK_LOGIN} (…code: 401)",
-             {"call": LOGIN, "error": "authentication_failure"}),
-        Case("login-596", "596 on the login before a reboot",
-             RETRIED.format(what="logging in", answer="596 …code: 596"),
-             {"call": LOGIN, "status": 596, "message": "Broken pipe"}),
-    ]  # fmt: skip
+        Case(
+            "login-401",
+            "401 on the login before a reboot (`authentication failure`)",
+            f"authentication failed for root@pam at https://127.0.0.1:…: {CHECK_LOGIN} (…code: 401)",
+            {"call": LOGIN, "error": "authentication_failure"},
+        ),
+        Case(
+            "login-596",
+            "596 on the login before a reboot",
+            RETRIED.format(what="logging in", answer="596 …code: 596"),
+            {"call": LOGIN, "status": 596, "message": "Broken pipe"},
+        ),
+    ]
     for call in CALLS[1:]:
         cases.append(
             Case(
@@ -345,54 +380,93 @@ def _api_cases() -> list[Case]:
                 {"call": call, "error": "invalid_ticket"},
             )
         )
-        cases.append(Case(f"{_slug(call)}-596", f"596 on {call.name} before a reboot, every attempt",
-                          RETRIED.format(what=WHAT[call], answer=BROKEN_PIPE),
-                          {"call": call, "status": 596, "message": "Broken pipe"}))  # fmt: skip
+        cases.append(
+            Case(
+                f"{_slug(call)}-596",
+                f"596 on {call.name} before a reboot, every attempt",
+                RETRIED.format(what=WHAT[call], answer=BROKEN_PIPE),
+                {"call": call, "status": 596, "message": "Broken pipe"},
+            )
+        )
     return [
         *cases,
-        Case("cluster-status-403", "403 on GET cluster/status (no Sys.Audit on /)",
-             "reading the cluster status was refused (403 Forbidden: Permission check failed (/, Sys.Audit)): root@pam "
-             "lacks the privilege PVE names: grant it on /, then run again",
-             {"call": CLUSTER_STATUS, "error": "permission_denied"}),
-        Case("qemu-list-595", "595 on GET nodes/{node}/qemu (the node is offline), every attempt",
-             RETRIED.format(what=WHAT[QEMU_LIST], answer="595 …No route to host"),
-             {"call": QEMU_LIST, "error": "no_route_to_host"}),
-        Case("qemu-list-reset", "connection reset on GET nodes/{node}/qemu, once", None,
-             {"call": QEMU_LIST, "reset": "before", "times": 1}, note="the list is read again after 1 s"),
-    ]  # fmt: skip
+        Case(
+            "cluster-status-403",
+            "403 on GET cluster/status (no Sys.Audit on /)",
+            "reading the cluster status was refused (403 Forbidden: Permission check failed (/, Sys.Audit)): root@pam "
+            "lacks the privilege PVE names: grant it on /, then run again",
+            {"call": CLUSTER_STATUS, "error": "permission_denied"},
+        ),
+        Case(
+            "qemu-list-595",
+            "595 on GET nodes/{node}/qemu (the node is offline), every attempt",
+            RETRIED.format(what=WHAT[QEMU_LIST], answer="595 …No route to host"),
+            {"call": QEMU_LIST, "error": "no_route_to_host"},
+        ),
+        Case(
+            "qemu-list-reset",
+            "connection reset on GET nodes/{node}/qemu, once",
+            None,
+            {"call": QEMU_LIST, "reset": "before", "times": 1},
+            note="the list is read again after 1 s",
+        ),
+    ]
 
 
 def _state_cases() -> list[Case]:
     """What the check is for: a guest the inventory does not own, no quorum, HA services that stay."""
     return [
-        Case("foreign-guest", "a VM the inventory does not own running on the node",
-             f"not rebooting: guests running that the inventory does not own: VM {TENANT} (snp-tenant){NOT_OURS}",
-             setup=tenant, clear=_stop_tenant, note="with the VM stopped, the next run passes the check"),
-        Case("no-quorum", "the node's cluster without quorum",
-             "not rebooting: its cluster fakecluster has no quorum (GET /cluster/status: quorate 0): bring the "
-             "cluster's nodes back first",
-             setup=lambda s: s.pve.lose_quorum(), clear=lambda s: s.pve.regain_quorum(),
-             note="with quorum back, the next run passes the check"),
-        Case("own-gpu-ct-ha", "HA manages the inventory's own GPU container on the node (maintenance mode would "
-             "relocate it away from its GPUs: pve-ha-manager)",
-             f"not rebooting: the inventory's GPU containers are managed by HA: CT {VMID} (sglang) (HA resource "
-             f"ct:{VMID}, started); HA maintenance mode would relocate them to another node, which may not have their "
-             "GPUs: take them out of HA (ha-manager remove ct:<vmid>, or set their state to ignored) before the reboot",
-             setup=lambda s: setattr(s.ct, "ha_state", "started"), clear=lambda s: setattr(s.ct, "ha_state", "ignored"),
-             note="with the container's HA state ignored, the next run passes the check"),
-        Case("ha-stays", "an HA-managed VM that maintenance mode does not move off the node (1 s wait)",
-             f"in HA maintenance mode, VM {TENANT} (snp-tenant) still running on the node after 1s (HA cannot move a "
-             "guest bound to the node by a device, a local disk or a rule, or with no other node to take it): not "
-             "rebooting", setup=lambda s: tenant(s, ha="started"), clear=_move_tenant,
-             note="once HA has moved it, the next run passes the check",
-             params=(("running_guests", "allow"), ("wait_ha_away", 1))),
-        Case("ha-disarmed", "the HA stack disarmed (`ha-manager crm-command disarm-ha freeze`), an HA-managed VM on "
-             "the node", f"the HA stack is disarmed (resource mode freeze): its CRM drops a maintenance request and "
-             f"moves no guest, so VM {TENANT} (snp-tenant) stay on the node: arm it (ha-manager crm-command arm-ha) or "
-             "move them yourself, then run again: not rebooting", setup=_disarm, clear=_arm_and_move,
-             note="armed again, HA moves it and the next run passes the check",
-             params=(("running_guests", "allow"), ("wait_ha_away", 60))),
-    ]  # fmt: skip
+        Case(
+            "foreign-guest",
+            "a VM the inventory does not own running on the node",
+            f"not rebooting: guests running that the inventory does not own: VM {TENANT} (snp-tenant){NOT_OURS}",
+            setup=tenant,
+            clear=_stop_tenant,
+            note="with the VM stopped, the next run passes the check",
+        ),
+        Case(
+            "no-quorum",
+            "the node's cluster without quorum",
+            "not rebooting: its cluster fakecluster has no quorum (GET /cluster/status: quorate 0): bring the "
+            "cluster's nodes back first",
+            setup=lambda s: s.pve.lose_quorum(),
+            clear=lambda s: s.pve.regain_quorum(),
+            note="with quorum back, the next run passes the check",
+        ),
+        Case(
+            "own-gpu-ct-ha",
+            "HA manages the inventory's own GPU container on the node (maintenance mode would "
+            "relocate it away from its GPUs: pve-ha-manager)",
+            f"not rebooting: the inventory's GPU containers are managed by HA: CT {VMID} (sglang) (HA resource "
+            f"ct:{VMID}, started); HA maintenance mode would relocate them to another node, which may not have their "
+            "GPUs: take them out of HA (ha-manager remove ct:<vmid>, or set their state to ignored) before the reboot",
+            setup=lambda s: setattr(s.ct, "ha_state", "started"),
+            clear=lambda s: setattr(s.ct, "ha_state", "ignored"),
+            note="with the container's HA state ignored, the next run passes the check",
+        ),
+        Case(
+            "ha-stays",
+            "an HA-managed VM that maintenance mode does not move off the node (1 s wait)",
+            f"in HA maintenance mode, VM {TENANT} (snp-tenant) still running on the node after 1s (HA cannot move a "
+            "guest bound to the node by a device, a local disk or a rule, or with no other node to take it): not "
+            "rebooting",
+            setup=lambda s: tenant(s, ha="started"),
+            clear=_move_tenant,
+            note="once HA has moved it, the next run passes the check",
+            params=(("running_guests", "allow"), ("wait_ha_away", 1)),
+        ),
+        Case(
+            "ha-disarmed",
+            "the HA stack disarmed (`ha-manager crm-command disarm-ha freeze`), an HA-managed VM on the node",
+            f"the HA stack is disarmed (resource mode freeze): its CRM drops a maintenance request and "
+            f"moves no guest, so VM {TENANT} (snp-tenant) stay on the node: arm it (ha-manager crm-command arm-ha) or "
+            "move them yourself, then run again: not rebooting",
+            setup=_disarm,
+            clear=_arm_and_move,
+            note="armed again, HA moves it and the next run passes the check",
+            params=(("running_guests", "allow"), ("wait_ha_away", 60)),
+        ),
+    ]
 
 
 CASES = _api_cases() + _state_cases()
@@ -479,18 +553,33 @@ class Playbook:
         (root / "site.yml").write_text(PLAYBOOK)
         self.log.write_text("")
         node = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-        hosts = {"all": {"children": {
-            "proxmox_hosts": {"hosts": {NODE: node}},
-            "gpu_containers": {"hosts": {"sglang-01": {"proxmox_host": NODE, "proxmox_vmid": VMID}}}},
-            "vars": {"proxmox_api_host": "127.0.0.1", "proxmox_api_port": served.pve.port,
-                     "proxmox_api_password": "secret", "proxmox_api_ca_file": served.cafile,
-                     "log": str(self.log), "outcome": str(self.outcome)}}}  # fmt: skip
+        hosts = {
+            "all": {
+                "children": {
+                    "proxmox_hosts": {"hosts": {NODE: node}},
+                    "gpu_containers": {"hosts": {"sglang-01": {"proxmox_host": NODE, "proxmox_vmid": VMID}}},
+                },
+                "vars": {
+                    "proxmox_api_host": "127.0.0.1",
+                    "proxmox_api_port": served.pve.port,
+                    "proxmox_api_password": "secret",
+                    "proxmox_api_ca_file": served.cafile,
+                    "log": str(self.log),
+                    "outcome": str(self.outcome),
+                },
+            }
+        }
         (root / "hosts.yml").write_text(json.dumps(hosts))
 
     def run(self, *extra: str) -> dict:
         self.outcome.unlink(missing_ok=True)
-        env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collection.COLLECTIONS), "ANSIBLE_NOCOLOR": "1",
-               "HA_LOG": str(self.log), "PATH": f"{self.root / 'bin'}:{os.environ['PATH']}"}  # fmt: skip
+        env = {
+            **os.environ,
+            "ANSIBLE_COLLECTIONS_PATH": str(collection.COLLECTIONS),
+            "ANSIBLE_NOCOLOR": "1",
+            "HA_LOG": str(self.log),
+            "PATH": f"{self.root / 'bin'}:{os.environ['PATH']}",
+        }
         playbook = Path(sys.executable).parent / "ansible-playbook"
         argv = [str(playbook), "-i", str(self.root / "hosts.yml"), str(self.root / "site.yml"), *extra]
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
@@ -531,21 +620,27 @@ def test_the_role_puts_the_node_in_ha_maintenance_waits_reboots_then_takes_it_ou
     outcome = playbook.run("-e", "kernel_cmdline_reboot_running_guests=allow")
     mover.join(1)
     assert outcome["failed"] is None, outcome
-    assert playbook.calls() == [f"crm-command node-maintenance enable {NODE}", "reboot",
-                                f"crm-command node-maintenance disable {NODE}"]  # fmt: skip
+    assert playbook.calls() == [
+        f"crm-command node-maintenance enable {NODE}",
+        "reboot",
+        f"crm-command node-maintenance disable {NODE}",
+    ]
 
 
 def test_the_role_takes_maintenance_off_again_when_ha_services_stay(playbook, served):
     tenant(served, ha="started")
-    outcome = playbook.run("-e", "kernel_cmdline_reboot_running_guests=allow", "-e",
-                           "kernel_cmdline_ha_maintenance_timeout=1")  # fmt: skip
+    outcome = playbook.run(
+        "-e", "kernel_cmdline_reboot_running_guests=allow", "-e", "kernel_cmdline_ha_maintenance_timeout=1"
+    )
     assert outcome["failed"] == (
         f"{NODE}: in HA maintenance mode, VM {TENANT} (snp-tenant) still running on the node after 1s (HA cannot move "
         "a guest bound to the node by a device, a local disk or a rule, or with no other node to take it): not "
         "rebooting; HA maintenance mode was taken off again; the node was not rebooted"
     )
-    assert playbook.calls() == [f"crm-command node-maintenance enable {NODE}",
-                                f"crm-command node-maintenance disable {NODE}"]  # fmt: skip
+    assert playbook.calls() == [
+        f"crm-command node-maintenance enable {NODE}",
+        f"crm-command node-maintenance disable {NODE}",
+    ]
 
 
 def test_check_mode_reads_and_reports_what_the_reboot_would_meet(playbook, served):

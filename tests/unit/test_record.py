@@ -56,8 +56,9 @@ def test_the_record_is_private_scrubbed_and_its_summary_carries_the_inventorys_w
     assert stat.S_IMODE(rec.path.stat().st_mode) == 0o700 and rec.path.name.endswith("-verify")
     assert files_with(rec.path, KEY, "literal-pve-pw", base64.b64encode(KEY.encode()).decode()[:12]) == []
     summary = json.loads((rec.path / "summary.json").read_text())
-    assert summary["warnings"][0].endswith("proxmox_api_password is in plain text; use ansible-vault or "
-                                           "\"{{ lookup('ansible.builtin.env', 'NAME') }}\"")  # fmt: skip
+    assert summary["warnings"][0].endswith(
+        "proxmox_api_password is in plain text; use ansible-vault or \"{{ lookup('ansible.builtin.env', 'NAME') }}\""
+    )
     assert summary["warnings"][-1] == "ct1: from the run"
     assert json.loads((rec.path / "verify.json").read_text())["count"] == 4
 

@@ -32,9 +32,13 @@ def test_the_matrix_has_at_least_25_rows_each_its_own_test():
 def test_every_row_names_a_test_that_exists():
     table = faults.rows()
     files = sorted({row.test.split("::")[0] for row in table})
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
-                          cwd=REPO, capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+    )
     collected = {line.strip() for line in proc.stdout.splitlines() if "::" in line}
     missing = [row.test for row in table if row.test not in collected]
     assert missing == [], proc.stdout[-2000:] + proc.stderr[-2000:]

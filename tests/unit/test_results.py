@@ -25,8 +25,12 @@ def test_a_report_is_what_a_task_returns_whatever_its_name():
     c = EventCollector()
     c.handle(_ok("Say which bootloader", {"msg": {REPORT_KEY: "grub   (found /etc/default/grub)\n"}}))
     c.handle(_ok("Report the old way", {"msg": "a plain debug message is not a report"}))
-    c.handle(_ok("Report each item", {"results": [{"msg": {REPORT_KEY: "C=1: ok"}}, {"skipped": True},
-                                                  {"msg": {REPORT_KEY: "C=4: ok"}}]}))  # fmt: skip
+    c.handle(
+        _ok(
+            "Report each item",
+            {"results": [{"msg": {REPORT_KEY: "C=1: ok"}}, {"skipped": True}, {"msg": {REPORT_KEY: "C=4: ok"}}]},
+        )
+    )
     c.handle(_ok("Read something", {"stdout": "x"}, host="n2"))
     assert c.reports == {"n1": ["grub (found /etc/default/grub)", "C=1: ok", "C=4: ok"]}, "n2 reported nothing"
 
@@ -86,8 +90,15 @@ def test_a_real_run_brings_back_reports_and_stats(tmp_path, monkeypatch):
     ]
     play = [{"name": "p", "hosts": "all", "gather_facts": False, "tasks": tasks}]
     (playbooks / "t.yml").write_text(yaml.safe_dump(play))
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"h1": {
-        "ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}}}}))  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "hosts": {"h1": {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}}
+                }
+            }
+        )
+    )
     monkeypatch.setattr(runner, "playbooks_dir", lambda: playbooks)
     monkeypatch.setenv("PROVISION_ANSIBLE_STRATEGY", "linear")
     with RunRecord(tmp_path / "runs", "test") as record:

@@ -43,8 +43,10 @@ def test_a_modules_warnings_reach_the_result_once_per_host():
     """module.warn() travels in the task's result, not as an event of its own (the event below is what
     ansible-runner 2.4 gives for it under ansible-core 2.19): the run's warnings must still say it."""
     c = EventCollector()
-    warned = {"changed": False, "warnings": ["proxmox_api_validate_certs is false: the PVE API's TLS certificate is "
-                                             "NOT verified"]}  # fmt: skip
+    warned = {
+        "changed": False,
+        "warnings": ["proxmox_api_validate_certs is false: the PVE API's TLS certificate is NOT verified"],
+    }
     for host in ("ct1", "ct1", "ct2"):
         c.handle(_ev("runner_on_ok", host=host, res=warned))
     c.handle(_ev("runner_on_ok", host="ct3", res={"results": [{"warnings": ["item warning"]}]}))
@@ -81,11 +83,14 @@ def test_a_connection_lost_mid_task_says_what_happened_not_to_file_a_bug():
         "feel this is in error, please file a bug. Original error was: the respondent Context has disconnected"
     )
     c.handle(_ev("runner_on_unreachable", host="sglang-01", task="Install SGLang into its venv", res={"msg": lost}))
-    assert c.failures == [{
-        "host": "sglang-01", "task": "Install SGLang into its venv",
-        "message": "unreachable: the connection was lost while the task ran (the host stopped, rebooted or lost its "
-        "network: the respondent Context has disconnected); run apply again once it answers ssh",
-    }]  # fmt: skip
+    assert c.failures == [
+        {
+            "host": "sglang-01",
+            "task": "Install SGLang into its venv",
+            "message": "unreachable: the connection was lost while the task ran (the host stopped, rebooted or "
+            "lost its network: the respondent Context has disconnected); run apply again once it answers ssh",
+        }
+    ]
 
 
 def test_a_failure_a_rescue_handled_is_not_among_the_runs_failures():
@@ -151,8 +156,12 @@ def test_a_failed_raw_command_says_what_it_printed_though_its_stderr_came_back_i
     from provision.runner import _failure_message
 
     printed = "Traceback (most recent call last):\r\n  File \"<string>\", line 3\r\nNameError: name 'x'\r\n"
-    raw = {"rc": 1, "msg": "non-zero return code", "stderr": "Shared connection to 10.0.0.5 closed.\r\n",
-           "stdout": printed}  # fmt: skip
+    raw = {
+        "rc": 1,
+        "msg": "non-zero return code",
+        "stderr": "Shared connection to 10.0.0.5 closed.\r\n",
+        "stdout": printed,
+    }
     assert _failure_message(raw).endswith("NameError: name 'x'"), _failure_message(raw)
     assert "Shared connection" not in _failure_message(raw)
     module = {"rc": 2, "msg": "non-zero return code", "stderr": "python3: not found", "stdout": "ignored"}

@@ -135,8 +135,14 @@ def test_the_secret_set_holds_vault_values_declared_and_connection_secrets_rende
     vault_encrypt(vault, password)
     inv = inventory.load(root, inventory.VaultOptions((password,)))
     found = secrets.values(inv)
-    assert {"key-from-an-odd-env-name", "ssh-pass-from-env", "become-pw-1234", "vaulted-1234", "NestedTok777",
-            "k-123456"} <= found  # fmt: skip
+    assert {
+        "key-from-an-odd-env-name",
+        "ssh-pass-from-env",
+        "become-pw-1234",
+        "vaulted-1234",
+        "NestedTok777",
+        "k-123456",
+    } <= found
     assert not {"/models/qwen", "not-a-secret-value", "pw-123456"} & found
     assert not [v for v in found if "{{" in v], "a template that cannot render here is no secret to scrub"
 
@@ -144,19 +150,28 @@ def test_the_secret_set_holds_vault_values_declared_and_connection_secrets_rende
 def test_a_literal_secret_is_warned_about_by_variable_never_by_value(tmp_path):
     root = tmp_path / "inv"
     root.mkdir()
-    (root / "hosts.yml").write_text(HOSTS.replace("ansible_password", "proxmox_api_token_secret")
-                                    .replace("{{ hostvars['nowhere'].x }}", "tok-literal-999"))  # fmt: skip
+    (root / "hosts.yml").write_text(
+        HOSTS.replace("ansible_password", "proxmox_api_token_secret").replace(
+            "{{ hostvars['nowhere'].x }}", "tok-literal-999"
+        )
+    )
     inv = inventory.load(root)
     assert [w for w in inv.warnings if "proxmox_api_token_secret is in plain text" in w]
     assert not [w for w in inv.warnings if "tok-literal-999" in w]
 
 
 def test_environment_secrets_need_a_secret_looking_name():
-    env = {"PROXMOX_PASSWORD": "hunter2-long", "HOME_DIR": "/root", "HF_TOKEN": "hf_abcdefgh",
-           # a secret word only inside a longer one, VAULT alone, or a value nobody's secret: none are secrets
-           # (scrubbing "false" or "json" broke the record's JSON and hid the host locks a run left behind)
-           "TOKENIZERS_PARALLELISM": "false-ish", "VAULT_FORMAT": "json", "VAULT_SKIP_VERIFY": "true",
-           "SERVICE_TOKEN": "true"}  # fmt: skip
+    env = {
+        "PROXMOX_PASSWORD": "hunter2-long",
+        "HOME_DIR": "/root",
+        "HF_TOKEN": "hf_abcdefgh",
+        # a secret word only inside a longer one, VAULT alone, or a value nobody's secret: none are secrets
+        # (scrubbing "false" or "json" broke the record's JSON and hid the host locks a run left behind)
+        "TOKENIZERS_PARALLELISM": "false-ish",
+        "VAULT_FORMAT": "json",
+        "VAULT_SKIP_VERIFY": "true",
+        "SERVICE_TOKEN": "true",
+    }
     code = "from provision import secrets; print(sorted(secrets.values()))"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
     assert "hunter2-long" in out.stdout and "hf_abcdefgh" in out.stdout, out.stderr
@@ -206,9 +221,13 @@ def test_a_token_pasted_anywhere_is_scrubbed_by_its_shape_and_ids_that_are_no_se
 
 @pytest.mark.parametrize(
     ("password", "why"),
-    [("hunter2", "too short to be masked (under 8 characters)"), ("Password", "too common"),
-     ("gpu_containers", "too common"), ("widget_no", "too common")],
-)  # fmt: skip
+    [
+        ("hunter2", "too short to be masked (under 8 characters)"),
+        ("Password", "too common"),
+        ("gpu_containers", "too common"),
+        ("widget_no", "too common"),
+    ],
+)
 def test_a_secret_too_short_or_too_common_is_named_in_a_warning_and_not_masked(tmp_path, monkeypatch, password, why):
     """Masking such a value everywhere it occurs (every 'password' or host name of a log) would tell the reader what
     it is: the warning names the variable and where it is set, never the value."""

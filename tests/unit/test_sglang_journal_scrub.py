@@ -15,14 +15,16 @@ service_probe = repo_file("roles/sglang/files/service_probe.py")
 
 KEY = 'sk-"odd"/key+=\\1'
 # What SGLang 0.5.23 writes (engine.py l.1185: the resolved dict's repr) and what a client might
-TAIL = "\n".join([
-    f"[2026-01-01 00:00:00] server_args={{'api_key': {KEY!r}, 'port': 30000}}",
-    f"launch_command: --api-key {KEY} --model-path /m",
-    f'{{"api_key": {json.dumps(KEY)}}}',
-    "GET /v1/models?key=" + "sk-%22odd%22%2Fkey%2B%3D%5C1",
-    "Basic " + base64.b64encode(KEY.encode()).decode(),
-    "Load weight begin.",
-])  # fmt: skip
+TAIL = "\n".join(
+    [
+        f"[2026-01-01 00:00:00] server_args={{'api_key': {KEY!r}, 'port': 30000}}",
+        f"launch_command: --api-key {KEY} --model-path /m",
+        f'{{"api_key": {json.dumps(KEY)}}}',
+        "GET /v1/models?key=" + "sk-%22odd%22%2Fkey%2B%3D%5C1",
+        "Basic " + base64.b64encode(KEY.encode()).decode(),
+        "Load weight begin.",
+    ]
+)
 
 
 @pytest.mark.parametrize("scrub", [lambda t, k: service_probe.scrub(t, [k]), probe.scrub], ids=["role", "probe"])

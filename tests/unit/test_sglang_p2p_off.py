@@ -43,8 +43,12 @@ def test_no_role_file_spells_them_out_again():
 def container(policy: str, tp: int, flags: list[str], env: dict[str, str]) -> Target:
     """A container as verify's probe read it, running a server with these flags and environment."""
     state = {"p2p_policy": policy, "tp_size": tp, "url": "http://127.0.0.1:30000"}
-    service = {"main_pid": "42", "argv_flags": flags, "env_names": sorted(env),
-               "env_values": {k: env.get(k) for k in gpu_p2p.P2P_OFF_ENV}}  # fmt: skip
+    service = {
+        "main_pid": "42",
+        "argv_flags": flags,
+        "env_names": sorted(env),
+        "env_values": {k: env.get(k) for k in gpu_p2p.P2P_OFF_ENV},
+    }
     return Target("ct", probe={"files": {SERVICE_STATE: json.dumps(state)}, "sglang": {"service": service}})
 
 
@@ -68,10 +72,14 @@ def guard(tmp_path, monkeypatch, iommu_args: str, boot_id: str | None = None):
     function of the kernel line and boot id it runs in, returning the environment file it wrote and what it said."""
     keys = list(module_util("next_boot").IOMMU_KEYS)
     variables = {
-        "ansible_managed": "managed", "sglang_service_name": "sglang", "tp": 2,
-        "_sglang_p2p": {"reason": "PCIe peers (GPU0-GPU1 PHB), and the IOMMU does not translate",
-                        "guard": {"iommu_args": iommu_args, "iommu_keys": keys, "container_boot_id": boot_id}},
-    }  # fmt: skip
+        "ansible_managed": "managed",
+        "sglang_service_name": "sglang",
+        "tp": 2,
+        "_sglang_p2p": {
+            "reason": "PCIe peers (GPU0-GPU1 PHB), and the IOMMU does not translate",
+            "guard": {"iommu_args": iommu_args, "iommu_keys": keys, "container_boot_id": boot_id},
+        },
+    }
     variables["_sglang_p2p_off"] = off(2)
     source = (ROOT / "roles" / "sglang" / "templates" / "p2p-guard.py.j2").read_text()
     code = Templar(loader=DataLoader(), variables=variables).template(trust_as_template(source))

@@ -34,8 +34,16 @@ def test_qwen35_122b_keeps_kv_in_12_of_48_layers_and_state_in_36():
     g = geom("qwen3.5-122b-a10b")
     # qwen3_next.py layers_block_type: (l + 1) % full_attention_interval(4) == 0 -> layers 3, 7, ..., 47
     assert (g.attention, g.kv_layers, g.total_layers, g.kv_heads, g.head_dim) == ("mha", 12, 48, 2, 256)
-    assert g.state == sp.StateShape(layers=36, intermediate_size=128 * 64, n_groups=16, num_heads=64, head_dim=128,
-                                     state_size=128, conv_kernel=4, ssm_bytes=4)  # fmt: skip
+    assert g.state == sp.StateShape(
+        layers=36,
+        intermediate_size=128 * 64,
+        n_groups=16,
+        num_heads=64,
+        head_dim=128,
+        state_size=128,
+        conv_kernel=4,
+        ssm_bytes=4,
+    )
 
 
 def test_qwen35_122b_cell_bytes_by_dtype_and_tp():
@@ -147,8 +155,16 @@ def test_unmodelled_configs_are_named_not_guessed():
     with pytest.raises(sp.NotModelled, match="DSA"):
         sp.geometry({**config("deepseek-v3"), "architectures": ["DeepseekV32ForCausalLM"], "index_topk": 2048})
     with pytest.raises(sp.NotModelled, match="hybrid model type 'falcon_h1'"):
-        sp.geometry({"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_attention_heads": 8,
-                     "num_hidden_layers": 4, "hidden_size": 512, "mamba_num_heads": 16})  # fmt: skip
+        sp.geometry(
+            {
+                "architectures": ["FalconH1ForCausalLM"],
+                "model_type": "falcon_h1",
+                "num_attention_heads": 8,
+                "num_hidden_layers": 4,
+                "hidden_size": 512,
+                "mamba_num_heads": 16,
+            }
+        )
     with pytest.raises(sp.NotModelled, match="kv_cache_dtype 'mxfp4'"):
         sp.kv_dtype("mxfp4")
 

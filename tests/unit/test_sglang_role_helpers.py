@@ -31,10 +31,15 @@ def add_cli_args(parser):
 def test_fields_become_flags_with_aliases_bools_and_cli_names():
     flags = sglang_flags.flags_from_fields_source(FIELDS)
     assert flags == {
-        "--host": True, "--tp-size": True, "--tensor-parallel-size": True, "--disable-custom-all-reduce": False,
-        "--enforce-disable-flashinfer-allreduce-fusion": False, "--other-name": True, "--model-path": True,
+        "--host": True,
+        "--tp-size": True,
+        "--tensor-parallel-size": True,
+        "--disable-custom-all-reduce": False,
+        "--enforce-disable-flashinfer-allreduce-fusion": False,
+        "--other-name": True,
+        "--model-path": True,
         "--model": True,
-    }  # fmt: skip
+    }
     assert sglang_flags.flags_from_add_argument_source(SERVER_ARGS) == {"--config": True, "--enable-thing": False}
 
 
@@ -102,12 +107,14 @@ def test_env_file_line_escapes_what_systemd_unescapes_in_double_quotes():
 
 
 def test_control_characters_are_refused_by_variable_name_never_by_value():
-    problems = rendered_values.value_problems({
-        "sglang_model_path": "/m\nExecStartPre=/bin/sh -c id",
-        "sglang_extra_args": ["--enable-metrics", "x\ty"],
-        "sglang_environment": {"OK": "fine", "BAD": "s3cret\r", "not a name": "v"},
-        "sglang_host": "127.0.0.1",
-    })  # fmt: skip
+    problems = rendered_values.value_problems(
+        {
+            "sglang_model_path": "/m\nExecStartPre=/bin/sh -c id",
+            "sglang_extra_args": ["--enable-metrics", "x\ty"],
+            "sglang_environment": {"OK": "fine", "BAD": "s3cret\r", "not a name": "v"},
+            "sglang_host": "127.0.0.1",
+        }
+    )
     assert problems == [
         "sglang_model_path holds a control character (newline, tab, ...)",
         "sglang_extra_args[1] holds a control character (newline, tab, ...)",

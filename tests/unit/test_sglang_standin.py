@@ -28,11 +28,22 @@ CACHED_WHEELS = sorted((Path.home() / ".cache/provision/lab/wheels").glob(f"sgla
 KEY = "sk-standin-" + "9f4c21"
 # The flags these tests use, for a machine without the sglang wheel cached (the lab packs all 559)
 FEW_FLAGS = {
-    "--model-path": True, "--model": True, "--host": True, "--port": True, "--tp-size": True,
-    "--api-key": True, "--config": True, "--enable-metrics": False, "--reasoning-parser": True,
-    "--served-model-name": True, "--tokenizer-path": True, "--context-length": True,
-    "--kv-cache-dtype": True, "--max-total-tokens": True, "--max-running-requests": True,
-}  # fmt: skip
+    "--model-path": True,
+    "--model": True,
+    "--host": True,
+    "--port": True,
+    "--tp-size": True,
+    "--api-key": True,
+    "--config": True,
+    "--enable-metrics": False,
+    "--reasoning-parser": True,
+    "--served-model-name": True,
+    "--tokenizer-path": True,
+    "--context-length": True,
+    "--kv-cache-dtype": True,
+    "--max-total-tokens": True,
+    "--max-running-requests": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +77,48 @@ def bound(port: int) -> bool:
 
 
 class Standin:
-    def __init__(self, site: Path, tmp: Path, *args: str, startup_s: float = 0.5, token_delay_s: float = 0.002,
-                 think_tokens: int = 0, env: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        site: Path,
+        tmp: Path,
+        *args: str,
+        startup_s: float = 0.5,
+        token_delay_s: float = 0.002,
+        think_tokens: int = 0,
+        env: dict | None = None,
+    ):
         self.port = free_port()
         config = tmp / "secrets.yaml"
         config.write_text(json.dumps({"api-key": KEY}) + "\n")
         self.log = (tmp / "standin.log").open("w+")
-        env = {**os.environ, "PYTHONPATH": str(site), "SGLANG_LABSERVER_STARTUP_S": str(startup_s),
-               "SGLANG_LABSERVER_TOKEN_DELAY_S": str(token_delay_s),
-               "SGLANG_LABSERVER_THINK_TOKENS": str(think_tokens), "TRITON_CACHE_DIR": str(tmp / "triton"),
-               **(env or {})}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(site),
+            "SGLANG_LABSERVER_STARTUP_S": str(startup_s),
+            "SGLANG_LABSERVER_TOKEN_DELAY_S": str(token_delay_s),
+            "SGLANG_LABSERVER_THINK_TOKENS": str(think_tokens),
+            "TRITON_CACHE_DIR": str(tmp / "triton"),
+            **(env or {}),
+        }
         env.pop("CC", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_labserver.launch_server", "--model-path", "/m", "--port", str(self.port),
-             "--config", str(config), *args],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "sglang_labserver.launch_server",
+                "--model-path",
+                "/m",
+                "--port",
+                str(self.port),
+                "--config",
+                str(config),
+                *args,
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def call(self, path: str, body: dict | None = None, key: str | None = KEY, timeout: float = 30):
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -147,8 +184,9 @@ def slow_request(s: Standin, tokens: int) -> tuple[threading.Thread, dict]:
 
     def go():
         try:
-            code, body = s.call("/generate", {"text": "go", "sampling_params": {"max_new_tokens": tokens,
-                                                                                 "ignore_eos": True}})  # fmt: skip
+            code, body = s.call(
+                "/generate", {"text": "go", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+            )
             result.update(code=code, tokens=json.loads(body)["meta_info"]["completion_tokens"])
         except OSError as e:  # connection reset, or closed without an answer
             result["error"] = repr(e)

@@ -180,11 +180,16 @@ def revisions(hub):
     a = hub.repos[hfhub.REPO_ID]
     index = hfhub.HubFile("model.safetensors.index.json", b'{"weight_map": {"weight": "model-00001.safetensors"}}\n')
     a = hfhub.HubRepo(a.repo_id, [*a.files, index, hfhub.HubFile("extra/notes.txt", b"revision a\n")])
-    b = hfhub.HubRepo(a.repo_id, [
-        hfhub.HubFile("config.json", a.file("config.json").data.replace(b'"hidden_size": 64', b'"hidden_size": 32')),
-        a.file("tokenizer.json"),
-        hfhub.HubFile("model.safetensors", hfhub.safetensors_blob(60_000), lfs=True),
-    ])  # fmt: skip
+    b = hfhub.HubRepo(
+        a.repo_id,
+        [
+            hfhub.HubFile(
+                "config.json", a.file("config.json").data.replace(b'"hidden_size": 64', b'"hidden_size": 32')
+            ),
+            a.file("tokenizer.json"),
+            hfhub.HubFile("model.safetensors", hfhub.safetensors_blob(60_000), lfs=True),
+        ],
+    )
     assert a.commit != b.commit
     hub.repos[hfhub.REPO_ID] = a
     return a, b
@@ -193,8 +198,11 @@ def revisions(hub):
 def tree(path) -> dict:
     """Every file under path, relative, with its sha256 (the record, the staging and the client's records aside)."""
     aside = {".cache", ms.STAGING}
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ms.MANIFEST and not aside & set(p.relative_to(path).parts)}  # fmt: skip
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != ms.MANIFEST and not aside & set(p.relative_to(path).parts)
+    }
 
 
 def as_served(repo) -> dict:
@@ -211,9 +219,12 @@ def test_a_new_revision_replaces_the_old_ones_files_and_removes_those_it_does_no
     assert tree(tmp_path) == as_served(b), "the files of revision B, and nothing of A's that B does not list"
     assert not (tmp_path / "extra").exists() and not (tmp_path / ms.STAGING).exists()
     assert {f["name"]: f["action"] for f in result["files"]} == {
-        "config.json": "downloaded", "tokenizer.json": "present", "model.safetensors": "downloaded",
-        "extra/notes.txt": "removed", "model.safetensors.index.json": "removed",
-    }  # fmt: skip
+        "config.json": "downloaded",
+        "tokenizer.json": "present",
+        "model.safetensors": "downloaded",
+        "extra/notes.txt": "removed",
+        "model.safetensors.index.json": "removed",
+    }
     assert json.loads((tmp_path / ms.MANIFEST).read_text())["revision"] == b.commit
     again = main_result(weights, args(hub, tmp_path, revision=b.commit))
     assert again["changed"] is False, again
@@ -226,7 +237,9 @@ def test_check_mode_of_a_new_revision_names_what_would_go_and_changes_nothing(hu
     result = main_result(weights, args(hub, tmp_path, revision=b.commit, _ansible_check_mode=True))
     assert result["changed"] is True
     assert {f["name"] for f in result["files"] if f["action"] == "would_remove"} == {
-        "extra/notes.txt", "model.safetensors.index.json"}  # fmt: skip
+        "extra/notes.txt",
+        "model.safetensors.index.json",
+    }
     assert tree(tmp_path) == as_served(a) and not (tmp_path / ms.STAGING).exists()
 
 
@@ -311,9 +324,12 @@ def test_files_stages_only_the_named_ones_and_says_where_the_whole_download_stan
         assert step["files"] == [{"name": name, "size": sizes[name], "action": "staged"}]
         seconds = step["progress"].pop("seconds")
         assert seconds >= 0 and step["progress"] == {
-            "files": len(names), "files_staged": k, "bytes": sum(sizes.values()),
-            "bytes_staged": sum(sizes[n] for n in names[:k]), "downloaded_bytes": sizes[name],
-        }  # fmt: skip
+            "files": len(names),
+            "files_staged": k,
+            "bytes": sum(sizes.values()),
+            "bytes_staged": sum(sizes[n] for n in names[:k]),
+            "downloaded_bytes": sizes[name],
+        }
     hub.requests.clear()
     done = main_result(weights, args(hub, tmp_path))
     assert done["changed"] is True and resolved(hub) == [] and done["downloaded_bytes"] == 0, done
@@ -356,8 +372,9 @@ def test_a_record_naming_a_file_outside_the_directory_removes_nothing_there(hub,
     outside.write_text("not the model's\n")
     model = tmp_path / "model"
     model.mkdir()
-    (model / ms.MANIFEST).write_text(json.dumps({"repo": "x/y", "revision": "0" * 40,
-                                                 "files": {"../outside.txt": {"size": 16}}}))  # fmt: skip
+    (model / ms.MANIFEST).write_text(
+        json.dumps({"repo": "x/y", "revision": "0" * 40, "files": {"../outside.txt": {"size": 16}}})
+    )
     result = main_result(weights, args(hub, model))
     assert not result.get("failed") and outside.exists(), result
 

@@ -39,16 +39,22 @@ def has_client(python: Path) -> bool:
 
 def outcome(tmp_path: Path, hub, check: bool, env: dict | None = None, **overrides) -> dict:
     repo = hub.repos[hfhub.REPO_ID]
-    extra = {"sglang_model_source": {"type": "huggingface", "repo": repo.repo_id, "revision": repo.commit},
-             "sglang_model_path": str(tmp_path / "models" / "tiny"), "sglang_venv_dir": str(tmp_path / "venv"),
-             "sglang_python": str(SYSTEM_PYTHON), "sglang_hf_token": HF_TOKEN, "sglang_hf_endpoint": hub.url,
-             "proxmox_host": "localhost",  # the node_dir block names it (its delegate_to is templated first)
-             **overrides}  # fmt: skip
+    extra = {
+        "sglang_model_source": {"type": "huggingface", "repo": repo.repo_id, "revision": repo.commit},
+        "sglang_model_path": str(tmp_path / "models" / "tiny"),
+        "sglang_venv_dir": str(tmp_path / "venv"),
+        "sglang_python": str(SYSTEM_PYTHON),
+        "sglang_hf_token": HF_TOKEN,
+        "sglang_hf_endpoint": hub.url,
+        "proxmox_host": "localhost",  # the node_dir block names it (its delegate_to is templated first)
+        **overrides,
+    }
 
     def sh(command: str, check: bool) -> subprocess.CompletedProcess:
         command = command.replace(" -i ", " --check -i ", 1) if check_mode else command
-        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=check,
-                              env={**os.environ, **(env or {})})  # fmt: skip
+        return subprocess.run(
+            ["bash", "-c", command], capture_output=True, text=True, check=check, env={**os.environ, **(env or {})}
+        )
 
     check_mode = check
     # the task's own interpreter must win, as it does over an inventory's
@@ -72,8 +78,11 @@ def test_each_missing_file_is_fetched_once_in_its_own_step_and_a_second_run_fetc
     import huggingface_hub
 
     repo = hub.repos[hfhub.REPO_ID]
-    venv = {"sglang_python": sys.executable, "sglang_venv_dir": sys.prefix,
-            "sglang_hf_client_package": f"huggingface_hub=={huggingface_hub.__version__}"}  # fmt: skip
+    venv = {
+        "sglang_python": sys.executable,
+        "sglang_venv_dir": sys.prefix,
+        "sglang_hf_client_package": f"huggingface_hub=={huggingface_hub.__version__}",
+    }
     first = outcome(tmp_path, hub, check=False, **venv)
     assert first["failed"] is None and first["weights"]["changed"] is True, first
     model = tmp_path / "models" / "tiny"
@@ -115,8 +124,15 @@ def index():
 def test_the_clients_install_asks_the_extra_index_too(hub, tmp_path, index):
     # only the sources the role gives: no pip.conf of this machine, no wheelhouse of its environment
     env = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_RETRIES": "0"}
-    found = outcome(tmp_path, hub, check=False, env=env, sglang_python=sys.executable,
-                    sglang_pip_index_url=f"{index}/main/", sglang_pip_extra_index_url=f"{index}/extra/")  # fmt: skip
+    found = outcome(
+        tmp_path,
+        hub,
+        check=False,
+        env=env,
+        sglang_python=sys.executable,
+        sglang_pip_index_url=f"{index}/main/",
+        sglang_pip_extra_index_url=f"{index}/extra/",
+    )
     assert found["failed"], "neither index has the client: the install fails"
     assert "/main/huggingface-hub/" in Index.asked and "/extra/huggingface-hub/" in Index.asked, Index.asked
 
@@ -127,12 +143,16 @@ def test_the_clients_install_asks_the_extra_index_too(hub, tmp_path, index):
         ({}, []),
         ({"index_url": "https://m/simple"}, ["--index-url", "https://m/simple"]),
         ({"find_links": "/srv/w"}, ["--no-index", "--find-links", "/srv/w"]),
-        ({"index_url": "https://m/simple", "find_links": "/srv/w"}, ["--index-url", "https://m/simple", "--find-links",
-                                                                      "/srv/w"]),
-        ({"extra_index_url": "https://e/simple", "find_links": "/srv/w"}, ["--extra-index-url", "https://e/simple",
-                                                                            "--find-links", "/srv/w"]),
+        (
+            {"index_url": "https://m/simple", "find_links": "/srv/w"},
+            ["--index-url", "https://m/simple", "--find-links", "/srv/w"],
+        ),
+        (
+            {"extra_index_url": "https://e/simple", "find_links": "/srv/w"},
+            ["--extra-index-url", "https://e/simple", "--find-links", "/srv/w"],
+        ),
     ],
     ids=["pypi", "index", "offline-wheelhouse", "index-and-wheelhouse", "extra-index-is-not-dropped-by-no-index"],
-)  # fmt: skip
+)
 def test_pip_source_args(sources, args):
     assert pip_args.pip_source_args(**sources) == args

@@ -63,12 +63,15 @@ def _code_strings(path: Path) -> list[str]:
             "EXAMPLES",
             "RETURN",
         }:
-            skip.add(id(node.value))  # fmt: skip
+            skip.add(id(node.value))
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
             skip.add(id(body[0].value))
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and id(n) not in skip]  # fmt: skip
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+    ]
 
 
 def test_no_role_has_its_own_state_directory_variable():
@@ -81,8 +84,12 @@ def test_no_role_has_its_own_state_directory_variable():
             defined |= set(entry.get("options") or {})
     assert {name for name in defined if name.endswith("state_dir")} == {"provision_state_dir"}
     old = re.compile(r"\b(kernel_cmdline|gpu_diag|sglang|sglang_bench)_state_dir\b")
-    users = [p for top in ("roles", "playbooks", "plugins", "provision") for p in ROOT.joinpath(top).rglob("*")
-             if p.is_file() and p.suffix in (".yml", ".j2", ".py", ".md") and old.search(p.read_text())]  # fmt: skip
+    users = [
+        p
+        for top in ("roles", "playbooks", "plugins", "provision")
+        for p in ROOT.joinpath(top).rglob("*")
+        if p.is_file() and p.suffix in (".yml", ".j2", ".py", ".md") and old.search(p.read_text())
+    ]
     # the one place that still names them: the inventory check that warns when an inventory sets one
     from provision import inventory
 
@@ -103,8 +110,11 @@ def resolved(tmp_path_factory):
     variables = VariableManager(loader=loader, inventory=manager)
     found = {}
     for role in USERS:
-        play = Play.load({"hosts": "all", "gather_facts": False, "roles": [f"provision.pve_sglang.{role}"]},
-                         variable_manager=variables, loader=loader)  # fmt: skip
+        play = Play.load(
+            {"hosts": "all", "gather_facts": False, "roles": [f"provision.pve_sglang.{role}"]},
+            variable_manager=variables,
+            loader=loader,
+        )
         for host in ("moved", "plain"):
             facts = variables.get_vars(play=play, host=manager.get_host(host))
             found[role, host] = Templar(loader=loader, variables=facts)
@@ -141,10 +151,14 @@ def test_verify_reads_each_hosts_records_where_its_inventory_says(tmp_path, monk
     # the probe runs on this machine: the refusal of a local connection is a row of tests/unit/test_bad_inputs.py
     monkeypatch.setattr(verify.inventory_mod, "_check_connection", lambda host: [])
     local = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
-    doc = {"all": {"children": {
-        "proxmox_hosts": {"hosts": {"node1": {**local, "provision_state_dir": str(moved)}}},
-        "gpu_containers": {"hosts": {"ct1": {**local, "proxmox_host": "node1", "proxmox_vmid": 100}}},
-    }}}  # fmt: skip
+    doc = {
+        "all": {
+            "children": {
+                "proxmox_hosts": {"hosts": {"node1": {**local, "provision_state_dir": str(moved)}}},
+                "gpu_containers": {"hosts": {"ct1": {**local, "proxmox_host": "node1", "proxmox_vmid": 100}}},
+            }
+        }
+    }
     (tmp_path / "inv").mkdir()
     (tmp_path / "inv" / "hosts.yml").write_text(yaml.safe_dump(doc))
     inv = verify.inventory_mod.load(str(tmp_path / "inv"))

@@ -165,12 +165,23 @@ def test_the_probe_playbook_renders_only_the_named_variables(tmp_path, monkeypat
     local = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
     hosts = {
         "node1": {**local, "proxmox_api_password": "hunter2-" + "never-rendered"},
-        "ct1": {**local, "proxmox_host": "node1", "proxmox_vmid": 100,
-                "verify_smoke_question": "{{ 'What is ' ~ (6 * 7) ~ '?' }}", "verify_smoke_expect": 42},
-    }  # fmt: skip
+        "ct1": {
+            **local,
+            "proxmox_host": "node1",
+            "proxmox_vmid": 100,
+            "verify_smoke_question": "{{ 'What is ' ~ (6 * 7) ~ '?' }}",
+            "verify_smoke_expect": 42,
+        },
+    }
     (tmp_path / "inv").mkdir()
-    doc = {"all": {"children": {"proxmox_hosts": {"hosts": {"node1": hosts["node1"]}},
-                                "gpu_containers": {"hosts": {"ct1": hosts["ct1"]}}}}}  # fmt: skip
+    doc = {
+        "all": {
+            "children": {
+                "proxmox_hosts": {"hosts": {"node1": hosts["node1"]}},
+                "gpu_containers": {"hosts": {"ct1": hosts["ct1"]}},
+            }
+        }
+    }
     (tmp_path / "inv" / "hosts.yml").write_text(yaml.safe_dump(doc))
     inv = verify.inventory_mod.load(str(tmp_path / "inv"))
     with RunRecord(tmp_path / "runs", "verify", inv) as rec:
@@ -195,8 +206,10 @@ def test_the_kernel_argument_check_reads_quoted_arguments_as_the_kernel_does(tmp
         "written": 'BOOT_IMAGE=/vmlinuz ro dyndbg="module iommu +p" iommu=nopt',
         "pending": "BOOT_IMAGE=/vmlinuz ro iommu=pt",
     }
-    readings = {h: {"vars": {}, "probe": {"boot_id": h, "files": files, "proc_cmdline": line}, "error": ""}
-                for h, line in lines.items()}  # fmt: skip
+    readings = {
+        h: {"vars": {}, "probe": {"boot_id": h, "files": files, "proc_cmdline": line}, "error": ""}
+        for h, line in lines.items()
+    }
     checks = verify._run_checks(list(lines), _spec(tmp_path, readings), tmp_path, select="kernel_arguments")
     assert {c.host: c.passed for c in checks} == {"grub206": True, "written": True, "pending": False}
     pending = next(c.reason for c in checks if c.host == "pending")
@@ -341,16 +354,30 @@ all:
 
 @pytest.mark.parametrize(
     "limit",
-    ["all:!sglang-01", "sglang-*", "gpu_containers:&rack_a", "rack_a:!pve-*", "pve-01,sglang-02",
-     "~sglang-0[12]", "gpu_containers[1:2]", "grafana-01", None],
-)  # fmt: skip
+    [
+        "all:!sglang-01",
+        "sglang-*",
+        "gpu_containers:&rack_a",
+        "rack_a:!pve-*",
+        "pve-01,sglang-02",
+        "~sglang-0[12]",
+        "gpu_containers[1:2]",
+        "grafana-01",
+        None,
+    ],
+)
 def test_verify_limit_selects_what_ansible_playbook_limit_does(tmp_path, limit):
     (tmp_path / "inv").mkdir()
     (tmp_path / "inv" / "hosts.yml").write_text(LIMIT_INVENTORY)
     (tmp_path / "play.yml").write_text("- hosts: proxmox_hosts:gpu_containers\n  gather_facts: false\n  tasks: []\n")
     argv = [BIN / "ansible-playbook", "-i", tmp_path / "inv", tmp_path / "play.yml", "--list-hosts"]
-    listed = subprocess.run([str(a) for a in argv + (["--limit", limit] if limit else [])],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    listed = subprocess.run(
+        [str(a) for a in argv + (["--limit", limit] if limit else [])],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert listed.returncode == 0, listed.stderr
     ansible = sorted(line.strip() for line in listed.stdout.split("hosts (", 1)[1].splitlines()[1:] if line.strip())
     inv = verify.inventory_mod.load(str(tmp_path / "inv"))
@@ -390,8 +417,11 @@ def test_the_smoke_check_names_the_question_the_probe_asked(tmp_path):
     rendering of verify_smoke_question (a template with now() or a lookup would render otherwise)."""
     chat = {"status": 200, "body": json.dumps({"choices": [{"message": {"content": "I do not know"}}]})}
     probe = {"boot_id": "b", "files": {}, "question": "What is 6 * 7, asked at 10:00?", "sglang": {"chat": chat}}
-    reading = {"vars": {"verify_smoke_question": "What is 6 * 7, asked at 10:01?", "verify_smoke_expect": 42},
-               "probe": probe, "error": ""}  # fmt: skip
+    reading = {
+        "vars": {"verify_smoke_question": "What is 6 * 7, asked at 10:01?", "verify_smoke_expect": 42},
+        "probe": probe,
+        "error": "",
+    }
     spec = tmp_path / "hosts.json"
     spec.write_text(json.dumps({"hosts": {"ct1": ["test_container.py"]}, "nodes": {}, "readings": {"ct1": reading}}))
     (check,) = verify._run_checks(["ct1"], spec, tmp_path, select="smoke_answer")
@@ -409,8 +439,21 @@ def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_
 
     inv = tmp_path / "inv"
     inv.mkdir()
-    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_containers": {"hosts": {"ct1": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))  # fmt: skip
+    (inv / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "gpu_containers": {
+                            "hosts": {
+                                "ct1": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
     mine = tmp_path / "checks"
     mine.mkdir()
     (mine / "test_container_mine.py").write_text(
@@ -422,11 +465,22 @@ def test_testinfra_checks_reach_the_host_through_ansible_and_a_users_check_file_
     port = listener.getsockname()[1]
     state = {"service": "provision-test-absent", "host": "127.0.0.1", "port": port}
     # the probe's reading where the sglang phase's record exists (its server's answers are not read by these checks)
-    probe = {"boot_id": "b", "state_dir": "/srv/state", "files": {support.SERVICE_STATE: json.dumps(state)},
-             "sglang": {"service": {}}}  # fmt: skip
+    probe = {
+        "boot_id": "b",
+        "state_dir": "/srv/state",
+        "files": {support.SERVICE_STATE: json.dumps(state)},
+        "sglang": {"service": {}},
+    }
     spec = tmp_path / "hosts.json"
-    spec.write_text(json.dumps({"hosts": {"ct1": ["test_common.py", "test_container.py"]}, "nodes": {},
-                                "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}}}))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "hosts": {"ct1": ["test_common.py", "test_container.py"]},
+                "nodes": {},
+                "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}},
+            }
+        )
+    )
     select = "service_listening or service_enabled or my_file"
     with runner.adhoc_environment(1) as env:
         run = functools.partial(verify._run_checks, ["ct1"], spec, tmp_path, ansible_env=env, inventory=inv)
@@ -466,9 +520,11 @@ def test_the_kernel_booted_next_must_have_the_nvidia_module(tmp_path):
     grub = "menuentry 'Proxmox VE GNU/Linux' {\n\tlinux\t/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro\n}\n"
 
     def node(bootloader, boot, grub_cfg=None, built=dkms):
-        commands = {" ".join(support.BOOT_KERNELS): {"rc": 0, "stdout": boot, "stderr": ""},
-                    " ".join(support.RUNNING_KERNEL): {"rc": 0, "stdout": "6.8.12-4-pve\n", "stderr": ""},
-                    " ".join(support.DKMS_STATUS): {"rc": 0, "stdout": built, "stderr": ""}}  # fmt: skip
+        commands = {
+            " ".join(support.BOOT_KERNELS): {"rc": 0, "stdout": boot, "stderr": ""},
+            " ".join(support.RUNNING_KERNEL): {"rc": 0, "stdout": "6.8.12-4-pve\n", "stderr": ""},
+            " ".join(support.DKMS_STATUS): {"rc": 0, "stdout": built, "stderr": ""},
+        }
         files = {support.WANTED: json.dumps({"bootloader": bootloader}), support.GRUB_CFG: grub_cfg}
         probe = {"boot_id": "b", "state_dir": "/srv/state", "files": files, "commands": commands}
         return {"vars": {"nvidia_driver_version": "580.95.05"}, "probe": probe, "error": ""}
@@ -482,11 +538,14 @@ def test_the_kernel_booted_next_must_have_the_nvidia_module(tmp_path):
     checks = verify._run_checks(list(readings), _spec(tmp_path, readings), tmp_path, select="kernel_booted_next")
     result = {c.host: (c.passed, c.reason) for c in checks}
     assert result["grub_default_old"] == (True, "") and result["built_for_both"] == (True, "")
-    assert result["updated"] == (False, (
-        "the kernel the node boots next, 6.14.8-2-pve, has no NVIDIA module (dkms status: 6.8.12-4-pve installed): "
-        "run provision apply before the node reboots (the driver phase installs proxmox-headers-6.14.8-2-pve and "
-        "builds the module with DKMS; proxmox-default-headers brings every future kernel's headers)"
-    ))  # fmt: skip
+    assert result["updated"] == (
+        False,
+        (
+            "the kernel the node boots next, 6.14.8-2-pve, has no NVIDIA module (dkms status: 6.8.12-4-pve installed): "
+            "run provision apply before the node reboots (the driver phase installs proxmox-headers-6.14.8-2-pve and "
+            "builds the module with DKMS; proxmox-default-headers brings every future kernel's headers)"
+        ),
+    )
 
 
 def test_the_listening_check_takes_an_ipv6_address_as_sglang_host_does(tmp_path):
@@ -497,17 +556,41 @@ def test_the_listening_check_takes_an_ipv6_address_as_sglang_host_does(tmp_path)
 
     inv = tmp_path / "inv"
     inv.mkdir()
-    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_containers": {"hosts": {"ct1": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))  # fmt: skip
+    (inv / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "gpu_containers": {
+                            "hosts": {
+                                "ct1": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
     listener = socket_mod.socket(socket_mod.AF_INET6)
     listener.bind(("::1", 0))
     listener.listen()
     state = {"service": "sglang", "host": "::1", "port": listener.getsockname()[1]}
-    probe = {"boot_id": "b", "state_dir": "/srv/state", "files": {support.SERVICE_STATE: json.dumps(state)},
-             "sglang": {"service": {}}}  # fmt: skip
+    probe = {
+        "boot_id": "b",
+        "state_dir": "/srv/state",
+        "files": {support.SERVICE_STATE: json.dumps(state)},
+        "sglang": {"service": {}},
+    }
     spec = tmp_path / "hosts.json"
-    spec.write_text(json.dumps({"hosts": {"ct1": ["test_common.py", "test_container.py"]}, "nodes": {},
-                                "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}}}))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "hosts": {"ct1": ["test_common.py", "test_container.py"]},
+                "nodes": {},
+                "readings": {"ct1": {"vars": {}, "probe": probe, "error": ""}},
+            }
+        )
+    )
     try:
         with runner.adhoc_environment(1) as env:
             checks = verify._run_checks(["ct1"], spec, tmp_path, "service_listening", env, inv)

@@ -44,23 +44,45 @@ def _node(configured=PROFILE, bootloader="grub", oneshot=None, trial_line=None):
     raw = {}
     if oneshot:  # efivarfs: 4 bytes of attributes, then the UTF-16LE string and its NUL
         raw[next_boot.next_boot.ONESHOT] = base64.b64encode(b"\x07\0\0\0" + f"{oneshot}\0".encode("utf-16-le")).decode()
-    found = {"boot_id": "b", "state_dir": "/var/lib/provision", "proc_cmdline": RUNNING, "files": files,
-             "binary_files": raw, "commands": commands, "nvidia_nodes": {}, "pve_devices": {}}  # fmt: skip
+    found = {
+        "boot_id": "b",
+        "state_dir": "/var/lib/provision",
+        "proc_cmdline": RUNNING,
+        "files": files,
+        "binary_files": raw,
+        "commands": commands,
+        "nvidia_nodes": {},
+        "pve_devices": {},
+    }
     return {"vars": {"nvidia_driver_version": "580.95.05"}, "probe": found, "error": ""}
 
 
 def _container(**record):
     guard = {"iommu_args": "iommu=pt", "iommu_keys": ["iommu"], "container_boot_id": None}
-    state = {"service": "sglang", "tp_size": 2, "p2p_policy": "on", "p2p_mode": "auto", "p2p_links": PCIE,
-             "p2p_guard": guard, **record}  # fmt: skip
-    found = {"boot_id": "c", "state_dir": "/var/lib/provision", "files": {support.SERVICE_STATE: json.dumps(state)},
-             "sglang": {"service": {}}}  # fmt: skip
+    state = {
+        "service": "sglang",
+        "tp_size": 2,
+        "p2p_policy": "on",
+        "p2p_mode": "auto",
+        "p2p_links": PCIE,
+        "p2p_guard": guard,
+        **record,
+    }
+    found = {
+        "boot_id": "c",
+        "state_dir": "/var/lib/provision",
+        "files": {support.SERVICE_STATE: json.dumps(state)},
+        "sglang": {"service": {}},
+    }
     return {"vars": {}, "probe": found, "error": ""}
 
 
 def _spec(tmp_path: Path, node: dict, ct: dict) -> tuple[dict, Path]:
-    spec = {"hosts": {"pve1": ["test_common.py", "test_host.py"], "ct1": ["test_common.py", "test_container.py"]},
-            "nodes": {"ct1": "pve1"}, "readings": {"pve1": node, "ct1": ct}}  # fmt: skip
+    spec = {
+        "hosts": {"pve1": ["test_common.py", "test_host.py"], "ct1": ["test_common.py", "test_container.py"]},
+        "nodes": {"ct1": "pve1"},
+        "readings": {"pve1": node, "ct1": ct},
+    }
     path = tmp_path / "hosts.json"
     path.write_text(json.dumps(spec))
     return spec, path

@@ -57,10 +57,24 @@ def test_a_passing_checks_note_reaches_the_report(tmp_path):
     )
     junit = tmp_path / "out.xml"
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "junit_family=xunit1",
-         f"--junitxml={junit}", str(tmp_path / "test_x.py")],
-        check=True, capture_output=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "-o",
+            "junit_family=xunit1",
+            f"--junitxml={junit}",
+            str(tmp_path / "test_x.py"),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     checks = {c.name: c for c in verify._parse_junit(junit)}
     assert (
         checks["test_sev_snp_proven"].passed and checks["test_sev_snp_proven"].reason == "SNP not proven (not required)"

@@ -50,8 +50,13 @@ NCCL_LARGE_ELEMENTS = 256 * MIB // 4  # 256 MiB of float32
 HEALTHY, P2P_CORRUPT, P2P_HANG, NCCL_BROKEN, NO_GPU = "healthy", "p2p-corrupt", "p2p-hang", "nccl-broken", "no-gpu"
 NO_MEMORY = "insufficient-gpu-memory"
 RECOMMENDED_POLICY = {
-    HEALTHY: "on", P2P_CORRUPT: "off", P2P_HANG: "off", NCCL_BROKEN: "off", NO_GPU: None, NO_MEMORY: None,
-}  # fmt: skip
+    HEALTHY: "on",
+    P2P_CORRUPT: "off",
+    P2P_HANG: "off",
+    NCCL_BROKEN: "off",
+    NO_GPU: None,
+    NO_MEMORY: None,
+}
 # what CUDA, PyTorch and NCCL print when an allocation fails ("CUDA out of memory. Tried to allocate ...",
 # "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'", cudaErrorMemoryAllocation)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|cudaErrorMemoryAllocation", re.IGNORECASE)

@@ -56,8 +56,11 @@ def read_key(path):
 def tail(unit, key_file, lines):
     text = subprocess.run(
         ["journalctl", "-u", unit, "-n", str(int(lines)), "--no-pager", "-o", "cat"],
-        capture_output=True, text=True, errors="replace", check=False,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        errors="replace",
+        check=False,
+    ).stdout
     sys.stdout.write(scrub(text, [read_key(key_file)]))
     return 0
 

@@ -267,8 +267,12 @@ def make_handler(state: State):
             tokens, n_think, cut = self._tokens(prompt, max_tokens, bool(body.get("ignore_eos")), think)
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
             prompt_tokens = max(1, len(prompt.split()))
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),
-                     "total_tokens": prompt_tokens + len(tokens), "reasoning_tokens": n_think}  # fmt: skip
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(tokens),
+                "total_tokens": prompt_tokens + len(tokens),
+                "reasoning_tokens": n_think,
+            }
             if body.get("stream"):
                 self._sse_start()
                 for i, tok in enumerate(self._stream(tokens)):
@@ -304,10 +308,17 @@ def make_handler(state: State):
                 choice["message"] = {"role": "assistant", "content": text or None, "reasoning_content": thought}
             else:
                 choice["text"] = text
-            self._json(200, {
-                "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": state.served_name, "choices": [choice], "usage": usage,
-            })  # fmt: skip
+            self._json(
+                200,
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": state.served_name,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
 
         def _generate(self, body: dict) -> None:
             params = body.get("sampling_params") or {}
@@ -315,8 +326,9 @@ def make_handler(state: State):
             if isinstance(prompt, list):
                 prompt = prompt[0] if prompt else ""
             prompt_tokens = len(body.get("input_ids") or []) or max(1, len(str(prompt).split()))
-            tokens, _, _ = self._tokens(str(prompt), int(params.get("max_new_tokens") or 128),
-                                     bool(params.get("ignore_eos")))  # fmt: skip
+            tokens, _, _ = self._tokens(
+                str(prompt), int(params.get("max_new_tokens") or 128), bool(params.get("ignore_eos"))
+            )
             rid = uuid.uuid4().hex
             start = time.time()
             if body.get("stream"):
@@ -324,15 +336,36 @@ def make_handler(state: State):
                 text = ""
                 for i, tok in enumerate(self._stream(tokens)):
                     text += tok
-                    self._sse({"text": text, "output_ids": list(range(i + 1)), "meta_info": {
-                        "id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens,
-                        "completion_tokens": i + 1, "cached_tokens": 0}})  # fmt: skip
+                    self._sse(
+                        {
+                            "text": text,
+                            "output_ids": list(range(i + 1)),
+                            "meta_info": {
+                                "id": rid,
+                                "finish_reason": None,
+                                "prompt_tokens": prompt_tokens,
+                                "completion_tokens": i + 1,
+                                "cached_tokens": 0,
+                            },
+                        }
+                    )
                 return self._sse_done()
             text = "".join(self._stream(tokens))
-            self._json(200, {"text": text, "output_ids": list(range(len(tokens))), "meta_info": {
-                "id": rid, "finish_reason": {"type": "length", "length": len(tokens)},
-                "prompt_tokens": prompt_tokens, "completion_tokens": len(tokens), "cached_tokens": 0,
-                "e2e_latency": round(time.time() - start, 4)}})  # fmt: skip
+            self._json(
+                200,
+                {
+                    "text": text,
+                    "output_ids": list(range(len(tokens))),
+                    "meta_info": {
+                        "id": rid,
+                        "finish_reason": {"type": "length", "length": len(tokens)},
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": len(tokens),
+                        "cached_tokens": 0,
+                        "e2e_latency": round(time.time() - start, 4),
+                    },
+                },
+            )
 
         def _sse_start(self) -> None:
             self.send_response(200)
