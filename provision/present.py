@@ -50,7 +50,7 @@ class LiveProgress:
         self._hosts: dict[str, HostStats] = {}
         self._task: dict[str, str] = {}
         self._detail: dict[str, str] = {}  # a loop's progress within the host's current task
-        self._transfer: dict[str, tuple[int, float]] = {}  # per host: bytes and seconds of the task's transfers
+        self._transfer: dict[str, tuple[int, float]] = {}  # per host: the task's bytes so far, and when it started
         self._play_task = ""
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -89,7 +89,7 @@ class LiveProgress:
             self._task[host] = task
             self._hosts.setdefault(host, HostStats())
             self._detail.pop(host, None)
-            self._transfer.pop(host, None)
+            self._transfer[host] = (0, time.monotonic())
             return None
         if isinstance(progress, dict) and host:
             return self._progress(host, progress)
@@ -110,11 +110,13 @@ class LiveProgress:
 
     def _progress(self, host: str, progress: dict) -> str | None:
         """A loop item's `progress` (a download's, as sglang_weights reports it): the host's detail line, with the
-        rate of the task's transfers so far and the time left at that rate."""
-        done, seconds = self._transfer.get(host, (0, 0.0))
+        rate since the task started (each step's own work, the listing and the hashing, included) and the time left
+        at that rate."""
+        done, started = self._transfer.get(host, (0, time.monotonic()))
         with contextlib.suppress(TypeError, ValueError):
-            done, seconds = done + int(progress.get("downloaded_bytes", 0)), seconds + float(progress.get("seconds", 0))
-        self._transfer[host] = (done, seconds)
+            done += int(progress.get("downloaded_bytes", 0))
+        self._transfer[host] = (done, started)
+        seconds = time.monotonic() - started
         line = download_line(progress, done / seconds if done and seconds > 0 else None)
         if line is None:
             return None

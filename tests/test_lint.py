@@ -1,6 +1,7 @@
 """ruff and ansible-lint (profile production) are part of the test suite; ruff covers the package, the tests,
 and the Python of the roles and plugins."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,8 @@ def test_ansible_test_sanity_passes_on_the_built_collection(tmp_path):
     for version in ("24_2",):  # the pip ansible-test 2.19 bootstraps
         (cache / f"get_pip_{version}.py").write_text(GET_PIP)
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
+    # the machine's package index settings and proxies reach the requirements' installs
+    env |= {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
     run = {"capture_output": True, "text": True, "env": env, "stdin": subprocess.DEVNULL}
     built = subprocess.run(
         [_tool("ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(REPO)], **run

@@ -150,6 +150,8 @@ def _login_args(p, where: str) -> dict:
 def connect(p):
     """A logged-in proxmoxer.ProxmoxAPI. A login PVE did not answer (5xx/59x) is raised as ResourceException, so
     that with_retries tries again; a refused one, or a certificate that does not verify, is an ApiFailure."""
+    if not p["api_host"] and not (p.get("backend") == "ssh" and p.get("ssh_host")):
+        raise ApiFailure("proxmox_api_host is empty or not set: set it to the PVE API's address (name or IP)")
     proxmoxer = proxmoxer_modules()[0]
     if p.get("backend", "https") == "ssh":
         return connect_ssh(p, proxmoxer)

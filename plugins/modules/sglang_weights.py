@@ -57,7 +57,8 @@ options:
         result's I(progress) says where the whole download stands. A run without I(files) then puts the revision in
         place, downloading only what is not staged yet.
       - The sglang role calls it once per missing file, so that the console shows the download's progress between
-        files.
+        files. Such a call trusts the record for the files in place (it hashes none of them), and hashes a staged
+        file only when the staging record does not vouch for it.
 extends_documentation_fragment:
   - provision.pve_sglang.attributes
 attributes:
@@ -93,6 +94,8 @@ files:
   description:
     - One entry per file, with what the run did to it - present, downloaded or would_download (a file of the
       revision), removed or would_remove (a file of an earlier download that the revision does not list).
+    - With I(files), one entry per named file - present (in place and right), already_staged, staged, or
+      would_stage in check mode.
     - Empty in check mode when the client is not installed yet (see I(msg)).
   type: list
   elements: dict
@@ -261,10 +264,14 @@ def staging_record(p) -> dict | None:
 
 
 def write_staging_record(staging: str, mark: dict) -> None:
+    """Whole or not at all: a record that cannot be read makes the next run drop the staging (drop_other_staging)."""
     path = os.path.join(staging, ms.STAGING_RECORD)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(mark, handle)
-    os.replace(path + ".tmp", path)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def drop_other_staging(p, check_mode: bool) -> int:
@@ -289,9 +296,9 @@ def staging_for(p) -> str:
     return staging
 
 
-def staged(p, staging: str, expected: dict) -> bool:
+def staged(p, staging: str, expected: dict, check_mode: bool = False) -> bool:
     """Whether this file is in the staging directory, verified: unchanged since a run verified it there (its stat
-    key in the staging record), or hashed now and found right (then recorded)."""
+    key in the staging record), or hashed now and found right (then recorded; in check mode, only said)."""
     path = os.path.join(staging, expected["name"])
     if recorded_staged(p, expected):
         return True
@@ -300,9 +307,11 @@ def staged(p, staging: str, expected: dict) -> bool:
     if ms.mismatch(expected, *ms.file_digests(path)) is not None:
         # the client trusts its own record of a file it put there (written over within a second of it, or with its
         # mtime kept): the file and that record go, so that the download fetches it again
-        remove_download(staging, expected["name"])
+        if not check_mode:
+            remove_download(staging, expected["name"])
         return False
-    mark_verified(p, staging, expected["name"])
+    if not check_mode:
+        mark_verified(p, staging, expected["name"])
     return True
 
 
@@ -323,16 +332,16 @@ def download_all(hf, p, missing: list[dict]) -> tuple[str, int]:
     failure the files verified so far stay there, and the next run of the same revision downloads only the rest.
     Returns the staging directory and the bytes downloaded."""
     staging = staging_for(p)
-    kept = fetched = 0
+    fetched = 0
     for expected in missing:
         if staged(p, staging, expected):
-            kept += 1
             continue
         try:
             download(hf, p, staging, expected)
         except WeightsError as exc:
+            kept = len((staging_record(p) or {"verified": {}})["verified"])
             raise WeightsError(f"{exc}; {kept} verified file(s) kept in {staging} for the next run") from exc
-        kept, fetched = kept + 1, fetched + expected["size"]
+        fetched += expected["size"]
     return staging, fetched
 
 
@@ -363,6 +372,10 @@ def run(module) -> dict:
         if not module.check_mode:  # a staging left by a run of another revision
             shutil.rmtree(os.path.join(root, ms.STAGING), ignore_errors=True)
         result["files"] = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
+        if p["files"] is not None:
+            named = [f for f in result["files"] if f["name"] in p["files"]]
+            refuse_unknown(p, [f["name"] for f in result["files"]])
+            result.update(files=named, progress=progress(p, [], 0, 0.0))
         return result
     if hf is None:  # check mode before the role has installed the client: the download is pending
         result.update(
@@ -372,7 +385,11 @@ def run(module) -> dict:
         )
         return result
     files = hub_files(hf, p)
-    record, missing = sort_present(files, root, manifest)
+    if p["files"] is not None:
+        refuse_unknown(p, [f["name"] for f in files])
+    # with `files`, one step of a loop over the missing files: the files in place are not hashed again, their record
+    # says which are right (the listing step that made the loop hashed the others once)
+    record, missing = sort_present(files, root, manifest, p, quick=p["files"] is not None)
     stale = [n for n in ms.recorded_not_listed(manifest, files) if os.path.lexists(os.path.join(root, n))]
     warn_unlisted(module, root, files, manifest)
     # what a failed run of this revision left verified in the staging directory is not fetched again; a staging of
@@ -393,21 +410,32 @@ def run(module) -> dict:
     return result
 
 
-def stage_some(hf, p, files: list[dict], missing: list[dict], check_mode: bool) -> dict:
-    """The `files` option: only the named files into the staging directory, verified; nothing is put in place.
-    The result's `progress` is where the whole download stands after this call."""
-    unknown = sorted(set(p["files"]) - {f["name"] for f in files})
+def refuse_unknown(p, listed: list[str]) -> None:
+    """The `files` option names only files of the revision: one line before anything changes."""
+    unknown = sorted(set(p["files"]) - set(listed))
     if unknown:
         raise WeightsError(f"{p['repo']} at {p['revision']} lists no file {', '.join(unknown)} (files)")
+
+
+def stage_some(hf, p, files: list[dict], missing: list[dict], check_mode: bool) -> dict:
+    """The `files` option: only the named files into the staging directory, verified; nothing is put in place.
+    Each named file's action: present (in place), already_staged, staged, or would_stage in check mode. The
+    result's `progress` is where the whole download stands after this call."""
     todo = [f for f in missing if f["name"] in p["files"]]
+    staging = os.path.join(p["path"], ms.STAGING)
+    before = {f["name"] for f in todo if staged(p, staging, f, check_mode)}
     started, fetched = time.monotonic(), 0
-    if not check_mode and todo:
-        fetched = download_all(hf, p, todo)[1]
-    action = "would_stage" if check_mode else "staged"
-    lines = [file_line(f, action if f in todo else "present") for f in files if f["name"] in p["files"]]
-    pending = [f for f in todo if not recorded_staged(p, f)]
+    if not check_mode and len(before) < len(todo):
+        fetched = download_all(hf, p, [f for f in todo if f["name"] not in before])[1]
+
+    def action(f: dict) -> str:
+        if f not in todo:
+            return "present"
+        return "already_staged" if f["name"] in before else "would_stage" if check_mode else "staged"
+
+    lines = [file_line(f, action(f)) for f in files if f["name"] in p["files"]]
     return dict(
-        changed=bool(fetched) or (check_mode and bool(pending)),
+        changed=any(line["action"] in ("staged", "would_stage") for line in lines),
         files=lines,
         downloaded_bytes=fetched,
         progress=progress(p, missing, fetched, time.monotonic() - started),
@@ -469,11 +497,20 @@ def warn_unlisted(module, root: str, files: list[dict], manifest) -> None:
             )
 
 
-def sort_present(files: list[dict], root: str, manifest) -> tuple[dict, list[dict]]:
-    """({name: record entry} of the files in place and right, [the files to download])."""
+def sort_present(files: list[dict], root: str, manifest, p, quick: bool = False) -> tuple[dict, list[dict]]:
+    """({name: record entry} of the files in place and right, [the files to download]). A file verified in the
+    staging directory goes in place, whatever is there now (not hashed); `quick` trusts the record alone for the
+    files in place (a file in place that the record does not vouch for counts as to download)."""
     record, missing = {}, []
     for expected in files:
-        ok, entry = check_present(expected, root, manifest)
+        if recorded_staged(p, expected):
+            missing.append(expected)
+            continue
+        if quick:
+            ok = ms.recorded_unchanged(manifest, expected, root)
+            entry = manifest["files"][expected["name"]] if ok else None
+        else:
+            ok, entry = check_present(expected, root, manifest)
         if ok:
             record[expected["name"]] = entry
         else:

@@ -116,3 +116,12 @@ def test_check_mode_predicts_exactly_what_apply_does(module, served, config, sta
     assert done == apply_does, "what PVE does (fakepve: LXC/Config.pm vmconfig_hotplug_pending)"
     assert predicted == done, (predicted, done)
     assert served.reboots() == int(apply_does["restart"])
+
+
+def test_an_empty_api_host_is_one_line_naming_the_variable_and_the_container_is_untouched(module, served):
+    """An inventory without proxmox_api_host, run by plain ansible-playbook (the CLI's check is not there to stop it):
+    the module names the variable, and the container's config is as it was."""
+    before = dict(served.ct.config)
+    result = run(module, served, api_host="")
+    assert result.get("failed") and "proxmox_api_host is empty or not set" in result["msg"], result
+    assert served.ct.config == before

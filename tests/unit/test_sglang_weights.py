@@ -401,3 +401,46 @@ def test_check_mode_without_the_client_finds_a_recorded_complete_download_up_to_
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     result = main_result(weights, args(hub, tmp_path, _ansible_check_mode=True))
     assert result["changed"] is False and {f["action"] for f in result["files"]} == {"present"}, result
+
+
+def test_a_loop_hashes_each_wrong_file_in_place_once_and_a_failed_step_counts_what_is_kept(hub, tmp_path, monkeypatch):
+    """The role's order over a model directory whose files are all wrong (a new revision of the same names): the
+    listing (check mode) hashes each file in place once; the steps and the final run hash none of them again, only
+    what they download. A step whose transfer is cut names how many verified files the staging keeps."""
+    repo = hub.repos[hfhub.REPO_ID]
+    names = [f.path for f in repo.files]
+    for name in names:
+        (tmp_path / name).write_bytes(b"an earlier revision's bytes")
+    hashed = []
+    digests = ms.file_digests
+    monkeypatch.setattr(ms, "file_digests", lambda path: hashed.append(path) or digests(path))
+    plan = main_result(weights, args(hub, tmp_path, _ansible_check_mode=True))
+    assert [f["action"] for f in plan["files"]] == ["would_download"] * len(names), plan
+    hub.cut(hfhub.REPO_ID, names[-1])
+    for name in names[:-1]:
+        assert main_result(weights, args(hub, tmp_path, files=[name]))["changed"] is True
+    cut = main_result(weights, args(hub, tmp_path, files=[names[-1]]))
+    assert cut.get("failed") and cut["msg"].endswith(
+        f"; {len(names) - 1} verified file(s) kept in {tmp_path / ms.STAGING} for the next run"
+    ), cut
+    hub.cut(hfhub.REPO_ID, names[-1], on=False)
+    assert main_result(weights, args(hub, tmp_path, files=[names[-1]]))["changed"] is True
+    done = main_result(weights, args(hub, tmp_path))
+    assert not done.get("failed") and tree(tmp_path) == as_served(repo), done
+    in_place = sorted(os.path.basename(p) for p in hashed if os.path.dirname(p) == str(tmp_path))
+    assert in_place == sorted(names), "each file in place hashed once, by the listing"
+
+
+def test_a_step_says_already_staged_changes_nothing_and_check_mode_says_would_stage(hub, tmp_path):
+    repo = hub.repos[hfhub.REPO_ID]
+    first, second = repo.files[0].path, repo.files[1].path
+    assert main_result(weights, args(hub, tmp_path, files=[first]))["changed"] is True
+    again = main_result(weights, args(hub, tmp_path, files=[first]))
+    assert again["changed"] is False and again["files"][0]["action"] == "already_staged", again
+    would = main_result(weights, args(hub, tmp_path, files=[second], _ansible_check_mode=True))
+    assert would["changed"] is True and would["files"][0]["action"] == "would_stage", would
+    assert not (tmp_path / ms.STAGING / second).exists()
+    assert main_result(weights, args(hub, tmp_path))["changed"] is True
+    complete = main_result(weights, args(hub, tmp_path, files=[second]))
+    assert complete["changed"] is False and [f["action"] for f in complete["files"]] == ["present"], complete
+    assert complete["progress"]["files"] == 0 and complete["progress"]["bytes"] == 0, complete
