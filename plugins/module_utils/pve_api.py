@@ -147,11 +147,16 @@ def _login_args(p, where: str) -> dict:
     return dict(kwargs, password=p["api_password"], **_second_factor(p))
 
 
+def require_host(p) -> None:
+    """An empty or unset proxmox_api_host (plain ansible-playbook has no inventory check) is one line naming it."""
+    if not p["api_host"] and not (p.get("backend") == "ssh" and p.get("ssh_host")):
+        raise ApiFailure("proxmox_api_host is empty or not set: set it to the PVE API's address (name or IP)")
+
+
 def connect(p):
     """A logged-in proxmoxer.ProxmoxAPI. A login PVE did not answer (5xx/59x) is raised as ResourceException, so
     that with_retries tries again; a refused one, or a certificate that does not verify, is an ApiFailure."""
-    if not p["api_host"] and not (p.get("backend") == "ssh" and p.get("ssh_host")):
-        raise ApiFailure("proxmox_api_host is empty or not set: set it to the PVE API's address (name or IP)")
+    require_host(p)
     proxmoxer = proxmoxer_modules()[0]
     if p.get("backend", "https") == "ssh":
         return connect_ssh(p, proxmoxer)

@@ -369,14 +369,7 @@ def run(module) -> dict:
     hf = hub_client(required=not module.check_mode)
     result = dict(changed=False, files=[], downloaded_bytes=0, client_version=getattr(hf, "__version__", None))
     if ms.recorded_complete(manifest, p["repo"], p["revision"], root):
-        if not module.check_mode:  # a staging left by a run of another revision
-            shutil.rmtree(os.path.join(root, ms.STAGING), ignore_errors=True)
-        result["files"] = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
-        if p["files"] is not None:
-            named = [f for f in result["files"] if f["name"] in p["files"]]
-            refuse_unknown(p, [f["name"] for f in result["files"]])
-            result.update(files=named, progress=progress(p, [], 0, 0.0))
-        return result
+        return result | complete(p, manifest, module.check_mode)
     if hf is None:  # check mode before the role has installed the client: the download is pending
         result.update(
             changed=True,
@@ -392,14 +385,7 @@ def run(module) -> dict:
     record, missing = sort_present(files, root, manifest, p, quick=p["files"] is not None)
     stale = [n for n in ms.recorded_not_listed(manifest, files) if os.path.lexists(os.path.join(root, n))]
     warn_unlisted(module, root, files, manifest)
-    # what a failed run of this revision left verified in the staging directory is not fetched again; a staging of
-    # another revision goes first (in check mode, its space counts as free)
-    reclaimed = drop_other_staging(p, module.check_mode)
-    need = sum(f["size"] for f in missing) - staging_sizes(root, p, missing)
-    where, free = ms.free_bytes(root)
-    problem = ms.space_problem(root, need, where, free + (reclaimed if module.check_mode else 0))
-    if problem:
-        raise WeightsError(problem)
+    need = check_space(p, missing, module.check_mode)
     if p["files"] is not None:
         return result | stage_some(hf, p, files, missing, module.check_mode)
     # the record is a cache of what was verified, not a change of the weights: changed means files to fetch or remove
@@ -408,6 +394,31 @@ def run(module) -> dict:
         converge(hf, p, record, missing, stale)
     result["files"] = file_lines(files, missing, stale, manifest, module.check_mode)
     return result
+
+
+def complete(p, manifest: dict, check_mode: bool) -> dict:
+    """The result where the record says the revision is in place and unchanged: every file present (with `files`,
+    the named ones, and nothing left to download)."""
+    if not check_mode:  # a staging left by a run of another revision
+        shutil.rmtree(os.path.join(p["path"], ms.STAGING), ignore_errors=True)
+    lines = [{"name": n, "size": e["size"], "action": "present"} for n, e in manifest["files"].items()]
+    if p["files"] is None:
+        return {"files": lines}
+    refuse_unknown(p, [line["name"] for line in lines])
+    return {"files": [line for line in lines if line["name"] in p["files"]], "progress": progress(p, [], 0, 0.0)}
+
+
+def check_space(p, missing: list[dict], check_mode: bool) -> int:
+    """The bytes still to download, once they are known to fit (one line naming the path, the need and what is free,
+    where they do not). What a failed run of this revision left verified in the staging directory is not fetched
+    again; a staging of another revision goes first (in check mode, its space counts as free)."""
+    reclaimed = drop_other_staging(p, check_mode)
+    need = sum(f["size"] for f in missing) - staging_sizes(p["path"], p, missing)
+    where, free = ms.free_bytes(p["path"])
+    problem = ms.space_problem(p["path"], need, where, free + (reclaimed if check_mode else 0))
+    if problem:
+        raise WeightsError(problem)
+    return need
 
 
 def refuse_unknown(p, listed: list[str]) -> None:
