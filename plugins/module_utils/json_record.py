@@ -1,9 +1,21 @@
 """The JSON records provision keeps on a host (service record, diagnostic verdict, ...): read one, or None; and the JSON
-object a command run through `ansible.builtin.raw` printed."""
+object a command run through `ansible.builtin.raw` printed; write one whole."""
 
 from __future__ import annotations
 
 import json
+import os
+
+
+def write_json(path, value, **dump_args):
+    """The record at `path`, whole or not at all: written beside it as `<path>.tmp`, synced, then renamed over it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, **dump_args)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def read_json(path):

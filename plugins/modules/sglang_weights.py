@@ -122,7 +122,6 @@ msg:
 """
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -130,7 +129,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import model_source as ms
-from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json
+from ansible_collections.provision.pve_sglang.plugins.module_utils.json_record import read_json, write_json
 
 
 class WeightsError(Exception):
@@ -265,13 +264,7 @@ def staging_record(p) -> dict | None:
 
 def write_staging_record(staging: str, mark: dict) -> None:
     """Whole or not at all: a record that cannot be read makes the next run drop the staging (drop_other_staging)."""
-    path = os.path.join(staging, ms.STAGING_RECORD)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(mark, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_json(os.path.join(staging, ms.STAGING_RECORD), mark)
 
 
 def drop_other_staging(p, check_mode: bool) -> int:
@@ -534,11 +527,7 @@ def file_line(expected: dict, action: str) -> dict:
 
 
 def write_manifest(path: str, p, record: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"repo": p["repo"], "revision": p["revision"], "files": record}, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json(path, {"repo": p["repo"], "revision": p["revision"], "files": record}, indent=1, sort_keys=True)
 
 
 def main():
