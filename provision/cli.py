@@ -287,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the PVE nodes: qemu VMs (bootloaders, real reboots; default), or nspawn containers that boot in seconds "
         "with the profile's kernel arguments already on their line, for work that needs no bootloader (docs/lab.md)",
     )
+    c.add_argument(
+        "--gateway",
+        action="store_true",
+        help="one more CT, without GPUs, in group sglang_gateways: SGLang's gateway in front of the containers",
+    )
     c = lab_sub.add_parser(
         "kernel", help="install a newer kernel on a lab node, as a kernel update does; it boots it at its next reboot"
     )
@@ -613,6 +618,7 @@ def _cmd_lab(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
             gpu_link=args.gpu_link,
             bare=args.bare,
             nodes=args.nodes,
+            gateway=args.gateway,
         )
     elif args.lab_command == "kernel":
         release = lab.install_kernel(args.node, headers=args.headers)

@@ -49,6 +49,9 @@ from provision.paths import example_inventory_dir, module_util, roles_dir
 
 PROXMOX_HOSTS = "proxmox_hosts"
 GPU_CONTAINERS = "gpu_containers"
+SGLANG_GATEWAYS = "sglang_gateways"  # optional: SGLang's gateway in front of the containers (roles/sglang_gateway)
+# every host a run manages, in the order the plays take them
+MANAGED = f"{PROXMOX_HOSTS}:{GPU_CONTAINERS}:{SGLANG_GATEWAYS}"
 VMID_MIN, VMID_MAX = 100, 999_999_999
 EXAMPLE_NAME = "example"
 # A host name Ansible accepts but no ssh, shell or file path should get: whitespace or control characters.
@@ -162,7 +165,7 @@ class Inventory:
     def __str__(self) -> str:
         return self.given or str(self.path)
 
-    def match(self, limit: str | None, pattern: str = f"{PROXMOX_HOSTS}:{GPU_CONTAINERS}") -> list[str]:
+    def match(self, limit: str | None, pattern: str = MANAGED) -> list[str]:
         """The hosts a play on `pattern` reaches under `--limit`, by Ansible's own pattern rules."""
         try:
             with captured_warnings():  # "Could not match supplied host pattern": scope() says it once
@@ -182,7 +185,7 @@ class Inventory:
         hosts = self.match(limit)
         for part in parts:
             if not self.match(part):
-                where = f"{PROXMOX_HOSTS} or {GPU_CONTAINERS} of {self.path}"
+                where = f"{PROXMOX_HOSTS}, {GPU_CONTAINERS} or {SGLANG_GATEWAYS} of {self.path}"
                 what = f"--limit {limit}: {part!r}" if part != limit else f"--limit {limit}"
                 raise UsageError(f"{what} matches no host in {where}: nothing runs until every part of it names a host")
         return hosts
@@ -197,6 +200,10 @@ class Inventory:
     @property
     def gpu_containers(self) -> list[Host]:
         return self.group(GPU_CONTAINERS)
+
+    @property
+    def gateways(self) -> list[Host]:
+        return self.group(SGLANG_GATEWAYS)
 
 
 def resolve(name_or_path: str | Path) -> Path:
@@ -560,6 +567,9 @@ def _check_groups(inv: Inventory) -> list[str]:
     ]
     both = set(inv.groups.get(PROXMOX_HOSTS, ())) & set(inv.groups.get(GPU_CONTAINERS, ()))
     problems += [f"{inv.path}: host {name}: is in both {PROXMOX_HOSTS} and {GPU_CONTAINERS}" for name in sorted(both)]
+    for group in (PROXMOX_HOSTS, GPU_CONTAINERS):  # a gateway is a host of its own: a CT without GPUs, or any Debian
+        shared = set(inv.groups.get(SGLANG_GATEWAYS, ())) & set(inv.groups.get(group, ()))
+        problems += [f"{inv.path}: host {name}: is in both {group} and {SGLANG_GATEWAYS}" for name in sorted(shared)]
     problems += [
         f"{inv.path}: host {name!r}: a host name may not contain whitespace or control characters"
         for name in sorted(inv.hosts)

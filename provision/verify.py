@@ -47,6 +47,7 @@ CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 SUITES = {
     inventory_mod.PROXMOX_HOSTS: ["test_common.py", "test_host.py"],
     inventory_mod.GPU_CONTAINERS: ["test_common.py", "test_container.py"],
+    inventory_mod.SGLANG_GATEWAYS: ["test_common.py", "test_gateway.py"],
 }
 RUN_TIMEOUT_S = 900
 PROBE_PLAYBOOK = "verify_probe.yml"

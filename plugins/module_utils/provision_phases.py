@@ -10,6 +10,7 @@ ROLE_OF_PHASE = {
     "driver": "nvidia_driver",
     "gpu": "gpu_passthrough",
     "sglang": "sglang",
+    "gateway": "sglang_gateway",  # SGLang's gateway on the sglang_gateways hosts, in front of the containers
     "verify": None,  # the verify phase runs checks, not a role (playbooks/verify.yml)
 }
 PHASES = tuple(ROLE_OF_PHASE)

@@ -25,7 +25,7 @@ options:
     description: The state directory the records live in (the roles' C(provision_state_dir)).
   phase:
     type: str
-    choices: [kernel, driver, gpu, sglang, verify]
+    choices: [kernel, driver, gpu, sglang, gateway, verify]
     description: The phase whose record to write; without it only the fingerprint is written.
   version:
     type: str

@@ -111,13 +111,15 @@ def container(probe: dict, node_lines: list[dict]) -> list[dict]:
 
 
 def report(spec: dict) -> dict[str, dict]:
-    """verify's `next_boot`: per node that was read (a node verified, or a verified container's node), its next boot
+    """verify's `next_boot`: per node that was read (a node verified, or a verified container's node; no container or
+    gateway), its next boot
     and, per container on it, its P2P there."""
     readings, containers = spec.get("readings") or {}, spec.get("nodes") or {}
     found = {}
     for name, reading in readings.items():
         suites = (spec.get("hosts") or {}).get(name, [])
-        if name in containers or "test_container.py" in suites or not reading.get("probe"):
+        is_node = "test_host.py" in suites or name in containers.values()  # a verified node, or a container's
+        if not is_node or not reading.get("probe"):
             continue
         pinned = nvidia_driver.pinned((reading.get("vars") or {}).get("nvidia_driver_version"))
         found[name] = dict(node(reading["probe"], pinned), containers={})

@@ -119,12 +119,13 @@ def scrub(text, secret, placeholder="<redacted>"):
     return text
 
 
-def api_call(state, method, path, body=None):
-    """One request to the server, at the URL the sglang role recorded for it (plugins/module_utils/local_url.py)."""
+def api_call(state, method, path, body=None, key=None):
+    """One request to the server, at the URL the sglang role recorded for it (plugins/module_utils/local_url.py),
+    with the service's key, or with `key` where one is given."""
     if not state.get("url"):
         return {"status": 0, "body": "the service record has no url"}
     headers = {"Content-Type": "application/json"}
-    key = api_key(state)
+    key = key or api_key(state)
     if key:
         headers["Authorization"] = "Bearer " + key
     # imported here: urllib.request (http.client, email) was most of the probe's imports on a slow host, and only a
@@ -200,6 +201,27 @@ def sglang(state, question, env_values=(), max_tokens=256):
     return out
 
 
+def gateway(state, question, max_tokens=256):
+    """SGLang's gateway, as the sglang_gateway role recorded it: its unit, readiness, its view of the workers (asked
+    with the control-plane key from its file), and the smoke question asked through it with the workers' key."""
+    keys = {}
+    for name, path in (("api", state.get("secrets_file")), ("control", state.get("control_key_file"))):
+        text = read(path) if path else None
+        try:
+            keys[name] = json.loads(text)["api_key"] if name == "api" else text.strip().split(":", 3)[-1]
+        except (AttributeError, ValueError, KeyError, TypeError):
+            keys[name] = None
+    out = {"service": service(state)}
+    if not out["service"]["active"]:
+        out["service"]["journal"] = scrub(scrub(out["service"].get("journal", ""), keys["api"]), keys["control"])
+    out["readiness"] = api_call(state, "GET", "/readiness")
+    out["workers"] = api_call(state, "GET", "/workers", key=keys["control"])
+    chat = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}
+    chat["model"] = state.get("model")  # the gateway routes by it, and refuses a request without one
+    out["chat"] = api_call(state, "POST", "/v1/chat/completions", chat, key=keys["api"])
+    return out
+
+
 def weights_total_size(model_path):
     """metadata.total_size of the checkpoint's model.safetensors.index.json (None without one): the
     capacity check moves each GPU's share of it when it predicts another tensor-parallel size."""
@@ -230,6 +252,9 @@ def main(request):
         out["sglang"] = sglang(
             json.loads(state_text), request["question"], request.get("env_values", []), request.get("max_tokens", 256)
         )
+    gateway_text = out["files"].get(request.get("gateway_state", ""))
+    if gateway_text:
+        out["gateway"] = gateway(json.loads(gateway_text), request["question"], request.get("max_tokens", 256))
     return out
 
 

@@ -27,6 +27,7 @@ VERIFY_RECORD = "verify.json"
 WANTED = "kernel-cmdline/wanted.json"
 FINDINGS = "kernel-findings.json"
 SERVICE_STATE = "sglang-service.json"  # what the sglang role recorded: address, port, P2P policy
+GATEWAY_STATE = "sglang-gateway.json"  # what the sglang_gateway role recorded: its URL, workers and key files
 # the kernel a node boots next (module_utils/boot_kernel.py next_kernel) and the lines it may boot
 # (module_utils/next_boot.py lines): absolute paths, read as they are, and the trial record under the state directory
 next_boot = module_util("next_boot")
@@ -36,6 +37,7 @@ NODE_FILES = [VERIFY_RECORD, WANTED, FINDINGS, GRUB_CFG, BOOT_PIN, *NEXT_BOOT_FI
 # read as bytes (base64): the one-shot EFI variable systemd-boot takes its next entry from
 NODE_BINARY_FILES = [next_boot.ONESHOT]
 CONTAINER_FILES = [VERIFY_RECORD, SERVICE_STATE]
+GATEWAY_FILES = [VERIFY_RECORD, GATEWAY_STATE]
 DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
 USERSPACE_QUERY = ["nvidia-smi", "--version"]
 # the kernels the node may boot, the running one, and the kernels DKMS built the NVIDIA module for
@@ -65,6 +67,14 @@ def probe_request(suites: list[str]) -> dict:
     """What probe.py reads on a host that runs these suites (a container's node runs none, and is
     read for the container's checks). The playbook replaces a container's question with the host's
     verify_smoke_question where it has one."""
+    if "test_gateway.py" in suites:
+        return {
+            "files": GATEWAY_FILES,
+            "commands": [],
+            "gateway_state": GATEWAY_STATE,
+            "question": SMOKE_QUESTION,
+            "max_tokens": SMOKE_MAX_TOKENS,
+        }
     if "test_container.py" in suites:
         return {
             "files": CONTAINER_FILES,

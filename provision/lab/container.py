@@ -40,6 +40,13 @@ STANDIN_CONTEXT = 262144  # the stand-in's default context length (the scenario'
 # systemd then runs the unit unsandboxed and says nothing (src/core/execute.c, insist_on_sandboxing).
 NO_NESTING_TARGET = "/run/systemd/unit-root"
 UNIFIED_MOUNTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+# The lab's CTs reach each other as CTs on one PVE bridge (vmbr0) do: a gateway CT calls its workers. This machine
+# forwards what comes in on a lab link to another lab link only: forwarding is on for the link's interface alone
+# (net.ipv4.ip_forward stays as it is), and two policy rules send what enters it to the main table for the lab's
+# range, its default route suppressed, and refuse everything else ("No route to host"), so nothing a CT sends leaves
+# this machine.
+LAB_RANGE = "10.213.0.0/16"
+RULE_PREFS = (2130, 2131)
 # A container shares its node's kernel, so /proc/driver/nvidia/version inside is the node's module, from the moment
 # the node loads it. The lab's node is another machine: its /proc/driver is copied in at start, staged under /run
 # (nspawn binds nothing into /proc) and mounted over /proc/driver by a unit of the container's own at each of its
@@ -294,6 +301,19 @@ class LabContainer(LabMachine):
             _sh("ip", "netns", "exec", s.netns, "ip", "link", "set", "host0", "up")
             _sh("ip", "netns", "exec", s.netns, "ip", "link", "set", "lo", "up")
             _sh("ip", "netns", "exec", s.netns, "ip", "route", "add", "default", "via", s.host_addr)
+        self._forwarding(True)
+
+    def _forwarding(self, on: bool) -> None:
+        """Forward between this CT's link and the lab's other links, and nowhere else (LAB_RANGE)."""
+        host_if = self.spec.host_if
+        for pref in RULE_PREFS:
+            while _sh("ip", "rule", "del", "iif", host_if, "pref", str(pref), check=False).returncode == 0:
+                pass
+        if on:
+            Path(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding").write_text("1\n")
+            lab_range = ("to", LAB_RANGE, "lookup", "main", "suppress_prefixlength", "0")
+            _sh("ip", "rule", "add", "iif", host_if, *lab_range, "pref", str(RULE_PREFS[0]))
+            _sh("ip", "rule", "add", "iif", host_if, "prohibit", "pref", str(RULE_PREFS[1]))
 
     # ---------------------------------------------------------------- lifecycle
     def nspawn_command(self) -> list[str]:
@@ -475,6 +495,7 @@ class LabContainer(LabMachine):
         self.stop(timeout=2)
         if _mounted(self.root):
             _sh("umount", str(self.root), check=False)
+        self._forwarding(False)
         _sh("ip", "link", "del", self.spec.host_if, check=False)
         _sh("ip", "netns", "del", self.spec.netns, check=False)
 

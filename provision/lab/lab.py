@@ -38,6 +38,8 @@ from provision.lab.vm import LabVm, VmSpec, choose_accel
 
 BOOT_TIMEOUT_S = 600
 CONTAINER_NAME = "sglang-01"
+# `lab up --gateway`: one more CT on the first node, with no GPU, that runs SGLang's gateway in front of the others
+GATEWAY_NAME = "sglang-gw"
 CONTAINER_VMID = 101
 TOKEN_NAME = "provision"
 DRIVER_VERSION = "580.95.05"
@@ -149,6 +151,11 @@ class Lab:
             for spec in state.get("vms", [])
         ]
 
+    def workers(self, state: dict[str, Any] | None = None) -> list[LabContainer]:
+        """The seeded CTs that serve SGLang: every container but the gateway."""
+        state = state or self.state()
+        return [c for c in self.containers(state) if c.spec.name != state.get("gateway")]
+
     def containers(self, state: dict[str, Any] | None = None) -> list[LabContainer]:
         state = state or self.state()
         rootfs = Path(state.get("image", {}).get("rootfs", ""))
@@ -200,8 +207,11 @@ class Lab:
         gpu_link: str = "pcie",
         bare: bool = False,
         nodes: str = "vm",
+        gateway: bool = False,
     ) -> dict[str, Any]:
         _check_up_args(hosts, containers, pve_version, gpu_link, nodes)
+        if gateway and bare:
+            raise ProvisionError("--gateway: needs the lab's seeded containers as its workers (not with --bare)")
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -213,11 +223,11 @@ class Lab:
                 image = ensure_image(progress)
                 timings["image_s"] = round(time.monotonic() - start, 1)
                 timings.update(image.timings_s)
-                state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare, nodes)
+                state = self._init_state(hosts, image, cold_boot, 0 if bare else containers, bare, nodes, gateway)
                 state["pve_version"] = PVE_VERSIONS[pve_version]
                 (self.dir / "gpu_link").write_text(gpu_link + "\n")
                 start = time.monotonic()
-                self._build_wheelhouse()
+                self._build_wheelhouse(gateway)
                 timings["wheelhouse_s"] = round(time.monotonic() - start, 1)
                 cts, vms = self.containers(state), self.vms(state)
                 accel = choose_accel() if nodes == "vm" else "nspawn"
@@ -267,7 +277,7 @@ class Lab:
         version = next((k for k, v in PVE_VERSIONS.items() if v == state.get("pve_version")), 9)
         link_file = self.dir / "gpu_link"
         link = link_file.read_text().strip() if link_file.is_file() else GPU_LINKS[0]
-        hosts, containers = len(state.get("vms", [])) or 2, len(state.get("containers", [])) or 1
+        hosts, containers = len(state.get("vms", [])) or 2, len(self.workers(state)) or 1
         self.down(progress=progress)
         return self.up(
             hosts=hosts,
@@ -277,6 +287,7 @@ class Lab:
             progress=progress,
             bare=bool(state.get("bare")),
             nodes=nodes or state.get("nodes", "vm"),
+            gateway=bool(state.get("gateway")),
         )
 
     @staticmethod
@@ -371,7 +382,14 @@ class Lab:
         self.client_key.chmod(0o600)
 
     def _init_state(
-        self, hosts: int, image: Image, cold_boot: bool, containers: int, bare: bool = False, nodes: str = "vm"
+        self,
+        hosts: int,
+        image: Image,
+        cold_boot: bool,
+        containers: int,
+        bare: bool = False,
+        nodes: str = "vm",
+        gateway: bool = False,
     ) -> dict[str, Any]:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._client_key()
@@ -388,6 +406,8 @@ class Lab:
             vm_specs = [replace(spec, driver_version="") for spec in vm_specs]
         # sglang-01 first (CT 101), then sglang-02 ... for a fleet; all on the first node
         ct_specs = [ContainerSpec(name=f"sglang-{i + 1:02d}", index=self.net_index + i) for i in range(containers)]
+        if gateway:  # the next CT, on the next link, with no GPU
+            ct_specs.append(ContainerSpec(name=GATEWAY_NAME, index=self.net_index + containers, gpus=0))
         state: dict[str, Any] = {
             "up": False,
             "image": {
@@ -400,6 +420,7 @@ class Lab:
             "pve_port": _free_port(),
             "bare": bare,
             "nodes": nodes,
+            "gateway": GATEWAY_NAME if gateway else None,
         }
         self._save(state)
         machines = [*self.vms(state), *self.containers(state)]
@@ -412,7 +433,7 @@ class Lab:
         self.known_hosts.write_text("\n".join(lines) + "\n")
         return state
 
-    def _build_wheelhouse(self) -> None:
+    def _build_wheelhouse(self, gateway: bool = False) -> None:
         house = self.dir / "wheelhouse"
         house.mkdir(exist_ok=True)
         sglang_wheel = wheelhouse.fetch_sglang_wheel(cache_root() / "wheels")
@@ -428,6 +449,11 @@ class Lab:
         for wheel in [sglang_wheel, *wheelhouse.fetch_bench_client_wheels(sglang_wheel, cache)]:
             if not (bench / wheel.name).exists():
                 _link_or_copy(wheel, bench / wheel.name)
+        if gateway:  # SGLang's gateway and its dependencies, the wheels its pinned requirements name
+            (house / "gateway").mkdir(exist_ok=True)
+            for wheel in wheelhouse.fetch_gateway_wheels(cache_root() / "wheels" / "gateway"):
+                if not (house / "gateway" / wheel.name).exists():
+                    _link_or_copy(wheel, house / "gateway" / wheel.name)
 
     def _start_pve(self, state: dict[str, Any]) -> None:
         seed = {
@@ -539,7 +565,7 @@ class Lab:
             v["name"]: {"ansible_host": "127.0.0.1", "ansible_port": v["port"], "lab_bootloader": v["bootloader"]}
             for v in state["vms"]
         }
-        cts = {
+        seeded = {
             c["name"]: {
                 "ansible_host": ContainerSpec(**c).address,
                 "proxmox_host": state["vms"][0]["name"],
@@ -547,9 +573,12 @@ class Lab:
             }
             for i, c in enumerate(state["containers"])
         }
-        if state.get("bare"):
-            cts = {CONTAINER_NAME: self._bare_container(state)}
-        hosts = {"all": {"children": {"proxmox_hosts": {"hosts": nodes}, "gpu_containers": {"hosts": cts}}}}
+        gateway = seeded.pop(state.get("gateway"), None)
+        cts = {CONTAINER_NAME: self._bare_container(state)} if state.get("bare") else seeded
+        groups = {"proxmox_hosts": {"hosts": nodes}, "gpu_containers": {"hosts": cts}}
+        if gateway:
+            groups["sglang_gateways"] = {"hosts": {state["gateway"]: gateway}}
+        hosts = {"all": {"children": groups}}
         header = "# Written by `provision lab up` for the running lab; removed by `provision lab down`.\n"
         (inv / "hosts.yml").write_text(header + yaml.safe_dump(hosts, sort_keys=False))
         password_file = self.dir / "pve-password"
@@ -604,10 +633,29 @@ class Lab:
                 (self.dir / "wheelhouse" / f"NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run").read_bytes()
             ).hexdigest(),
         }
+        if gateway:  # the gateway reaches the workers on their CTs' addresses, with the key they share
+            container_vars["sglang_host"] = "0.0.0.0"
+            container_vars["sglang_api_key"] = f"{{{{ lookup('ansible.builtin.file', '{self._api_key_file()}') }}}}"
+            gateway_vars = {
+                "sglang_gateway_pip_find_links": f"{WHEELHOUSE_IN_CONTAINER}/gateway",
+                "sglang_gateway_pip_index_url": "",
+            }
+            (inv / "group_vars" / "sglang_gateways.yml").write_text(
+                header + yaml.safe_dump(gateway_vars, sort_keys=False)
+            )
         (inv / "group_vars" / "gpu_containers.yml").write_text(header + yaml.safe_dump(container_vars, sort_keys=False))
         node_vars = yaml.safe_dump(self._node_vars(bool(state.get("bare"))), sort_keys=False)
         (inv / "group_vars" / "proxmox_hosts.yml").write_text(header + node_vars)
         return inv
+
+    def _api_key_file(self) -> Path:
+        """The SGLang API key a gateway lab's servers and gateway share: in a 0600 file of the lab, read by the
+        inventory's lookup as a site reads one from vault, never written into the inventory itself."""
+        path = self.dir / "sglang-api-key"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text("lab-" + secrets.token_hex(16) + "\n")
+        return path
 
     def _bare_container(self, state: dict[str, Any]) -> dict[str, Any]:
         """`lab up --bare`'s sglang-01: CT 101 on the first node, which does not exist yet, as a site writes a CT for

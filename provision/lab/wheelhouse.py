@@ -171,3 +171,41 @@ def build_fake_nvidia_installer(out_dir: Path, version: str) -> Path:
     path.write_text(script)
     path.chmod(0o755)
     return path
+
+
+# what pip installs on Debian 12 x86_64 (glibc 2.36): a manylinux wheel of any glibc up to that one
+GLIBC_2_36_PLATFORMS = tuple(
+    arg
+    for platform in [
+        *(f"manylinux_2_{minor}" for minor in range(36, 4, -1)),
+        "manylinux2014",
+        "manylinux2010",
+        "manylinux1",
+    ]
+    for arg in ("--platform", f"{platform}_x86_64")
+)
+
+
+def fetch_gateway_wheels(cache: Path) -> list[Path]:
+    """SGLang's gateway and its dependencies as the gateway role pins them (sglang_gateway_requirements, each with its
+    sha256), downloaded once into `cache` with pip's hash checking, for the CTs' Python (3.11, manylinux x86_64)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    wanted = "\n".join(role_default("sglang_gateway", "sglang_gateway_requirements")) + "\n"
+    stamp = cache / "requirements.txt"
+    if not (stamp.exists() and stamp.read_text() == wanted):
+        pending = cache / "requirements.pending"
+        pending.write_text(wanted)
+        proc = subprocess.run(
+            [
+                *(sys.executable, "-m", "pip", "download", "-q", "--require-hashes", "--only-binary=:all:"),
+                *("--python-version", "3.11", *GLIBC_2_36_PLATFORMS, "-d", str(cache)),
+                *("-r", str(pending)),
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise ProvisionError(f"lab: cannot download the gateway's packages: {proc.stderr.strip()[-400:]}")
+        pending.replace(stamp)
+    return sorted(cache.glob("*.whl"))

@@ -8,6 +8,7 @@ answers 200 after the warm-up (http_server.py l.2572-2600).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -193,6 +194,14 @@ def make_handler(state: State):
                         ],
                     },
                 )
+            if path == "/v1/loads":  # entrypoints/v1_loads.py get_loads: one DP rank, the core and queue sections
+                load = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": state.inflight}
+                load |= {"num_waiting_reqs": 0, "max_total_num_tokens": state.server_info()["max_total_num_tokens"]}
+                load |= {"token_usage": 0.0, "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0}
+                load["queues"] = {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0}
+                stamp = datetime.datetime.now(datetime.UTC).isoformat()
+                answer = {"timestamp": stamp, "version": __version__, "accelerator": None, "num_accelerators": 1}
+                return self._json(200, answer | {"loads": [load]})
             if path == "/metrics" and state.arg("enable_metrics"):
                 lines = [
                     f'sglang:num_requests_total{{model_name="{state.served_name}"}} {state.requests_total}',
