@@ -39,6 +39,8 @@ class BenchOptions:
     prompts_per_level: int = 10  # multiple of the concurrency: num_prompts = this x C
     baseline: Path | None = None
     threshold: float = bench_report.DEFAULT_THRESHOLD
+    # the client on each gateway, against it, instead of on each container against its own server
+    through_gateway: bool = False
     limit: str | None = None
     runs_dir: Path = DEFAULT_RUNS_DIR
     host_key_checking: bool = True
@@ -161,6 +163,7 @@ def _extravars(opts: BenchOptions, run_id: str, fetch_dir: Path) -> dict[str, An
         "sglang_bench_prompts_per_concurrency": opts.prompts_per_level,
         "sglang_bench_run_id": run_id,
         "sglang_bench_controller_dir": str(fetch_dir),
+        "sglang_bench_hosts": inventory_mod.SGLANG_GATEWAYS if opts.through_gateway else inventory_mod.GPU_CONTAINERS,
     }
 
 
@@ -179,8 +182,10 @@ def baseline_mismatches(meta: dict[str, Any], baseline: dict[str, Any]) -> list[
 def _capacity(opts: BenchOptions, progress: Progress) -> dict[str, str]:
     from provision import verify
 
-    # capacity is the containers': a node is read only as a container's node
+    # capacity is the containers' (a node is read only as a container's node), and a gateway's their sum
     limit = opts.limit or inventory_mod.GPU_CONTAINERS
+    if opts.through_gateway:  # the gateways, and every container, whose capacities a gateway's sums
+        limit = f"{opts.limit or inventory_mod.SGLANG_GATEWAYS}:{inventory_mod.GPU_CONTAINERS}"
     report = verify.capacity_report(
         opts.inventory,
         limit=limit,
@@ -189,7 +194,8 @@ def _capacity(opts: BenchOptions, progress: Progress) -> dict[str, str]:
         vault=opts.vault,
         progress=progress,
     )
-    return {host: cap["summary"] for host, cap in report.capacity.items()}
+    found = {host: cap["summary"] for host, cap in report.capacity.items()}
+    return found | {host: cap["summary"] for host, cap in report.fleet_capacity.items()}
 
 
 def build_host_report(
@@ -256,9 +262,9 @@ def _client_failures(summary: dict[str, Any]) -> list[str]:
 
 def _write_host_report(hb: HostBench, host_dir: Path, baseline: dict[str, Any] | None, note: str | None) -> None:
     """report.md (with its charts) and baseline.json in host_dir."""
-    charts = bench_report.render_charts(hb.levels, host_dir, hb.host, baseline) if hb.levels else {}
+    charts = bench_report.render_charts(hb.levels, host_dir, hb.host, baseline, hb.meta) if hb.levels else {}
     markdown = bench_report.render_markdown(
-        hb.levels, hb.meta, hb.capacity, hb.regressions, hb.missing, charts, note, hb.max_running_requests
+        hb.levels, hb.meta, hb.capacity, hb.regressions, hb.missing, charts, note, hb.max_running_requests, baseline
     )
     if hb.mismatches:
         markdown += "\n## Not like with like\n\n" + "\n".join(f"- {m}" for m in hb.mismatches) + "\n"
@@ -267,7 +273,8 @@ def _write_host_report(hb: HostBench, host_dir: Path, baseline: dict[str, Any] |
     report = host_dir / "report.md"
     report.write_text(markdown)
     hb.report = str(report)
-    meta = {k: hb.meta.get(k) for k in ("host", "sglang_version", "p2p_policy", "input_len", "output_len", "dataset")}
+    keys = ("host", "sglang_version", "p2p_policy", "input_len", "output_len", "dataset", "gateway", "workers")
+    meta = {k: hb.meta.get(k) for k in keys}
     (host_dir / "baseline.json").write_text(json.dumps(bench_report.as_baseline(hb.levels, meta), indent=2) + "\n")
 
 
@@ -280,6 +287,8 @@ def bench(opts: BenchOptions, progress: Progress | None = None) -> BenchResult:
     inv = inventory_mod.loaded(opts.inventory, opts.vault, opts.host_key_checking)
     if not inv.gpu_containers:
         raise UsageError(f"{inv.path}: no hosts in group gpu_containers: nothing to benchmark")
+    if opts.through_gateway and not inv.gateways:
+        raise UsageError(f"--through-gateway: {inv.path} has no hosts in group {inventory_mod.SGLANG_GATEWAYS}")
     with RunRecord(opts.runs_dir, "bench", inv) as record:
         progress.note("collecting capacity (provision verify, capacity check)...")
         capacity = _capacity(opts, progress)

@@ -144,6 +144,7 @@ def render_markdown(
     charts: dict[str, str],
     note: str | None = None,
     max_running: int | None = None,
+    baseline: dict[str, Any] | None = None,
 ) -> str:
     lines = [f"# Throughput sweep: {meta.get('host', '')}", ""]
     if note:
@@ -151,9 +152,13 @@ def render_markdown(
     if capacity:
         lines += [f"**Capacity:** {capacity}", ""]
     lines += _limit_lines([lv.concurrency for lv in levels], max_running)
+    if meta.get("gateway"):
+        workers = meta.get("workers") or []
+        served = f"- through the gateway ({meta['gateway']}) in front of {len(workers)} worker(s): {', '.join(workers)}"
+    else:
+        served = f"- SGLang {meta.get('sglang_version', '?')}, P2P policy `{meta.get('p2p_policy', '?')}`"
     lines += [
-        f"- SGLang {meta.get('sglang_version', '?')}, P2P policy `{meta.get('p2p_policy', '?')}`, "
-        f"client `{meta.get('client_module', '?')}`",
+        f"{served}, client `{meta.get('client_module', '?')}`",
         f"- input {meta.get('input_len')} tokens, output {meta.get('output_len')} tokens "
         f"(fixed: --random-range-ratio 1), dataset `{meta.get('dataset')}`",
         "",
@@ -173,6 +178,7 @@ def render_markdown(
     for c in missing:
         lines.append(f"| {c} | - | - | - | - | - | - | - | **0 completed: every request failed** |")
     lines.append("")
+    lines += scaling_lines(levels, meta, baseline)
     if regressions:
         lines += ["## Regressions against the baseline", ""] + [f"- {r.describe()}" for r in regressions] + [""]
     elif meta.get("baseline"):
@@ -180,6 +186,31 @@ def render_markdown(
     for title, path in charts.items():
         lines += [f"![{title}]({path})", ""]
     return "\n".join(lines)
+
+
+def workers_label(meta: dict[str, Any] | None) -> str:
+    """'2 workers' for a run through a gateway (its `workers`), else ''."""
+    workers = (meta or {}).get("workers")
+    if not (meta or {}).get("gateway") or not workers:
+        return ""
+    return f"{len(workers)} worker" + ("s" if len(workers) != 1 else "")
+
+
+def scaling_lines(levels: list[Level], meta: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:
+    """Through a gateway, against a baseline through a gateway with another number of workers: each level's output
+    throughput at both, and their ratio."""
+    now, then = workers_label(meta), workers_label(baseline)
+    if not now or not then or now == then:
+        return []
+    base = (baseline or {}).get("levels", {})
+    lines = [f"## Throughput against the number of workers ({then}, then {now})", ""]
+    lines += [f"| concurrency | output tok/s, {then} | output tok/s, {now} | ratio |", "|---:|---:|---:|---:|"]
+    for lv in levels:
+        before = (base.get(str(lv.concurrency)) or {}).get("output_throughput")
+        ratio = f"{lv.output_throughput / before:.2f}x" if before else "-"
+        shown = f"{before:,.1f}" if before is not None else "-"
+        lines.append(f"| {lv.concurrency} | {shown} | {lv.output_throughput:,.1f} | {ratio} |")
+    return [*lines, ""]
 
 
 def _limit_lines(levels: list[int], max_running: int | None) -> list[str]:
@@ -197,7 +228,11 @@ def _limit_lines(levels: list[int], max_running: int | None) -> list[str]:
 
 
 def render_charts(
-    levels: list[Level], out_dir: Path, title: str, baseline: dict[str, Any] | None = None
+    levels: list[Level],
+    out_dir: Path,
+    title: str,
+    baseline: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """Two PNGs: throughput against concurrency, and p99 TTFT against concurrency; with a baseline,
     its figures for the same levels are drawn beside this run's."""
@@ -209,15 +244,18 @@ def render_charts(
     xs = [lv.concurrency for lv in levels]
     base_levels = (baseline or {}).get("levels", {})
     charts = {}
+    now, then = workers_label(meta), workers_label(baseline)
     for name, key, label in (
         ("throughput.png", "output_throughput", "output tokens/s"),
         ("ttft_p99.png", "p99_ttft_ms", "p99 time to first token (ms)"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-        ax.plot(xs, [getattr(lv, key) or 0 for lv in levels], marker="o", label="this run")
+        ys = [getattr(lv, key) or 0 for lv in levels]
+        ax.plot(xs, ys, marker="o", label=", ".join(filter(None, ["this run", now])))
         base = [(c, base_levels[str(c)][key]) for c in xs if base_levels.get(str(c), {}).get(key) is not None]
         if base:
-            ax.plot(*zip(*base, strict=True), marker="s", linestyle="--", color="grey", label="baseline")
+            said = ", ".join(filter(None, ["baseline", then]))
+            ax.plot(*zip(*base, strict=True), marker="s", linestyle="--", color="grey", label=said)
             ax.legend()
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])

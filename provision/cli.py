@@ -241,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--baseline", type=Path, help="baseline JSON to compare with (e.g. docs/baselines/scenario.json)")
     p.add_argument(
+        "--through-gateway",
+        action="store_true",
+        help="run the client on each host of sglang_gateways, against the gateway: the fleet's throughput",
+    )
+    p.add_argument(
         "--threshold",
         type=float,
         default=0.10,
@@ -592,6 +597,7 @@ def _cmd_bench(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
         prompts_per_level=args.prompts_per_level,
         baseline=args.baseline,
         threshold=args.threshold,
+        through_gateway=args.through_gateway,
         **_run_options(args),
     )
     result = bench.bench(opts, progress=_progress(err))

@@ -324,6 +324,8 @@ def print_capacity(console: Console, report: VerifyReport) -> None:
         console.print(escape(details))
         for p in cap.get("predictions", []):
             console.print(escape(f"  {prediction_line(p)}"))
+    for host, cap in sorted(report.fleet_capacity.items()):
+        console.print(f"capacity {escape(host)} (gateway): {escape(cap['summary'])}")
 
 
 def prediction_line(p: dict) -> str:

@@ -29,6 +29,7 @@ from provision import runner as runner_mod
 from provision.checks import next_boot
 from provision.checks.support import (
     DEFAULT_STATE_DIR,
+    GATEWAY_STATE,
     HOST_VARS,
     INVENTORY_ENV,
     cannot_read,
@@ -76,6 +77,8 @@ class VerifyReport:
     checks: list[Check] = field(default_factory=list)
     record_dir: str = ""
     capacity: dict[str, dict] = field(default_factory=dict)
+    # each gateway's capacity: the sum over the workers it fronts (capacity.fleet)
+    fleet_capacity: dict[str, dict] = field(default_factory=dict)
     next_boot: dict[str, dict] = field(default_factory=dict)
     reboots: dict[str, list[str]] = field(default_factory=dict)
     reboot_failures: list[dict] = field(default_factory=list)
@@ -91,6 +94,7 @@ class VerifyReport:
             "record_dir": self.record_dir,
             "checks": [c.__dict__ for c in self.checks],
             "capacity": self.capacity,
+            "fleet_capacity": self.fleet_capacity,
             "next_boot": self.next_boot,
             "reboots": self.reboots,
             "reboot_failures": self.reboot_failures,
@@ -376,6 +380,7 @@ def _check(inv, hosts, record: RunRecord, report: VerifyReport, connection: dict
     containers = [h.name for h in hosts if inventory_mod.GPU_CONTAINERS in h.groups]
     found, unknown = capacities(spec["readings"], containers, tokens)
     report.capacity.update(found)
+    report.fleet_capacity.update(fleet_capacities(spec["readings"], found))
     if not checks:
         report.checks.extend(Check(h, "capacity", "capacity", h not in unknown, unknown.get(h, "")) for h in containers)
         return run
@@ -413,11 +418,24 @@ def capacities(
     return found, unknown
 
 
+def fleet_capacities(readings: dict[str, dict], found: dict[str, dict]) -> dict[str, dict]:
+    """Per gateway read, the sum of its workers' capacities (`found`; a worker outside this run counts as unknown):
+    its workers are those its record names."""
+    fleets = {}
+    for name, reading in readings.items():
+        text = ((reading.get("probe") or {}).get("files") or {}).get(GATEWAY_STATE)
+        if text:
+            workers = [w["host"] for w in json.loads(text).get("workers", [])]
+            fleets[name] = capacity.fleet({w: found.get(w) for w in workers})
+    return fleets
+
+
 def _scrub(report: VerifyReport, record: RunRecord) -> None:
     """The checks decide from what the hosts returned: their reasons and the capacity go through the redactor."""
     for check in report.checks:
         check.reason = record.redact(check.reason)
     report.capacity = record.redact(report.capacity)
+    report.fleet_capacity = record.redact(report.fleet_capacity)
     report.next_boot = record.redact(report.next_boot)
 
 

@@ -9,10 +9,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.provision.pve_sglang.plugins.module_utils.gateway_workers import (
     WORKER_VARS,
     WorkerError,
-    gateways_of,
-    last_healthy,
     listed,
     not_ready,
+    outage,
+    pairs,
     workers,
 )
 
@@ -36,14 +36,18 @@ def gateway_workers(names, hostvars, gateway, model=""):
         raise AnsibleFilterError(str(e)) from None
 
 
-def worker_gateways(worker, hostvars, groups):
-    """`inventory_hostname | provision.pve_sglang.worker_gateways(hostvars, groups)` -> [{gateway, url}]: the hosts of
-    sglang_gateways that front this worker, each with the URL it reaches the worker at."""
+def gateway_pairs(leaving, hostvars, groups):
+    """`[container, ...] | provision.pve_sglang.gateway_pairs(hostvars, groups)` -> [{host, gateway, url}]: each of
+    these hosts of gpu_containers with each host of sglang_gateways that fronts it, and the URL it reaches it at."""
+    if isinstance(leaving, str):
+        leaving = [leaving]
+    gateways = {g: hostvars[g].get("sglang_gateway_model") or "" for g in groups.get("sglang_gateways") or []}
+    if not gateways:
+        return []
     defaults = yaml.safe_load(SGLANG_DEFAULTS.read_text())
     names = groups.get("gpu_containers") or []
-    gateways = {g: hostvars[g].get("sglang_gateway_model") or "" for g in groups.get("sglang_gateways") or []}
     try:
-        return gateways_of(worker, gateways, {name: _values(hostvars, name, defaults) for name in names})
+        return pairs(list(leaving), gateways, {name: _values(hostvars, name, defaults) for name in names})
     except WorkerError as e:
         raise AnsibleFilterError(str(e)) from None
 
@@ -54,9 +58,10 @@ class FilterModule:
         return {
             "gateway_workers": gateway_workers,
             "gateway_not_ready": not_ready,
-            "worker_gateways": worker_gateways,
+            "gateway_pairs": gateway_pairs,
             # sglang_gateway_info's results over a worker's gateways | provision.pve_sglang.gateway_lists -> true
             "gateway_lists": listed,
-            # ... | provision.pve_sglang.gateway_last_healthy -> ["gateway sglang-gw (model lab-standin)"]
-            "gateway_last_healthy": last_healthy,
+            # results over gateway names | provision.pve_sglang.gateway_outage(pairs)
+            #   -> ["gateway sglang-gw (model lab-standin): sglang-01"]
+            "gateway_outage": outage,
         }

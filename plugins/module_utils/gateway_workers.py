@@ -112,12 +112,23 @@ def listed(results: list[dict]) -> bool:
     return any(any(w.get("url") == url for w in seen) for _, url, seen in _views(results))
 
 
-def last_healthy(results: list[dict]) -> list[str]:
-    """'gateway (model)' for each running gateway where this worker is ready and healthy and no other one is."""
+def pairs(leaving: list[str], gateways: dict[str, str], candidates: dict[str, dict]) -> list[dict]:
+    """[{host, gateway, url}]: each of the `leaving` workers with each gateway that fronts it (gateways_of)."""
+    return [dict(pair, host=worker) for worker in leaving for pair in gateways_of(worker, gateways, candidates)]
+
+
+def outage(results: list[dict], leaving: list[dict]) -> list[str]:
+    """'gateway G (model M): h1, h2' for each running gateway (sglang_gateway_info's results, looped over gateway
+    names) whose ready and healthy workers are all among the `leaving` pairs, where at least one of them is: taking
+    those out leaves the gateway nothing to send requests to."""
     found = []
-    for gateway, url, seen in _views(results):
-        healthy = [w for w in seen if w.get("status") == "ready" and w.get("healthy")]
-        if any(w.get("url") == url for w in healthy) and all(w.get("url") == url for w in healthy):
-            model = next((w.get("model") for w in healthy), "")
-            found.append(f"gateway {gateway} (model {model})")
+    for r in results:
+        if not r.get("running"):
+            continue
+        gateway = r.get("item")
+        going = {p["url"]: p["host"] for p in leaving if p["gateway"] == gateway}
+        healthy = [w for w in r.get("workers") or [] if w.get("status") == "ready" and w.get("healthy")]
+        if healthy and all(w.get("url") in going for w in healthy):
+            hosts = sorted(going[w["url"]] for w in healthy)
+            found.append(f"gateway {gateway} (model {healthy[0].get('model')}): {', '.join(hosts)}")
     return found

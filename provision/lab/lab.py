@@ -639,6 +639,10 @@ class Lab:
             gateway_vars = {
                 "sglang_gateway_pip_find_links": f"{WHEELHOUSE_IN_CONTAINER}/gateway",
                 "sglang_gateway_pip_index_url": "",
+                # the benchmark client through the gateway (bench --through-gateway): the same client, and the
+                # model's tokenizer, which the lab puts in every seeded CT
+                **{k: v for k, v in container_vars.items() if k.startswith("sglang_bench_")},
+                "sglang_bench_tokenizer": MODEL_DIR,
             }
             (inv / "group_vars" / "sglang_gateways.yml").write_text(
                 header + yaml.safe_dump(gateway_vars, sort_keys=False)

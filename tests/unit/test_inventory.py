@@ -119,6 +119,18 @@ def test_missing_groups(tmp_path):
     ]
 
 
+def test_a_gateway_is_a_host_of_its_own(tmp_path):
+    """A host of sglang_gateways may not be a node or a container too; one that is neither passes, and a run manages
+    it with the others."""
+    gateway = "    sglang_gateways:\n      hosts:\n        {name}:\n          ansible_host: 192.0.2.20\n"
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    assert problems(make(tmp_path / "a", GOOD_HOSTS + gateway.format(name="ct1"))) == [
+        f"{tmp_path / 'a' / 'inv'}: host ct1: is in both gpu_containers and sglang_gateways"
+    ]
+    inv = inventory.load(make(tmp_path / "b", GOOD_HOSTS + gateway.format(name="gw1")))
+    assert [h.name for h in inv.gateways] == ["gw1"] and inv.scope(None) == ["ct1", "gw1", "pve1"]
+
+
 def test_missing_container_variables(tmp_path):
     root = make(tmp_path, GOOD_HOSTS.replace("          proxmox_host: pve1\n          proxmox_vmid: 110\n", ""))
     assert problems(root) == [

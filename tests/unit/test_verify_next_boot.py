@@ -125,6 +125,15 @@ def test_a_pending_translating_line_is_reported_and_the_guard_starts_p2p_off_the
     assert "ct1: P2P off (the start guard: IOMMU arguments 'iommu=nopt', decided for 'iommu=pt')" in text
 
 
+def test_a_gateway_is_no_node_and_has_no_next_boot(tmp_path):
+    """verify reads a gateway (suites test_common and test_gateway) with the nodes and containers: only the node gets
+    a next boot."""
+    spec, _ = _spec(tmp_path, _node(), _container())
+    spec["hosts"]["gw1"] = ["test_common.py", "test_gateway.py"]
+    spec["readings"]["gw1"] = {"vars": {}, "probe": {"files": {}, "commands": {}}, "error": ""}
+    assert list(next_boot.report(spec)) == ["pve1"]
+
+
 def test_p2p_on_without_a_guard_in_a_translating_next_boot_fails_naming_the_line(tmp_path):
     """A unit whose P2P on has no start guard (a record from before the guard) would start P2P through the
     translating IOMMU of the pending line: the check fails before anyone reboots, naming that line."""

@@ -1,0 +1,244 @@
+"""SGLang's gateway in front of two workers (`provision lab up --containers 2 --gateway`): the real smg 1.13.0 from its
+wheel, in a CT of its own, in front of the SGLang stand-in in sglang-01 and sglang-02. The gateway phase converges
+and then changes nothing; verify checks the gateway's view and asks through it; a flag change restarts the workers
+one at a time through the gateway while SGLang's own benchmark client sends requests through it, and the client
+sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard under
+load comes back into the gateway with the next apply; and the benchmark through the gateway reports 1 worker
+against 2. The figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from provision.lab.lab import GATEWAY_NAME, inventory_dir
+from tests.conftest import run_provision
+from tests.lab.common import apply, set_host_vars
+
+LAB_CHANGES = {"down"}  # tests/lab/conftest.py: it leaves no lab behind
+LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
+
+WORKERS = ("sglang-01", "sglang-02")
+HOSTS = ("pve-grub", "pve-sdboot", *WORKERS, GATEWAY_NAME)
+GATEWAY_LOG = "journalctl -u sglang-gateway -o cat --no-pager"
+WORKERS_VIEW = (
+    'curl -s -H "Authorization: Bearer $(cut -d: -f4 /etc/sglang-gateway/control-plane-key)" '
+    "http://127.0.0.1:30000/workers"
+)
+# SGLang's benchmark client on the gateway, as `provision bench --through-gateway` installed it, with the key the
+# launcher reads from the gateway's file: C requests at a time through the gateway
+CLIENT = (
+    "env HF_HUB_OFFLINE=1 /var/lib/provision/sglang-bench-client sglang.benchmark.serving --backend sglang "
+    "--base-url http://127.0.0.1:30000 --dataset-name random-ids --random-input-len 64 --random-output-len 128 "
+    "--random-range-ratio 1 --max-concurrency 4 --tokenizer /srv/models/lab-standin --disable-tqdm"
+)
+
+
+@pytest.fixture(scope="module")
+def fleet(lab):
+    lab.down(progress=lambda msg: None)
+    lab.up(hosts=2, containers=2, gateway=True, nodes="nspawn", progress=lambda msg: print(msg, flush=True))
+    yield lab
+    lab.down(progress=lambda msg: None)
+
+
+@pytest.fixture(scope="module")
+def inventory(fleet) -> Path:
+    return inventory_dir()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("gateway-runs")
+
+
+def gateway(lab):
+    return lab.container(GATEWAY_NAME)
+
+
+def listed(lab) -> dict[str, dict]:
+    """The gateway's own view of its workers, by URL."""
+    answer = json.loads(gateway(lab).ssh(WORKERS_VIEW).stdout)
+    return {w["url"]: w for w in answer["workers"]}
+
+
+def start_client(lab, name: str, prompts: int) -> None:
+    gw = gateway(lab)
+    gw.ssh(
+        f"rm -f /tmp/{name}.*; cd /tmp; setsid {CLIENT} --num-prompts {prompts} --output-file /tmp/{name}.jsonl "
+        f"> /tmp/{name}.log 2>&1 < /dev/null &"
+    )
+    deadline = time.monotonic() + 120
+    while not any(w["load"] for w in listed(lab).values()):  # its first requests are in the gateway
+        assert time.monotonic() < deadline, gw.ssh(f"tail -5 /tmp/{name}.log").stdout
+        time.sleep(0.5)
+
+
+def client_running(lab) -> bool:
+    return gateway(lab).ssh("pgrep -f sglang.benchmark.serving").returncode == 0
+
+
+def client_result(lab, name: str, sent: int, timeout: float = 600) -> dict:
+    """What the client saw: requests completed (its results.jsonl) of those sent, and the error lines of its log."""
+    deadline = time.monotonic() + timeout
+    while client_running(lab):
+        assert time.monotonic() < deadline, "the benchmark client did not finish"
+        time.sleep(2)
+    gw = gateway(lab)
+    text = gw.ssh(f"cat /tmp/{name}.jsonl").stdout
+    assert text.strip(), gw.ssh(f"tail -20 /tmp/{name}.log").stdout
+    row = json.loads(text.splitlines()[-1])
+    log = gw.ssh(f"cat /tmp/{name}.log").stdout.splitlines()
+    errors = [line for line in log if "rror" in line and "tokenizer config" not in line]
+    return {"completed": row["completed"], "sent": sent, "errors": errors}
+
+
+REFUSED = (
+    "sglang-01: restarting them takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
+    "sglang-01: every request sent there would fail until they are back. Set sglang_gateway_allow_outage=true to go "
+    "on anyway (provision apply -e sglang_gateway_allow_outage=true)"
+)
+ROLLING = ("out", "restarted", "back")
+ROLLING_TASKS = {
+    "TASK Take the servers out of their gateways, and wait until each sends them nothing new": "out",
+    "TASK Restart the server (it finishes the requests in flight first)": "restarted",
+    "TASK Put the servers back into their gateways, and wait until each counts them ready and healthy": "back",
+}
+
+
+def rolling_steps(progress: str) -> list[tuple[str, str]]:
+    """(step, host) of each rolling-restart task that changed a host, in the order apply's progress shows them."""
+    steps, task = [], None
+    for line in progress.splitlines():
+        if line.startswith("TASK "):
+            task = ROLLING_TASKS.get(line.strip())
+        elif task and line.strip().startswith("changed: "):
+            steps.append((task, line.split("changed: ", 1)[1].strip()))
+    return steps
+
+
+def bench(inventory: Path, runs: Path, *extra: str) -> tuple[int, dict, str]:
+    proc = run_provision(
+        "bench",
+        "--inventory",
+        str(inventory),
+        "--through-gateway",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        *("--concurrency", "1,4,8", "--input-len", "64", "--output-len", "32", "--prompts-per-level", "4"),
+        *extra,
+        timeout=1800,
+    )
+    return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}, proc.stderr
+
+
+def test_apply_converges_the_gateway_and_a_second_apply_changes_nothing(fleet, inventory, runs):
+    code, _, err = apply(inventory, runs / "first")
+    assert code == 0, err[-3000:]
+    urls = {f"http://{fleet.container(w).spec.address}:30000" for w in WORKERS}
+    seen = listed(fleet)
+    assert set(seen) == urls and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
+    # the key stays in the gateway's files: never on its command line or in its unit
+    gw = gateway(fleet)
+    key = (fleet.dir / "sglang-api-key").read_text().strip()
+    title = gw.ssh("cat /proc/$(systemctl show -p MainPID --value sglang-gateway)/cmdline").stdout
+    assert title.replace("\x00", " ").strip() == "smg::router", title
+    seen = gw.ssh("cat /etc/systemd/system/*.service; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; done").stdout
+    assert "smg::router" in seen and key not in seen
+    code, second, err = apply(inventory, runs / "second")
+    assert code == 0, err[-3000:]
+    assert {h: s["changed"] for h, s in second["hosts"].items()} == dict.fromkeys(HOSTS, 0)
+
+
+def test_verify_sees_both_workers_healthy_through_the_gateway(fleet, inventory, runs):
+    proc = run_provision("verify", "--inventory", str(inventory), "--json", "--runs-dir", str(runs), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)["result"]
+    checks = {c["name"]: c for c in report["checks"] if c["host"] == GATEWAY_NAME}
+    for name in ("test_gateway_enabled", "test_gateway_listening", "test_answers_through_the_gateway"):
+        assert checks[name]["passed"], checks[name]
+    assert checks["test_every_worker_registered_and_healthy"]["reason"] == (
+        "2 worker(s) ready and healthy: sglang-01, sglang-02"
+    )
+    fleet_capacity = report["fleet_capacity"][GATEWAY_NAME]
+    one = report["capacity"]["sglang-01"]["max_total_num_tokens"]
+    assert fleet_capacity["workers"] == list(WORKERS) and fleet_capacity["max_total_num_tokens"] == 2 * one
+
+
+def test_a_flag_change_restarts_one_worker_at_a_time_and_the_client_sees_no_failure(fleet, inventory, runs):
+    code, _, err = bench(inventory, runs)  # installs SGLang's client on the gateway
+    assert code == 0, err[-3000:]
+    gw = gateway(fleet)
+    since = gw.ssh("date +%s").stdout.strip()
+    start_client(fleet, "rollout", prompts=1200)
+    set_host_vars(inventory, "sglang-01", {"sglang_extra_args": ["--enable-metrics"]})
+    set_host_vars(inventory, "sglang-02", {"sglang_extra_args": ["--enable-metrics"]})
+    code, result, err = apply(inventory, runs / "rollout")
+    assert code == 0, err[-3000:]
+    assert client_running(fleet), "the client ended before the rollout did: it did not measure all of it"
+    summary = client_result(fleet, "rollout", 1200)
+    print(f"\nclient through the rollout: {summary['completed']} of {summary['sent']} completed", flush=True)
+    assert summary == {"completed": 1200, "sent": 1200, "errors": []}
+    assert {h: s["changed"] > 0 for h, s in result["hosts"].items() if h in WORKERS} == dict.fromkeys(WORKERS, True)
+    # one worker at a time: out of the gateway, restarted, back in, then the next
+    order = rolling_steps(err)
+    first, second = order[0][1], order[3][1]
+    assert order == [(step, host) for host in (first, second) for step in ROLLING] and first != second, order
+    log = gw.ssh(f"{GATEWAY_LOG} --since @{since}").stdout
+    assert log.count("Draining 1 worker(s) for 5s before removal") == 2, log[-3000:]
+    assert log.count('"definition_id":"worker_registration"') == 2, log[-3000:]
+    for url, seen in listed(fleet).items():
+        assert seen["status"] == "ready" and seen["is_healthy"], (url, seen)
+
+
+def test_the_last_healthy_worker_is_refused_unless_the_inventory_allows_it(fleet, inventory, runs):
+    # the gateway fronts one worker: sglang-02 serves another model, and the gateway takes it out
+    set_host_vars(inventory, "sglang-02", {"sglang_served_model_name": "lab-other"})
+    set_host_vars(inventory, GATEWAY_NAME, {"sglang_gateway_model": "lab-standin"})
+    code, _, err = apply(inventory, runs / "one")
+    assert code == 0, err[-3000:]
+    assert list(listed(fleet)) == [f"http://{fleet.container('sglang-01').spec.address}:30000"]
+    code, one, err = bench(inventory, runs / "bench-one")
+    assert code == 0, err[-3000:]
+    set_host_vars(inventory, "sglang-01", {"sglang_extra_args": ["--enable-metrics", "--log-requests"]})
+    code, refused, err = apply(inventory, runs / "refused")
+    assert code != 0
+    said = [(f["host"], f["message"]) for f in refused["failures"]]
+    assert said == [("sglang-01", REFUSED)], err[-3000:]
+    assert [w["status"] for w in listed(fleet).values()] == ["ready"]  # refused before it was taken out
+    code, _, err = apply(inventory, runs / "allowed", "-e", "sglang_gateway_allow_outage=true")
+    assert code == 0, err[-3000:]
+    # both workers again, and the benchmark at 2 against the one at 1
+    set_host_vars(inventory, "sglang-02", {"sglang_extra_args": ["--enable-metrics", "--log-requests"]})
+    set_host_vars(inventory, GATEWAY_NAME, None)
+    code, _, err = apply(inventory, runs / "two")
+    assert code == 0, err[-3000:]
+    baseline = Path(one["record_dir"]) / "hosts" / GATEWAY_NAME / "baseline.json"
+    code, two, err = bench(inventory, runs / "bench-two", "--baseline", str(baseline), "--threshold", "0.99")
+    assert code == 0, err[-3000:]
+    host_dir = Path(two["record_dir"]) / "hosts" / GATEWAY_NAME
+    report = (host_dir / "report.md").read_text()
+    print("\n" + report, flush=True)
+    assert "in front of 2 worker(s): sglang-01, sglang-02" in report
+    assert "## Throughput against the number of workers (1 worker, then 2 workers)" in report
+    assert (host_dir / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_worker_killed_hard_under_load_is_back_in_the_gateway_after_apply(fleet, inventory, runs):
+    start_client(fleet, "killed", prompts=400)
+    fleet.container("sglang-02").ssh("systemctl kill -s KILL sglang")
+    summary = client_result(fleet, "killed", 400)
+    print(
+        f"\nclient with sglang-02 killed: {summary['completed']} of {summary['sent']} completed; "
+        f"errors: {summary['errors'][:3]}",
+        flush=True,
+    )
+    assert summary["completed"] > 0
+    code, _, err = apply(inventory, runs / "after-kill")
+    assert code == 0, err[-3000:]
+    seen = listed(fleet)
+    assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
