@@ -286,22 +286,28 @@ def fleet(workers: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     """A gateway's capacity: its workers' (Capacity.to_dict, or None where unknown) summed, in the same terms as one
     server's sentence: tokens, sessions of the shared context length, sessions of each size. Workers of another
     context length are summed by tokens, and their sessions counted each at its own length."""
-    known = {name: cap for name, cap in sorted(workers.items()) if cap}
+    known = [cap for _name, cap in sorted(workers.items()) if cap]
     unknown = sorted(name for name, cap in workers.items() if not cap)
     data: dict[str, Any] = {"workers": sorted(workers), "unknown": unknown, "max_total_num_tokens": 0}
     if not known:
         data["summary"] = f"unknown: no capacity for {', '.join(unknown) or 'any worker'}"
         return data
-    caps = list(known.values())
-    data["max_total_num_tokens"] = sum(c["max_total_num_tokens"] for c in caps)
-    data["full_context_sessions"] = sum(c["full_context_sessions"] for c in caps)
-    contexts = sorted({c["context_length"] for c in caps})
-    parts = [f"{data['max_total_num_tokens']:,} tokens over {len(caps)} worker(s)"]
+    data["max_total_num_tokens"] = sum(c["max_total_num_tokens"] for c in known)
+    data["full_context_sessions"] = sum(c["full_context_sessions"] for c in known)
+    contexts = sorted({c["context_length"] for c in known})
     context = f"{contexts[0]:,}-token" if len(contexts) == 1 else "full-context"
+    parts = [f"{data['max_total_num_tokens']:,} tokens over {len(known)} worker(s)"]
     parts.append(f"{data['full_context_sessions']:.2f} × {context} sessions")
+    parts += _fleet_session_sizes(known)
+    data["summary"] = " ≈ ".join(parts) + (f" (no capacity for {', '.join(unknown)})" if unknown else "")
+    return data
+
+
+def _fleet_session_sizes(caps: list[dict[str, Any]]) -> list[str]:
+    """'47.7 × 32K sessions' for each session size every worker counts in, summed over them."""
+    said = []
     for i, fit in enumerate(caps[0]["sessions"]):
         if all(len(c["sessions"]) > i and c["sessions"][i]["tokens"] == fit["tokens"] for c in caps):
             total = sum(c["sessions"][i]["sessions"] for c in caps)
-            parts.append(f"{total:.1f} × {SessionFit(fit['tokens'], total).label} sessions")
-    data["summary"] = " ≈ ".join(parts) + (f" (no capacity for {', '.join(unknown)})" if unknown else "")
-    return data
+            said.append(f"{total:.1f} × {SessionFit(fit['tokens'], total).label} sessions")
+    return said

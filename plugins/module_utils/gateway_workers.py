@@ -109,7 +109,7 @@ def _views(results: list[dict]) -> list[tuple[str, str, list[dict]]]:
 
 def listed(results: list[dict]) -> bool:
     """Whether a running gateway lists this worker: its restart then goes through the gateway."""
-    return any(any(w.get("url") == url for w in seen) for _, url, seen in _views(results))
+    return any(any(w.get("url") == url for w in seen) for _gateway, url, seen in _views(results))
 
 
 def pairs(leaving: list[str], gateways: dict[str, str], candidates: dict[str, dict]) -> list[dict]:

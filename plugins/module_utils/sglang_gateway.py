@@ -1,4 +1,5 @@
-"""A client of SGLang's gateway (smg 1.13) worker API, on the gateway's host: list, add, remove, and wait.
+"""A client of SGLang's gateway (smg 1.13) worker API, on the gateway's host: list, add, remove, and wait. For the
+collection's modules only (it requests through Ansible's open_url).
 
 smg's routes (its model_gateway/src/server.rs): GET /workers lists {workers: [{id, url, model_id, status, is_healthy,
 load, ...}]}; POST /workers {url, api_key} queues an add (202, Location /workers/<id>); DELETE /workers/<id> queues a
@@ -13,7 +14,8 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
-import urllib.request
+
+from ansible.module_utils.urls import open_url
 
 READY = "ready"
 
@@ -65,12 +67,11 @@ class Gateway:
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         """(status, JSON answer) of one request; a refused connection is a GatewayError."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
+        headers = {"Content-Type": "application/json"}
         if self.key:
-            request.add_header("Authorization", f"Bearer {self.key}")
+            headers["Authorization"] = f"Bearer {self.key}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+            with open_url(self.url + path, data=data, method=method, headers=headers, timeout=self.timeout) as answer:
                 return answer.status, _json(answer.read())
         except urllib.error.HTTPError as e:
             return e.code, _json(e.read())

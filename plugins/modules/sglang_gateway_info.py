@@ -74,7 +74,7 @@ workers:
   contains:
     id: {description: the gateway's id of the worker, type: str}
     url: {description: the worker's URL, type: str}
-    model: {description: the model the worker serves, as the gateway read it, type: str}
+    model: {description: "the model the worker serves, as the gateway read it", type: str}
     status: {description: "pending, ready, not_ready, failed or draining", type: str}
     healthy: {description: whether its health checks pass, type: bool}
     load: {description: the requests the gateway has in flight there, type: int}

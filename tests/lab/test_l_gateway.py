@@ -120,6 +120,25 @@ def rolling_steps(progress: str) -> list[tuple[str, str]]:
     return steps
 
 
+def gateway_events(log: str) -> list[str]:
+    """The removals, registrations and health changes in the gateway's JSON log lines, one short line each."""
+    said = []
+    for line in log.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        message = event.get("message", "")
+        if message.startswith(("Draining", "Worker status transition", "Activated")) or (
+            message == "Workflow completed" and event.get("definition_id")
+        ):
+            fields = {k: event[k] for k in ("worker_url", "old", "new", "definition_id") if k in event}
+            said.append(f"{event.get('timestamp')} {message} {fields or ''}".rstrip())
+        elif message == "Workflow started":
+            said.append(f"{event.get('timestamp')} {message} {event.get('definition_id')}")
+    return said
+
+
 def bench(inventory: Path, runs: Path, *extra: str) -> tuple[int, dict, str]:
     proc = run_provision(
         "bench",
@@ -191,6 +210,7 @@ def test_a_flag_change_restarts_one_worker_at_a_time_and_the_client_sees_no_fail
     log = gw.ssh(f"{GATEWAY_LOG} --since @{since}").stdout
     assert log.count("Draining 1 worker(s) for 5s before removal") == 2, log[-3000:]
     assert log.count('"definition_id":"worker_registration"') == 2, log[-3000:]
+    print("the gateway's log of the rollout:", *gateway_events(log), sep="\n  ", flush=True)
     for url, seen in listed(fleet).items():
         assert seen["status"] == "ready" and seen["is_healthy"], (url, seen)
 
@@ -242,3 +262,14 @@ def test_a_worker_killed_hard_under_load_is_back_in_the_gateway_after_apply(flee
     assert code == 0, err[-3000:]
     seen = listed(fleet)
     assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
+
+
+def test_no_key_in_any_run_record(fleet, runs):
+    """Every apply, verify and bench above, the rollouts and the refusal among them: neither the API key nor the
+    gateway's control-plane key is in their records."""
+    keys = [(fleet.dir / "sglang-api-key").read_text().strip()]
+    keys.append(gateway(fleet).ssh("cut -d: -f4 /etc/sglang-gateway/control-plane-key").stdout.strip())
+    assert all(len(key) > 16 for key in keys)
+    for path in (p for p in runs.rglob("*") if p.is_file()):
+        text = path.read_text(errors="replace")
+        assert not [key for key in keys if key in text], path

@@ -405,7 +405,10 @@ SEES = {
         "files on the controller",
         "--baseline /nonexistent.json: cannot read it: No such file or directory",
     ),
-    "unknown-tag": ("scope", "--tags: unknown phase(s) nosuch; choose from kernel, driver, gpu, sglang, verify"),
+    "unknown-tag": (
+        "scope",
+        "--tags: unknown phase(s) nosuch; choose from kernel, driver, gpu, sglang, gateway, verify",
+    ),
     "bad-reboot-choice": (
         "the command line",
         "provision apply: argument --reboot: invalid choice: 'sometimes' (choose from 'auto', 'never')",
@@ -434,8 +437,8 @@ SEES = {
     ),
     "limit-matches-nothing": (
         "scope",
-        "--limit nosuch matches no host in proxmox_hosts or gpu_containers of …: nothing runs until every "
-        "part of it names a host",
+        "--limit nosuch matches no host in proxmox_hosts, gpu_containers or sglang_gateways of …: nothing runs "
+        "until every part of it names a host",
     ),
     "limit-empty": (
         "scope",
@@ -449,27 +452,29 @@ SEES = {
     ),
     "limit-part-matches-nothing": (
         "scope",
-        "--limit pve1,typo: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs "
-        "until every part of it names a host",
+        "--limit pve1,typo: 'typo' matches no host in proxmox_hosts, gpu_containers or sglang_gateways of …: "
+        "nothing runs until every part of it names a host",
     ),
     "limit-exclusion-matches-nothing": (
         "scope",
-        "--limit all:!typo: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs "
-        "until every part of it names a host",
+        "--limit all:!typo: 'typo' matches no host in proxmox_hosts, gpu_containers or sglang_gateways of …: "
+        "nothing runs until every part of it names a host",
     ),
     "limit-file-missing": ("scope", "--limit @…: cannot read the limit file: No such file or directory"),
     "limit-file-line-matches-nothing": (
         "scope",
-        "--limit @…: 'typo' matches no host in proxmox_hosts or gpu_containers of …: nothing runs until "
-        "every part of it names a host",
+        "--limit @…: 'typo' matches no host in proxmox_hosts, gpu_containers or sglang_gateways of …: nothing runs "
+        "until every part of it names a host",
     ),
     "tags-empty": (
         "scope",
-        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or leave it out",
+        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, gateway, verify) or "
+        "leave it out",
     ),
     "tags-only-commas": (
         "scope",
-        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, verify) or leave it out",
+        "--tags is empty: it would run every phase; name phases (kernel, driver, gpu, sglang, gateway, verify) or "
+        "leave it out",
     ),
     "rollback-without-limit": (
         "scope",

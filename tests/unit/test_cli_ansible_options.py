@@ -103,7 +103,7 @@ def test_skip_tags_leave_a_phase_out_of_the_checks_and_the_run(tmp_path, capsys)
     assert (code, env["errors"]) == (
         2,
         [
-            "--skip-tags is empty: it leaves no phase out; name phases (kernel, driver, gpu, sglang, verify) "
+            "--skip-tags is empty: it leaves no phase out; name phases (kernel, driver, gpu, sglang, gateway, verify) "
             "or leave it out"
         ],
     )
