@@ -174,10 +174,23 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
     ),
     "Install SGLang into its venv": ("SGLang venv partly installed", "SGLang installed, service not configured"),
     "Install the SGLang systemd unit": ("SGLang unit being written", "SGLang unit written, service not restarted"),
-    # the sglang role's handler, which its flush_handlers task runs (the meta task itself runs on no host)
+    # the sglang role's handler, which its flush_handlers task runs (the meta task itself runs on no host): it notes
+    # the restart, which tasks/restart.yml does
     "Restart sglang": (
+        "SGLang unit changed, service not restarted yet: the next run restarts it",
+        "SGLang unit changed, service not restarted yet: the next run restarts it",
+    ),
+    "Restart the server at once (no running gateway sends it requests)": (
         "SGLang service restarting",
         "SGLang service restarted, readiness not checked",
+    ),
+    "Restart the server (it finishes the requests in flight first)": (
+        "SGLang service restarting, out of its gateways: the next run puts it back",
+        "SGLang service restarted, out of its gateways: the next run puts it back",
+    ),
+    "Take the servers out of their gateways, and wait until each sends them nothing new": (
+        "servers being taken out of their gateways: the next run puts them back",
+        "servers out of their gateways, not restarted: the next run puts them back",
     ),
     "Record the converged phase in the state directory": (
         "phase done, its record being written: the next run does the phase again",

@@ -18,6 +18,12 @@ import urllib.error
 from ansible.module_utils.urls import open_url
 
 READY = "ready"
+# the options of every module that talks to the gateway (their documentation: doc_fragments/sglang_gateway.py)
+ARGUMENT_SPEC = {
+    "url": {"type": "str"},
+    "control_key_file": {"type": "path", "no_log": False},
+    "record": {"type": "path"},
+}
 
 
 class GatewayError(Exception):

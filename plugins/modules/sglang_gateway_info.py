@@ -12,25 +12,12 @@ description:
   - C(/workers) needs the control-plane admin key where the gateway has one; the module reads it from
     I(control_key_file), so the key never leaves the host.
 options:
-  url:
-    description: The gateway's base URL on its host (unset - from I(record), else C(http://127.0.0.1:30000)).
-    type: str
-  control_key_file:
-    description:
-      - The file holding the gateway's control-plane key entry (C(id:name:role:key)); unset - from I(record), else no
-        key is sent.
-    type: path
-  record:
-    description:
-      - The gateway's record, which the sglang_gateway role writes (C(sglang-gateway.json) in C(provision_state_dir)).
-        Where I(url) or I(control_key_file) is not given, it is taken from there. A missing record is a gateway not
-        set up yet.
-    type: path
   timeout:
     description: Seconds each request may take.
     type: float
     default: 10
 extends_documentation_fragment:
+  - provision.pve_sglang.sglang_gateway
   - provision.pve_sglang.attributes
 attributes:
   check_mode:
@@ -82,6 +69,7 @@ workers:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.sglang_gateway import (
+    ARGUMENT_SPEC,
     Gateway,
     GatewayError,
     connect,
@@ -98,9 +86,7 @@ def read(gateway: Gateway) -> dict:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str"),
-            control_key_file=dict(type="path", no_log=False),
-            record=dict(type="path"),
+            **ARGUMENT_SPEC,
             timeout=dict(type="float", default=10),
         ),
         supports_check_mode=True,

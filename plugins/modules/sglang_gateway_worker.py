@@ -12,7 +12,8 @@ description:
     then waits until the gateway counts it ready and healthy.
   - C(absent) removes it through C(DELETE /workers/<id>) and waits until it is gone. From the removal on the gateway
     sends it no new request; the requests it is serving finish (smg drains it, then drops it from the list).
-  - Run on the gateway's host, which holds the keys (I(control_key_file), I(secrets_file)); no key leaves it.
+  - Run on the gateway's host, which holds the keys (I(control_key_file), I(secrets_file)); no key leaves it. With
+    a I(record) that is missing (the gateway is not set up yet), it changes nothing.
 options:
   worker:
     description: The worker's URL as the gateway reaches it (C(http://address:port)).
@@ -23,20 +24,6 @@ options:
     type: str
     choices: [present, absent]
     default: present
-  url:
-    description: The gateway's base URL on its host (unset - from I(record), else C(http://127.0.0.1:30000)).
-    type: str
-  control_key_file:
-    description:
-      - The file holding the gateway's control-plane key entry (C(id:name:role:key)); unset - from I(record), else no
-        key is sent.
-    type: path
-  record:
-    description:
-      - The gateway's record, which the sglang_gateway role writes (C(sglang-gateway.json) in C(provision_state_dir)).
-        Where I(url) or I(control_key_file) is not given, it is taken from there. A missing record is a gateway not
-        set up yet, and the module changes nothing.
-    type: path
   secrets_file:
     description:
       - The gateway's JSON file whose C(api_key) the worker is registered with (the workers' key); unset - from
@@ -52,6 +39,7 @@ options:
     type: float
     default: 120
 extends_documentation_fragment:
+  - provision.pve_sglang.sglang_gateway
   - provision.pve_sglang.attributes
 attributes:
   check_mode:
@@ -92,6 +80,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils.sglang_gateway import (
+    ARGUMENT_SPEC,
     Gateway,
     GatewayError,
     connect,
@@ -128,9 +117,7 @@ def main():
         argument_spec=dict(
             worker=dict(type="str", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
-            url=dict(type="str"),
-            control_key_file=dict(type="path", no_log=False),
-            record=dict(type="path"),
+            **ARGUMENT_SPEC,
             secrets_file=dict(type="path", no_log=False),
             api_key=dict(type="str", no_log=True),
             wait_timeout=dict(type="float", default=120),

@@ -464,7 +464,7 @@ class Lab:
                 {
                     "vmid": CONTAINER_VMID + i,
                     "name": c["name"],
-                    "node": state["vms"][0]["name"],
+                    "node": _node_of(state, i),
                     "config": {**CONTAINER_CONFIG, "hostname": c["name"]},
                 }
                 for i, c in enumerate(state["containers"])
@@ -568,7 +568,7 @@ class Lab:
         seeded = {
             c["name"]: {
                 "ansible_host": ContainerSpec(**c).address,
-                "proxmox_host": state["vms"][0]["name"],
+                "proxmox_host": _node_of(state, i),
                 "proxmox_vmid": CONTAINER_VMID + i,
             }
             for i, c in enumerate(state["containers"])
@@ -777,6 +777,15 @@ class Lab:
             "pve": {"url": f"https://127.0.0.1:{state.get('pve_port')}", "running": pve_up},
             "timings": state.get("timings", {}),
         }
+
+
+def _node_of(state: dict[str, Any], i: int) -> str:
+    """The node of the lab's i-th seeded CT: the first node, but for a gateway lab's workers, which take the nodes in
+    turn, so that a node's reboot leaves the gateway a worker on the other; the gateway CT is on the first node."""
+    nodes = [v["name"] for v in state["vms"]]
+    if state.get("gateway") and state["containers"][i]["name"] != state["gateway"]:
+        return nodes[i % len(nodes)]
+    return nodes[0]
 
 
 def _check_up_args(hosts: int, containers: int, pve_version: int, gpu_link: str, nodes: str) -> None:

@@ -106,20 +106,28 @@ def bench_client_requirements(sglang_wheel: Path) -> list[str]:
 def fetch_bench_client_wheels(sglang_wheel: Path, cache: Path) -> list[Path]:
     """The benchmark client's requirements and everything they need, as wheels for this Python,
     downloaded once into `cache` (about 3 GB: torch is a CUDA build on PyPI)."""
+    return _download_once(cache, bench_client_requirements(sglang_wheel), [], "the benchmark client's packages")
+
+
+def _download_once(cache: Path, requirements: list[str], pip_args: list[str], what: str) -> list[Path]:
+    """The wheels of `requirements` (pip requirement lines) in `cache`, downloaded with `pip download` and `pip_args`
+    unless the last download there was of the same lines (its requirements.txt)."""
     cache.mkdir(parents=True, exist_ok=True)
-    requirements = bench_client_requirements(sglang_wheel)
-    stamp = cache / "requirements.txt"
     wanted = "\n".join(requirements) + "\n"
+    stamp = cache / "requirements.txt"
     if not (stamp.exists() and stamp.read_text() == wanted):
+        pending = cache / "requirements.pending"
+        pending.write_text(wanted)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(cache)]
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(cache), *requirements],
+            [*pip, *pip_args, "-r", str(pending)],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
         )
         if proc.returncode != 0:
-            raise ProvisionError(f"lab: cannot download the benchmark client's packages: {proc.stderr.strip()[-400:]}")
-        stamp.write_text(wanted)
+            raise ProvisionError(f"lab: cannot download {what}: {proc.stderr.strip()[-400:]}")
+        pending.replace(stamp)
     return sorted(cache.glob("*.whl"))
 
 
@@ -189,23 +197,6 @@ GLIBC_2_36_PLATFORMS = tuple(
 def fetch_gateway_wheels(cache: Path) -> list[Path]:
     """SGLang's gateway and its dependencies as the gateway role pins them (sglang_gateway_requirements, each with its
     sha256), downloaded once into `cache` with pip's hash checking, for the CTs' Python (3.11, manylinux x86_64)."""
-    cache.mkdir(parents=True, exist_ok=True)
-    wanted = "\n".join(role_default("sglang_gateway", "sglang_gateway_requirements")) + "\n"
-    stamp = cache / "requirements.txt"
-    if not (stamp.exists() and stamp.read_text() == wanted):
-        pending = cache / "requirements.pending"
-        pending.write_text(wanted)
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "pip", "download", "-q", "--require-hashes", "--only-binary=:all:"),
-                *("--python-version", "3.11", *GLIBC_2_36_PLATFORMS, "-d", str(cache)),
-                *("-r", str(pending)),
-            ],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise ProvisionError(f"lab: cannot download the gateway's packages: {proc.stderr.strip()[-400:]}")
-        pending.replace(stamp)
-    return sorted(cache.glob("*.whl"))
+    requirements = role_default("sglang_gateway", "sglang_gateway_requirements")
+    pip_args = ["--require-hashes", "--python-version", "3.11", *GLIBC_2_36_PLATFORMS]
+    return _download_once(cache, requirements, pip_args, "the gateway's packages")

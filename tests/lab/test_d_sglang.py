@@ -142,7 +142,8 @@ def test_changing_one_flag_restarts_exactly_once(ct, lab_inventory, runs):
     assert get(ct, "/metrics")[0] == 200
 
 
-RESTART = "Restart sglang"  # the handler that the role's flush_handlers task runs
+# the restart of a server no gateway sends requests to (roles/sglang tasks/restart.yml)
+RESTART = "Restart the server at once (no running gateway sends it requests)"
 INSTALL = "Install SGLang into its venv"
 
 

@@ -3,8 +3,9 @@ wheel, in a CT of its own, in front of the SGLang stand-in in sglang-01 and sgla
 and then changes nothing; verify checks the gateway's view and asks through it; a flag change restarts the workers
 one at a time through the gateway while SGLang's own benchmark client sends requests through it, and the client
 sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard under
-load comes back into the gateway with the next apply; and the benchmark through the gateway reports 1 worker
-against 2. The figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
+load comes back into the gateway with the next apply; a rollout stopped half-way is finished by the next apply; the
+nodes and containers rebooted one at a time under load fail no request; and the benchmark through the gateway reports
+1 worker against 2. The figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from provision.lab.lab import GATEWAY_NAME, inventory_dir
 from tests.conftest import run_provision
-from tests.lab.common import apply, set_host_vars
+from tests.lab.common import apply, interrupt_at, set_host_vars
 
 LAB_CHANGES = {"down"}  # tests/lab/conftest.py: it leaves no lab behind
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
@@ -102,11 +103,12 @@ REFUSED = (
     "on anyway (provision apply -e sglang_gateway_allow_outage=true)"
 )
 ROLLING = ("out", "restarted", "back")
-ROLLING_TASKS = {
-    "TASK Take the servers out of their gateways, and wait until each sends them nothing new": "out",
-    "TASK Restart the server (it finishes the requests in flight first)": "restarted",
-    "TASK Put the servers back into their gateways, and wait until each counts them ready and healthy": "back",
+ROLLING_TASK = {
+    "out": "Take the servers out of their gateways, and wait until each sends them nothing new",
+    "restarted": "Restart the server (it finishes the requests in flight first)",
+    "back": "Put the servers back into their gateways, and wait until each counts them ready and healthy",
 }
+ROLLING_TASKS = {f"TASK {task}": step for step, task in ROLLING_TASK.items()}
 
 
 def rolling_steps(progress: str) -> list[tuple[str, str]]:
@@ -246,6 +248,54 @@ def test_the_last_healthy_worker_is_refused_unless_the_inventory_allows_it(fleet
     assert "in front of 2 worker(s): sglang-01, sglang-02" in report
     assert "## Throughput against the number of workers (1 worker, then 2 workers)" in report
     assert (host_dir / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_rollout_stopped_with_a_worker_out_is_finished_by_the_next_apply(fleet, inventory, runs, tmp_path):
+    """SIGINT while the first worker restarts, out of the gateway: the run says so, the gateway lists the other
+    worker alone, and the next apply, the sglang phase as recorded, puts the first back (the gateway phase sees the
+    mark the rollout left on the gateway's host)."""
+    flags = ["--enable-metrics", "--log-requests", "--enable-cache-report"]
+    for name in WORKERS:
+        set_host_vars(inventory, name, {"sglang_extra_args": flags})
+    summary = interrupt_at(inventory, runs, tmp_path, "sglang-01", ROLLING_TASK["restarted"])
+    left = summary["stopped_at"]["sglang-01"]["leaves"]
+    assert left.startswith("SGLang service restart") and left.endswith("out of its gateways: the next run puts it back")
+    out = fleet.container("sglang-01").spec.address
+    assert f"http://{out}:30000" not in listed(fleet) and len(listed(fleet)) == 1
+    assert gateway(fleet).ssh("ls /var/lib/provision/sglang-gateway-out").stdout.split() == ["sglang-01"]
+    code, _, err = apply(inventory, runs / "after-interrupt")
+    assert code == 0, err[-3000:]
+    seen = listed(fleet)
+    assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
+    assert gateway(fleet).ssh("ls /var/lib/provision/sglang-gateway-out").returncode != 0
+
+
+def test_rebooting_each_node_and_container_takes_its_workers_out_first_and_the_client_sees_no_failure(
+    fleet, inventory, runs
+):
+    """`provision verify --after-reboot` while SGLang's client sends requests through the gateway: the workers
+    alternate nodes (pve-grub holds sglang-01, pve-sdboot sglang-02), each leaves the gateway before its node, and
+    then itself, reboots, and joins it again once it serves."""
+    start_client(fleet, "reboots", prompts=1600)
+    proc = run_provision(
+        "verify",
+        "--inventory",
+        str(inventory),
+        "--after-reboot",
+        "--yes",
+        "--json",
+        "--runs-dir",
+        str(runs),
+        timeout=1200,
+    )
+    report = json.loads(proc.stdout)["result"]
+    assert proc.returncode == 0, (report.get("reboot_failures"), proc.stderr[-3000:])
+    assert client_running(fleet), "the client ended before the reboots did: it did not measure all of them"
+    summary = client_result(fleet, "reboots", 1600)
+    print(f"\nclient through the rolling reboot: {summary['completed']} of {summary['sent']} completed", flush=True)
+    assert summary == {"completed": 1600, "sent": 1600, "errors": []}
+    for node in ("pve-grub", "pve-sdboot"):
+        assert any(m.startswith("SGLang serving again after the reboot") for m in report["reboots"][node]), node
 
 
 def test_a_worker_killed_hard_under_load_is_back_in_the_gateway_after_apply(fleet, inventory, runs):

@@ -2,6 +2,7 @@
 
 usage: service_probe.py tail UNIT KEY_FILE LINES
        service_probe.py ready UNIT URL KEY_FILE RESTARTS_BEFORE
+       service_probe.py stale UNIT PATHS_JSON
 
 `tail` prints the last journal lines of the unit with the SGLang API key replaced. SGLang 0.5.23 logs its resolved
 arguments, `api_key` included, at startup (sglang/srt/entrypoints/engine.py l.173-174, 1185), so a raw journal tail
@@ -17,12 +18,20 @@ name or vault it came from on the controller, and the raw tail never leaves the 
   role stops waiting after a few exits instead of for sglang_ready_timeout.
 - stopped: the unit is down and systemd will not start it again (a clean exit, which Restart=on-failure does not
   restart; a failure past the start limit): waiting longer cannot help.
+
+`stale` prints {"active": bool, "newer": [path]}: of the paths (glob patterns, a JSON list), those changed since the
+running unit's main process started. A run stopped between writing the unit, its configuration or its packages and
+restarting the server leaves them newer than the server: the restart is still due, whatever the stopped run noted.
+The start is systemd's ExecMainStartTimestampMonotonic, on the clock Python's time.monotonic() reads.
 """
 
 import base64
+import glob
 import json
+import os
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 
@@ -91,7 +100,20 @@ def ready(name, url, key_file, before):
     return 0
 
 
-COMMANDS = {"tail": (tail, 3), "ready": (ready, 4)}
+def stale(name, paths_json):
+    argv = ["systemctl", "show", "-p", "ActiveState", "-p", "ExecMainStartTimestampMonotonic", name]
+    shown = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    started_monotonic = int(props.get("ExecMainStartTimestampMonotonic") or 0) / 1e6
+    active = props.get("ActiveState") == "active" and started_monotonic > 0
+    started = started_monotonic + time.time() - time.monotonic()
+    found = sorted({path for pattern in json.loads(paths_json) for path in glob.glob(pattern)})
+    newer = [path for path in found if active and os.stat(path).st_mtime > started]
+    print(json.dumps({"active": active, "newer": newer}))
+    return 0
+
+
+COMMANDS = {"tail": (tail, 3), "ready": (ready, 4), "stale": (stale, 2)}
 
 
 if __name__ == "__main__":
