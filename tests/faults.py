@@ -301,7 +301,7 @@ CITED = [
     Row(
         "the last healthy worker of a gateway due a restart for a changed flag",
         "sglang",
-        "exit 1, `sglang-01: restarting them takes out the last healthy server(s) of gateway sglang-gw (model "
+        "exit 1, `sglang-01: restarting it takes out the last healthy server(s) of gateway sglang-gw (model "
         "lab-standin): sglang-01: … Set sglang_gateway_allow_outage=true to go on anyway …`",
         "the worker still in the gateway, ready",
         "yes: `apply -e sglang_gateway_allow_outage=true` restarts it",

@@ -92,11 +92,12 @@ def pytest_generate_tests(metafunc):
 
 def hosts_of(suite: str) -> list[str]:
     """The hosts a check file runs on: a packaged suite's hosts; a user's test_container*.py on the containers,
-    test_host*.py on the nodes, any other on every host verify checks."""
+    test_host*.py on the nodes, test_gateway*.py on the gateways, any other on every host verify checks."""
     hosts = _spec()["hosts"]
     packaged = {s for suites in hosts.values() for s in suites}
     if suite not in packaged:
-        kind = next((s for s in ("test_container.py", "test_host.py") if suite.startswith(s[:-3])), None)
+        kinds = ("test_container.py", "test_host.py", "test_gateway.py")
+        kind = next((s for s in kinds if suite.startswith(s[:-3])), None)
         return [name for name, suites in hosts.items() if kind is None or kind in suites]
     return [name for name, suites in hosts.items() if suite in suites]
 

@@ -98,7 +98,7 @@ def client_result(lab, name: str, sent: int, timeout: float = 600) -> dict:
 
 
 REFUSED = (
-    "sglang-01: restarting them takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
+    "sglang-01: restarting it takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
     "sglang-01: every request sent there would fail until they are back. Set sglang_gateway_allow_outage=true to go "
     "on anyway (provision apply -e sglang_gateway_allow_outage=true)"
 )

@@ -147,6 +147,15 @@ def test_checks_decide_from_the_readings_file_alone(tmp_path):
         assert result[("down", name)] == (False, "cannot read down: unreachable: ssh: connect to host 10.0.0.9 port 22")
 
 
+def test_a_suite_no_host_of_the_run_has_runs_nowhere(tmp_path):
+    """An inventory without gateways: the gateway suite runs on no host (a user's check file runs on every host
+    only when its name names no group's suite)."""
+    ok = {"boot_id": "b-1", "state_dir": "/srv/state", "files": {"verify.json": "{}"}}
+    spec = _spec(tmp_path, {"node": {"vars": {}, "probe": ok, "error": ""}})
+    checks = verify._run_checks(["node"], spec, tmp_path, select="gateway or reachable")
+    assert [(c.host, c.name) for c in checks] == [("node", "test_reachable")]
+
+
 def test_host_vars_are_the_ones_the_checks_read():
     """A check that reads a host variable the probe playbook does not render would always see it unset."""
     read = set()
