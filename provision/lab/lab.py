@@ -38,7 +38,7 @@ from provision.lab.vm import LabVm, VmSpec, choose_accel
 
 BOOT_TIMEOUT_S = 600
 CONTAINER_NAME = "sglang-01"
-# `lab up --gateway`: one more CT on the first node, with no GPU, that runs SGLang's gateway in front of the others
+# `lab up --gateway`: one more container, with no GPU and not a CT of the lab's PVE, for SGLang's gateway
 GATEWAY_NAME = "sglang-gw"
 CONTAINER_VMID = 101
 TOKEN_NAME = "provision"
@@ -251,6 +251,8 @@ class Lab:
             # the API starts the containers as PVE does (prestart checks against their node), so nodes come first
             start = time.monotonic()
             self._start_pve(state)
+            if gateway:
+                self.start_gateway(state)
             for ct in cts:
                 ct.wait_for_ssh(120)
             timings["container_to_ssh_s"] = round(time.monotonic() - start, 1)
@@ -308,6 +310,14 @@ class Lab:
         progress(f"lab: saving {vm.spec.name}'s booted state for the next lab up")
         vm.save_snapshot(accel)
         return Lab._start_vm(vm, accel, cold_boot, progress)
+
+    def start_gateway(self, state: dict[str, Any]) -> None:
+        """`--gateway`'s container: on this machine's links like the CTs, but no CT of the lab's PVE, as a gateway on a
+        host of its own is (a node's reboot leaves it up). Unprivileged-LXC rules as a CT made in PVE's GUI: nesting
+        on, no device, no node driver."""
+        gateway = next(c for c in self.containers(state) if c.spec.name == state["gateway"])
+        gateway.configure(devices=[], nesting=True, driver_version=None)
+        gateway.start()
 
     def _node_api_file(self, vm: LabVm, state: dict[str, Any]) -> None:
         """/etc/lab/pve-api on a node: the lab's API as the guest reaches it (slirp's 10.0.2.2 is this host's
@@ -468,10 +478,11 @@ class Lab:
                     "config": {**CONTAINER_CONFIG, "hostname": c["name"]},
                 }
                 for i, c in enumerate(state["containers"])
+                if c["name"] != state.get("gateway")
             ],
             "pve_version": state.get("pve_version", PVE_VERSIONS[9]),
             # the nspawn container behind each CT (provision/lab/ctbody.py)
-            "bodies": {str(CONTAINER_VMID + i): ct.record() for i, ct in enumerate(self.containers(state))},
+            "bodies": {str(CONTAINER_VMID + i): ct.record() for i, ct in enumerate(self.workers(state))},
             # what a CT created through the API is made from: the same image and binds, in a directory of its own
             "create": {
                 "rootfs": state["image"]["rootfs"],
@@ -574,6 +585,8 @@ class Lab:
             for i, c in enumerate(state["containers"])
         }
         gateway = seeded.pop(state.get("gateway"), None)
+        if gateway:  # a host of its own, not a CT of the lab's PVE (start_gateway)
+            gateway = {"ansible_host": gateway["ansible_host"]}
         cts = {CONTAINER_NAME: self._bare_container(state)} if state.get("bare") else seeded
         groups = {"proxmox_hosts": {"hosts": nodes}, "gpu_containers": {"hosts": cts}}
         if gateway:
@@ -729,6 +742,7 @@ class Lab:
             pid_file.unlink(missing_ok=True)
         inv = inventory_dir()
         generated = ("hosts.yml", "group_vars/all.yml", "group_vars/gpu_containers.yml", "group_vars/proxmox_hosts.yml")
+        generated += ("group_vars/sglang_gateways.yml",)
         for name in generated:
             (inv / name).unlink(missing_ok=True)
         if (inv / "group_vars").is_dir() and not any((inv / "group_vars").iterdir()):
@@ -772,20 +786,23 @@ class Lab:
                 }
                 for v in self.vms(state)
             ],
-            "containers": [self._container_status(CONTAINER_VMID + i, c) for i, c in enumerate(self.containers(state))]
+            "containers": [self._container_status(CONTAINER_VMID + i, c) for i, c in enumerate(self.workers(state))]
             + [self._container_status(vmid, c, True) for vmid, c in sorted(self.created_containers().items())],
+            "gateway": [
+                {"name": c.spec.name, "ssh": f"{c.spec.address}:22", "running": c.is_running()}
+                for c in self.containers(state)
+                if c.spec.name == state.get("gateway")
+            ],
             "pve": {"url": f"https://127.0.0.1:{state.get('pve_port')}", "running": pve_up},
             "timings": state.get("timings", {}),
         }
 
 
 def _node_of(state: dict[str, Any], i: int) -> str:
-    """The node of the lab's i-th seeded CT: the first node, but for a gateway lab's workers, which take the nodes in
-    turn, so that a node's reboot leaves the gateway a worker on the other; the gateway CT is on the first node."""
+    """The node of the lab's i-th seeded CT: the first node, but in a gateway lab the workers take the nodes in turn,
+    so that a node's reboot leaves the gateway a worker on the other."""
     nodes = [v["name"] for v in state["vms"]]
-    if state.get("gateway") and state["containers"][i]["name"] != state["gateway"]:
-        return nodes[i % len(nodes)]
-    return nodes[0]
+    return nodes[i % len(nodes)] if state.get("gateway") else nodes[0]
 
 
 def _check_up_args(hosts: int, containers: int, pve_version: int, gpu_link: str, nodes: str) -> None:
