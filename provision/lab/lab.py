@@ -209,9 +209,7 @@ class Lab:
         nodes: str = "vm",
         gateway: bool = False,
     ) -> dict[str, Any]:
-        _check_up_args(hosts, containers, pve_version, gpu_link, nodes)
-        if gateway and bare:
-            raise ProvisionError("--gateway: needs the lab's seeded containers as its workers (not with --bare)")
+        _check_up_args(hosts, containers, pve_version, gpu_link, nodes, gateway and bare)
         check_tools()
         if self.state().get("up"):
             progress("lab: already up (provision lab down first to rebuild)")
@@ -805,8 +803,12 @@ def _node_of(state: dict[str, Any], i: int) -> str:
     return nodes[i % len(nodes)] if state.get("gateway") else nodes[0]
 
 
-def _check_up_args(hosts: int, containers: int, pve_version: int, gpu_link: str, nodes: str) -> None:
+def _check_up_args(
+    hosts: int, containers: int, pve_version: int, gpu_link: str, nodes: str, bare_gateway: bool = False
+) -> None:
     """`lab up`'s arguments, each refused with the option's name."""
+    if bare_gateway:
+        raise ProvisionError("--gateway: needs the lab's seeded containers as its workers (not with --bare)")
     if hosts < 1:
         raise ProvisionError("--hosts: at least 1")
     if not 1 <= containers <= 64:
