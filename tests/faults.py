@@ -31,6 +31,7 @@ SSH = "tests/test_apply_ssh.py::"
 LAB_KERNEL = "tests/lab/test_b_kernel.py::"
 LAB_GPU = "tests/lab/test_c_gpu.py::"
 LAB_SGLANG = "tests/lab/test_d_sglang.py::"
+LAB_GATEWAY = "tests/lab/test_l_gateway.py::"
 NOT_SHOWN = "not shown by this test"
 
 # Each says only what its test asserts.
@@ -283,6 +284,38 @@ CITED = [
         "yes: `apply --tags sglang` runs the unit with the new stop timeout (`TimeoutStopUSec=2min 3s`), active, "
         "`/health_generate` 200",
         LAB_SGLANG + "test_sigint_while_the_service_restarts_then_a_rerun_serves_again",
+        True,
+        True,
+    ),
+    Row(
+        "SIGINT while the first of two workers behind a gateway restarts for a changed flag (a rollout)",
+        "sglang",
+        "`error: interrupted by SIGINT: run record …`, exit 130; the record says sglang-01 was left `… out of its "
+        "gateways: the next run puts it back`",
+        "the gateway lists the other worker alone; a mark for sglang-01 on the gateway's host",
+        "yes: the next apply puts it back, both workers ready and healthy, the mark gone",
+        LAB_GATEWAY + "test_a_rollout_stopped_with_a_worker_out_is_finished_by_the_next_apply",
+        True,
+        True,
+    ),
+    Row(
+        "the last healthy worker of a gateway due a restart for a changed flag",
+        "sglang",
+        "exit 1, `sglang-01: restarting it takes out the last healthy server(s) of gateway sglang-gw (model "
+        "lab-standin): sglang-01: … Set sglang_gateway_allow_outage=true to go on anyway …`",
+        "the worker still in the gateway, ready",
+        "yes: `apply -e sglang_gateway_allow_outage=true` restarts it",
+        LAB_GATEWAY + "test_the_last_healthy_worker_is_refused_unless_the_inventory_allows_it",
+        True,
+        True,
+    ),
+    Row(
+        "one worker's SGLang killed (SIGKILL to the unit) while a client sends requests through the gateway",
+        "sglang",
+        "the client: the requests it sent all completed (the gateway retried those the worker refused); apply exits 0",
+        "after apply, the gateway lists both workers ready and healthy",
+        "yes: apply",
+        LAB_GATEWAY + "test_a_worker_killed_hard_under_load_is_back_in_the_gateway_after_apply",
         True,
         True,
     ),

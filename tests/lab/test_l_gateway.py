@@ -1,5 +1,5 @@
 """SGLang's gateway in front of two workers (`provision lab up --containers 2 --gateway`): the real smg 1.13.0 from its
-wheel, in a CT of its own, in front of the SGLang stand-in in sglang-01 and sglang-02. The gateway phase converges
+wheel, in a container of its own, in front of the SGLang stand-in in sglang-01 and sglang-02. The gateway phase converges
 and then changes nothing; verify checks the gateway's view and asks through it; a flag change restarts the workers
 one at a time through the gateway while SGLang's own benchmark client sends requests through it, and the client
 sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard under
