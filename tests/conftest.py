@@ -17,18 +17,21 @@ from tests.sshtarget import free_port, make_client_key, start_target
 REPO = Path(__file__).resolve().parent.parent
 # the files outside the lab that take minutes on one worker (docs/lab.md, Test durations)
 LONG_FILES = ("test_nvidia_driver_role.py", "test_kernel_cmdline_trial.py", "test_gpu_userspace_installer.py")
+# the lab module that takes longest on one worker, started before the others
+LONGEST_LAB_FILE = "test_l_gateway.py"
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order is of the files that run
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (`--dist loadfile --no-loadscope-reorder`) the workers take whole files in collection order:
     the longest first, so that the many short files fill the end. Two lab modules start (each minutes long, each on a
-    lab of its worker's own), then the sshd integration file, then the other lab modules, then the longest files
-    outside them (LONG_FILES), then everything else."""
+    lab of its worker's own; LONGEST_LAB_FILE one of them), then the sshd integration file, then the other lab
+    modules, then the longest files outside them (LONG_FILES), then everything else."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     files = list(dict.fromkeys(item.path for item in items))
     lab = list(dict.fromkeys(item.path for item in items if item.get_closest_marker("lab")))  # tests/lab/conftest.py
+    lab.sort(key=lambda f: f.name != LONGEST_LAB_FILE)
     sshd = [f for f in files if f.name == "test_apply_ssh.py"]
     long = [f for f in files if f.name in LONG_FILES]
     order = [*lab[:2], *sshd, *lab[2:], *long, *(f for f in files if f not in {*lab, *sshd, *long})]

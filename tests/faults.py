@@ -320,6 +320,20 @@ CITED = [
         True,
     ),
     Row(
+        "the gateway's host cannot sandbox a unit (a CT without `features: nesting=1`: systemd fails the unit's mount "
+        "namespace)",
+        "gateway",
+        "exit 1, `sglang-gw: systemd cannot sandbox the gateway's unit on this host: a unit with ProtectSystem=strict "
+        "and PrivateTmp= failed before it ran, with status 226/NAMESPACE; on a Proxmox CT, set features nesting=1 "
+        "(pct set <vmid> --features nesting=1) and restart it`",
+        "the gateway's unit file as it was",
+        "yes, with nesting on and the container restarted: `apply --tags gateway` serves through the gateway, both "
+        "workers ready and healthy",
+        LAB_GATEWAY + "test_a_gateway_host_without_nesting_is_refused_before_anything_changes",
+        True,
+        True,
+    ),
+    Row(
         "the container stopped through the API (as `pct stop`) while the sglang phase installs SGLang into its venv",
         "sglang",
         "exit 1, the container failed or unreachable with one line: `unreachable: the connection was lost while "

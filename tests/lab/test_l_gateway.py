@@ -1,11 +1,12 @@
 """SGLang's gateway in front of two workers (`provision lab up --containers 2 --gateway`): the real smg 1.13.0 from its
-wheel, in a container of its own, in front of the SGLang stand-in in sglang-01 and sglang-02. The gateway phase converges
-and then changes nothing; verify checks the gateway's view and asks through it; a flag change restarts the workers
-one at a time through the gateway while SGLang's own benchmark client sends requests through it, and the client
-sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard under
-load comes back into the gateway with the next apply; a rollout stopped half-way is finished by the next apply; the
-nodes and containers rebooted one at a time under load fail no request; and the benchmark through the gateway reports
-1 worker against 2. The figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
+wheel, in a container of its own, in front of the SGLang stand-in in sglang-01 and sglang-02. The gateway phase
+converges and then changes nothing; verify checks the gateway's view and asks through it; a flag change restarts the
+workers one at a time through the gateway while SGLang's own benchmark client sends requests through it, and the
+client sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard
+under load comes back into the gateway with the next apply; a gateway host that cannot sandbox a unit (no nesting)
+is refused in one line; a rollout stopped half-way is finished by the next apply; the nodes and containers rebooted
+one at a time under load fail no request; and the benchmark through the gateway reports 1 worker against 2. The
+figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
 
 from __future__ import annotations
 
@@ -316,6 +317,36 @@ def test_a_worker_killed_hard_under_load_is_back_in_the_gateway_after_apply(flee
     )
     assert summary["completed"] > 0
     code, _, err = apply(inventory, runs / "after-kill")
+    assert code == 0, err[-3000:]
+    seen = listed(fleet)
+    assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
+
+
+NO_SANDBOX = (
+    "sglang-gw: systemd cannot sandbox the gateway's unit on this host: a unit with ProtectSystem=strict and "
+    "PrivateTmp= failed before it ran, with status 226/NAMESPACE; on a Proxmox CT, set features nesting=1 (pct set "
+    "<vmid> --features nesting=1) and restart it"
+)
+
+
+def test_a_gateway_host_without_nesting_is_refused_before_anything_changes(fleet, inventory, runs):
+    """The gateway's container restarted without `features: nesting=1`: a sandboxed unit fails there at step
+    NAMESPACE, as in an unprivileged PVE CT. The gateway phase says so in one line, naming the host and the setting,
+    and leaves the unit as it was; with nesting back, the next apply serves through the gateway again."""
+    gw = gateway(fleet)
+    unit_before = gw.ssh("systemctl cat sglang-gateway").stdout
+    for nesting in (False, True):
+        gw.stop()
+        gw.configure(devices=[], nesting=nesting, driver_version=None)
+        gw.start()
+        gw.wait_for_ssh(120)
+        code, result, err = apply(inventory, runs / f"nesting-{nesting}", "--tags", "gateway")
+        if not nesting:
+            said = [(f["host"], f["message"]) for f in result["failures"]]
+            print(f"\nthe gateway's host without nesting: {said}", flush=True)
+            assert code == 1, err[-3000:]
+            assert said == [(GATEWAY_NAME, NO_SANDBOX)], err[-3000:]
+            assert gw.ssh("systemctl cat sglang-gateway").stdout == unit_before
     assert code == 0, err[-3000:]
     seen = listed(fleet)
     assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
