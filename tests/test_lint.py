@@ -47,6 +47,25 @@ def test_ansible_lint_production_profile():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_changelog_fragments_pass_antsibull_changelog_and_the_changelog_is_generated(tmp_path):
+    """Each change is a fragment under changelogs/fragments that `antsibull-changelog lint` accepts, and CHANGELOG.md
+    is what `antsibull-changelog generate` writes from changelogs/changelog.yaml (docs/reference.md, "Releasing")."""
+    tool = _tool("antsibull-changelog")
+    lint = subprocess.run([tool, "lint"], cwd=REPO, capture_output=True, text=True)
+    assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
+    copy = tmp_path / "collection"
+    copy.mkdir()
+    for name in ("galaxy.yml", "CHANGELOG.md"):
+        shutil.copy(REPO / name, copy / name)
+    shutil.copytree(REPO / "changelogs", copy / "changelogs")
+    generate = subprocess.run([tool, "generate"], cwd=copy, capture_output=True, text=True)
+    assert generate.returncode == 0, generate.stdout + generate.stderr
+    assert (copy / "CHANGELOG.md").read_text() == (REPO / "CHANGELOG.md").read_text(), (
+        "CHANGELOG.md is not what antsibull-changelog generates from changelogs/changelog.yaml: run "
+        "`antsibull-changelog generate`"
+    )
+
+
 # radon's cyclomatic complexity above which a function must be split; the tests and the lab's stand-ins (which
 # imitate other programs' code) are not held to it
 MAX_COMPLEXITY = 15
