@@ -113,6 +113,38 @@ def test_ansible_doc_reads_every_module_and_lookup_of_the_installed_collection(i
     assert all(f"({name})" in text.stdout or name in text.stdout for name in names)
 
 
+@pytest.mark.parametrize("kind", ["filter", "test"])
+def test_ansible_doc_reads_every_filter_and_test_of_the_installed_collection(installed, kind):
+    """A Jinja2 filter or test is documented in a YAML file named after it beside its Python file
+    (plugins/filter/<name>.yml), as several share one Python file. The names are the ones ansible-doc lists."""
+    env = ansible_env(installed)
+    listed = run([BIN / "ansible-doc", "-t", kind, "-l", "--json", "provision.pve_sglang"], cwd=installed, env=env)
+    assert listed.returncode == 0 and "WARNING" not in listed.stderr, listed.stderr
+    summaries = json.loads(listed.stdout)
+    names = sorted(summaries)
+    assert names and all(name.startswith("provision.pve_sglang.") for name in names), names
+    assert [name for name, summary in summaries.items() if summary == "UNDOCUMENTED"] == []
+    doc = run([BIN / "ansible-doc", "-t", kind, "--json", *names], cwd=installed, env=env)
+    assert doc.returncode == 0 and "WARNING" not in doc.stderr, doc.stderr
+    docs = json.loads(doc.stdout)
+    assert sorted(docs) == names
+    lacking = [
+        f"{name}: {part}"
+        for name, d in docs.items()
+        for part, given in (
+            ("author", d["doc"].get("author")),
+            ("EXAMPLES", (d.get("examples") or "").strip()),
+            ("RETURN", (d.get("return") or {}).get("_value")),
+        )
+        if not given
+    ]
+    assert lacking == []
+    # the page a user reads: the text output refuses an option or return value without a description
+    text = run([BIN / "ansible-doc", "-t", kind, *names], cwd=installed, env=env)
+    assert text.returncode == 0 and "ERROR" not in text.stderr and "WARNING" not in text.stderr, text.stderr
+    assert all(f"> {kind.upper()} {name} " in text.stdout for name in names)
+
+
 # The keys a module's option may have in its documentation: ansible-test's validate-modules schema for modules
 # (ansible_test/_util/controller/sanity/validate-modules/validate_modules/schema.py, ansible-core 2.19,
 # list_dict_option_schema l.577-589 and the suboptions of l.697-700). `no_log` is not one: it belongs to the
