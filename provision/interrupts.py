@@ -81,7 +81,7 @@ class SignalTrap:
 
 # What a host is left in when the run stops in a task: (while the task ran, once it had finished). One table for
 # every phase; a task not named here is described by its phase. Keyed by task name because the task a run stopped
-# in returned nothing: its start event, and so its name, is all there is. tests/unit/test_interrupts.py checks
+# in returned nothing: its start event, and so its name, is all there is. tests/unit/provision/test_interrupts.py checks
 # that every task named here exists.
 LEFT_BY_TASK: dict[str, tuple[str, str]] = {
     READ_TASK: (

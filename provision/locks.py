@@ -56,7 +56,7 @@ from provision.paths import module_util, role_default
 # holds a lock.
 # Keyed by name, not by a returned value, because the lock is taken and given back by raw commands, and a command
 # that started and never answered (a signal, a dropped connection) left no result: only its start event, which
-# names its task, says that the lock may be this run's. tests/unit/test_locks.py checks each name is a task.
+# names its task, says that the lock may be this run's. tests/unit/provision/test_locks.py checks each name is a task.
 READ_TASK = "Read the recorded phase fingerprints on the host, and take the run's host lock"
 TAKE_OVER_TASK = "Take over the host lock of a run of this controller whose process is gone"
 HELD_TASK = "Stop where another run holds the host lock"

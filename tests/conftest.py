@@ -16,9 +16,16 @@ from tests.sshtarget import free_port, make_client_key, start_target
 
 REPO = Path(__file__).resolve().parent.parent
 # the files outside the lab that take minutes on one worker (docs/lab.md, Test durations)
-LONG_FILES = ("test_nvidia_driver_role.py", "test_kernel_cmdline_trial.py", "test_gpu_userspace_installer.py")
+LONG_FILES = tuple(
+    REPO / "tests" / "unit" / path
+    for path in (
+        "roles/nvidia_driver/test_main.py",
+        "plugins/modules/test_kernel_cmdline_trial.py",
+        "roles/gpu_passthrough/test_userspace.py",
+    )
+)
 # the lab module that takes longest on one worker, started before the others
-LONGEST_LAB_FILE = "test_l_gateway.py"
+LONGEST_LAB_FILE = REPO / "tests" / "lab" / "test_gateway.py"
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order is of the files that run
@@ -31,9 +38,9 @@ def pytest_collection_modifyitems(items):
         return
     files = list(dict.fromkeys(item.path for item in items))
     lab = list(dict.fromkeys(item.path for item in items if item.get_closest_marker("lab")))  # tests/lab/conftest.py
-    lab.sort(key=lambda f: f.name != LONGEST_LAB_FILE)
+    lab.sort(key=lambda f: f != LONGEST_LAB_FILE)
     sshd = [f for f in files if f.name == "test_apply_ssh.py"]
-    long = [f for f in files if f.name in LONG_FILES]
+    long = [f for f in files if f in LONG_FILES]
     order = [*lab[:2], *sshd, *lab[2:], *long, *(f for f in files if f not in {*lab, *sshd, *long})]
     rank = {f: i for i, f in enumerate(order)}
     items.sort(key=lambda item: rank[item.path])

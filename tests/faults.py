@@ -1,7 +1,7 @@
 """The fault matrix: one row per injected fault, each naming the test that injects it.
 
 docs/reliability.md is this table rendered (`table()`) with its counts (`counts()`);
-tests/unit/test_reliability_doc.py checks that the document matches and that every row's test exists.
+tests/unit/docs/test_reliability_doc.py checks that the document matches and that every row's test exists.
 `python -m tests.faults` writes them into the document again.
 The fast rows come from their test modules (each builds its rows from the table it is parametrised by);
 the rows below cite tests that need sshd targets or the lab.
@@ -28,10 +28,10 @@ class Row:
 
 
 SSH = "tests/test_apply_ssh.py::"
-LAB_KERNEL = "tests/lab/test_b_kernel.py::"
-LAB_GPU = "tests/lab/test_c_gpu.py::"
-LAB_SGLANG = "tests/lab/test_d_sglang.py::"
-LAB_GATEWAY = "tests/lab/test_l_gateway.py::"
+LAB_KERNEL = "tests/lab/test_kernel.py::"
+LAB_GPU = "tests/lab/test_gpu.py::"
+LAB_SGLANG = "tests/lab/test_sglang.py::"
+LAB_GATEWAY = "tests/lab/test_gateway.py::"
 NOT_SHOWN = "not shown by this test"
 
 # Each says only what its test asserts.
@@ -175,7 +175,7 @@ CITED = [
         "run`",
         "the installer not run and not left in the downloads directory",
         NOT_SHOWN,
-        "tests/unit/test_gpu_userspace_installer.py::test_a_wrong_checksum_removes_the_file_and_runs_nothing",
+        "tests/unit/roles/gpu_passthrough/test_userspace.py::test_a_wrong_checksum_removes_the_file_and_runs_nothing",
         True,
         False,
     ),
@@ -186,7 +186,7 @@ CITED = [
         "the planted file replaced by the checked installer, which ran from a root-only (0700) "
         "directory; the planted one never ran",
         "yes: the next run finds the userspace current and runs nothing",
-        "tests/unit/test_gpu_userspace_installer.py::"
+        "tests/unit/roles/gpu_passthrough/test_userspace.py::"
         "test_the_checked_installer_runs_from_a_root_only_directory_and_a_planted_one_is_replaced",
         True,
         True,
@@ -353,7 +353,8 @@ CITED = [
         "before the next node reboots`",
         "not checked: the module's own test; the rollout's stop is the next row's lab test",
         NOT_SHOWN,
-        "tests/unit/test_sglang_serving.py::test_a_server_that_never_serves_again_fails_naming_the_container_within_the_wait",
+        "tests/unit/plugins/modules/test_sglang_serving.py::"
+        "test_a_server_that_never_serves_again_fails_naming_the_container_within_the_wait",
         True,
         False,
     ),
@@ -365,7 +366,7 @@ CITED = [
         "stops here, before the next node reboots`",
         "pve-grub rebooted, pve-sdboot (the next node) not rebooted",
         NOT_SHOWN,
-        "tests/lab/test_e_verify.py::test_a_container_that_does_not_serve_again_stops_the_rolling_reboot",
+        "tests/lab/test_verify.py::test_a_container_that_does_not_serve_again_stops_the_rolling_reboot",
         True,
         False,
     ),
@@ -423,7 +424,7 @@ CITED = [
         "`off` for the next boot",
         "serving, with NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce",
         "yes: apply decides for the boot that runs, verify passes, and the node's next boot serves with P2P off",
-        "tests/lab/test_e_verify.py::test_p2p_is_decided_for_the_next_boot_and_guarded_at_start",
+        "tests/lab/test_verify.py::test_p2p_is_decided_for_the_next_boot_and_guarded_at_start",
         True,
         True,
     ),
@@ -434,7 +435,8 @@ CITED = [
         "'…/ansible.cfg' has an invalid value: …`",
         "no host contacted",
         NOT_SHOWN,
-        "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
+        "tests/unit/provision/test_cli_bad_inputs.py::"
+        "test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
         "[cfg-forks]",
         True,
         False,
@@ -446,7 +448,8 @@ CITED = [
         "exit 2, one line: `$ANSIBLE_FORKS: Config 'DEFAULT_FORKS' from 'env: ANSIBLE_FORKS' has an invalid value: …`",
         "no host contacted",
         NOT_SHOWN,
-        "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
+        "tests/unit/provision/test_cli_bad_inputs.py::"
+        "test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
         "[env-forks]",
         True,
         False,
@@ -470,7 +473,8 @@ CITED = [
         "exit 2, one line naming the variable and the values it takes: `… It takes: implicit, explicit, smart.`",
         "no host contacted",
         NOT_SHOWN,
-        "tests/unit/test_bad_inputs.py::test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
+        "tests/unit/provision/test_cli_bad_inputs.py::"
+        "test_a_setting_ansible_refuses_is_a_usage_error_naming_where_it_is_set"
         "[env-choice]",
         True,
         False,
@@ -486,12 +490,12 @@ NOT_YET = [
 
 def rows() -> list[Row]:
     """Every row: the fast tests' own (PVE API, kernel regeneration, the trial boot's commit), then the cited ones."""
-    from tests.unit.test_bad_inputs import FAULT_ROWS as hostile
-    from tests.unit.test_kernel_cmdline_faults import FAULT_ROWS as kernel
-    from tests.unit.test_kernel_cmdline_trial import FAULT_ROWS as trial
-    from tests.unit.test_proxmox_lxc_gpu_faults import FAULT_ROWS as api
-    from tests.unit.test_pve_api_tfa import FAULT_ROWS as second_factor
-    from tests.unit.test_pve_node_guests import FAULT_ROWS as before_reboot
+    from tests.unit.plugins.module_utils.test_pve_api_tfa import FAULT_ROWS as second_factor
+    from tests.unit.plugins.modules.test_kernel_cmdline_trial import FAULT_ROWS as trial
+    from tests.unit.plugins.modules.test_proxmox_lxc_gpu_faults import FAULT_ROWS as api
+    from tests.unit.plugins.modules.test_pve_node_guests import FAULT_ROWS as before_reboot
+    from tests.unit.provision.test_cli_bad_inputs import FAULT_ROWS as hostile
+    from tests.unit.roles.kernel_cmdline.test_regenerate_faults import FAULT_ROWS as kernel
 
     sources = [
         (api, "hard fault: the PVE API"),

@@ -1,5 +1,5 @@
 """The processes of a provision run, as /proc shows them: to interrupt a run and prove that nothing of it is left
-(tests/test_apply_ssh.py on sshd targets, tests/lab/test_b_kernel.py in the kernel phase)."""
+(tests/test_apply_ssh.py on sshd targets, tests/lab/test_kernel.py in the kernel phase)."""
 
 from __future__ import annotations
 

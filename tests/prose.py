@@ -7,7 +7,7 @@ patterns of a work diary that the docs and the source must not carry.
 Prose is what a reader reads as sentences: paragraphs and list items. Code blocks, tables, headings and
 HTML comments are left out. A sentence ends at `.`, `!` or `?` before a space or the line's end, unless the
 word it ends is an abbreviation (`e.g.`, `i.e.`, `etc.`, `vs.`) or a number's point. Inline code counts as one
-word. tests/unit/test_docs.py holds the pages to the limits below.
+word. tests/unit/docs/test_docs.py holds the pages to the limits below.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ One row per option of each entry point: its name, its type (with its choices, `r
 `no_log` option), its default and its description. The default is the value in the role's defaults/main.yml,
 which is the one Ansible uses; an option that file does not set shows the spec's `default`, else `unset`. A
 role with more than one entry point gets one table per entry point, under a `###` heading naming it.
-tests/unit/test_role_readmes.py holds every README to what this renders.
+tests/unit/docs/test_role_readmes.py holds every README to what this renders.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ once: `extends_documentation_fragment: provision.pve_sglang.pve_api`.
 
 A doc fragment documents options only. That a secret is never logged is the argument spec's `no_log=True`
 (ARGUMENT_SPEC), which Ansible acts on; the option keys a module's documentation may hold are ansible-test
-validate-modules' (tests/unit/test_collection.py checks them)."""
+validate-modules' (tests/unit/repository/test_collection.py checks them)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The phases of a provision run, in order, and the role that converges each: the one list the CLI (--tags,
 --skip-tags, what a run requires), the interrupt report and the provision_state module read. The YAML that Ansible
 reads without Python (playbooks/site.yml's tags, the provision_state role's argument spec and inputs, the module's
-DOCUMENTATION) names them again, and tests/unit/test_provision_phases.py holds each of those to this list."""
+DOCUMENTATION) names them again, and tests/unit/plugins/module_utils/test_provision_phases.py holds each of those
+to this list."""
 
 from __future__ import annotations
 

@@ -270,7 +270,7 @@ class Bodies:
 
     async def copy_to_node(self, node: str, vmid: int, body: LabContainer) -> None:
         """The created CT's ssh host public keys onto its node (PCT_COPY), where the node's `pct` serves them."""
-        if node not in self.node_ssh:  # a seed without nodes to reach (tests/unit/test_lab_pve_create.py)
+        if node not in self.node_ssh:  # a seed without nodes to reach (tests/unit/provision/lab/test_pve.py)
             return
         target = PCT_COPY.format(vmid=vmid) + "/etc/ssh"
         script = f"rm -rf {shlex.quote(target)} && mkdir -p {shlex.quote(target)} && tar -x -C {shlex.quote(target)}"

@@ -707,7 +707,7 @@ class Lab:
         offline site sets them: the pinned version, the installer from the node's mirror and its sha256. A normal lab's
         nodes boot with a driver an admin installed, which the inventory leaves unmanaged (no pin: the driver phase
         skips them saying so), as the hand-made deployment did; the bare lab is where the phase installs, checks and
-        upgrades a pinned driver (tests/lab/test_k_driver.py). The nodes' apt mirror holds no headers for the kernel
+        upgrades a pinned driver (tests/lab/test_driver.py). The nodes' apt mirror holds no headers for the kernel
         they boot and no dkms package (the lab's dkms stand-in is in the image), so the phase installs none; it has
         headers only for the newer kernel of `provision lab kernel` (docs/lab.md)."""
         driver = {

@@ -1,8 +1,8 @@
 """Inventory values for what an apply makes in the lab, one rule each: the `proxmox_ct_spec` of a CT the lab's API
 creates (`ctbody.py`), and a Hugging Face `sglang_model_source` served by the lab's hub (`hfhub.py`).
 
-`provision lab up --bare` writes both for sglang-01 (`Lab.write_inventory`); tests/lab/test_j_ct_create.py and
-tests/lab/test_i_weights.py build theirs with the same functions.
+`provision lab up --bare` writes both for sglang-01 (`Lab.write_inventory`); tests/lab/test_ct_create.py and
+tests/lab/test_weights.py build theirs with the same functions.
 """
 
 from __future__ import annotations

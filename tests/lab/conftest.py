@@ -3,12 +3,13 @@
 Skip these locally with `-m "not lab"`. In CI (CI=true) a lab that cannot be built is a
 failure, not a skip.
 
-No module depends on which modules ran before it: the suite passes in reverse file order too. Each module
+No module depends on which modules ran before it: the suite passes in reverse order too. Each module
 names at its top what it leaves changed on the shared lab (`LAB_CHANGES`: "kernel", "gpu", "sglang", "ct") and
 what no earlier module may have changed (`LAB_NEEDS_UNCHANGED`). When an earlier module did, the module gets a
-fresh lab, made again from the cached image and booted snapshots (`Lab.recreate`, about 20 s); in file order
-none needs one. A module that leaves the lab down (test_k, which brings up a bare lab of its own) names "down": the next
-lab module brings a normal lab up first, and when none follows, nothing is brought up for nothing. A module that starts
+fresh lab, made again from the cached image and booted snapshots (`Lab.recreate`, about 20 s); in MODULE_ORDER, the
+order the modules run in, none needs one. A module that leaves the lab down (test_driver.py, which brings up a bare
+lab of its own) names "down": the next lab module brings a normal lab up first, and when none follows, nothing is
+brought up for nothing. A module that starts
 from converged phases brings them there itself
 (`common.ensure_converged`), which costs one read per host when they already are.
 
@@ -27,12 +28,30 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from provision.errors import ProvisionError
 from provision.lab.image import check_tools
 
+HERE = Path(__file__).resolve().parent
+# the order the lab modules run in: the lab's own and the kernel's on VMs, then those on nspawn nodes, the bare lab's
+# (which leaves the lab down) and the gateway's last; in this order no module needs a fresh lab
+MODULE_ORDER = (
+    "test_lab.py",
+    "test_kernel.py",
+    "test_gpu.py",
+    "test_sglang.py",
+    "test_verify.py",
+    "test_bench.py",
+    "test_collection.py",
+    "test_ansible_fit.py",
+    "test_weights.py",
+    "test_ct_create.py",
+    "test_driver.py",
+    "test_gateway.py",
+)
 # gw0 from 10.213.1, gw1 from 10.213.61, gw2 from 10.213.121: below the indexes the unit tests use (200, 250)
 LINKS_PER_WORKER, MAX_LAB_WORKERS = 60, 3
 
@@ -123,12 +142,20 @@ def lab_inventory(lab, lab_env):
     return inv
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "tests/lab/" in str(item.fspath):
-            item.add_marker(pytest.mark.lab)
-            if getattr(item.module, "LAB_NODES", "vm") != "nspawn":  # qemu VMs: never beside other work
-                item.add_marker(pytest.mark.lab_vm)
+def pytest_collection_modifyitems(config, items):
+    """Marks the lab's tests. Their modules run in MODULE_ORDER (one not named there after those that are), unless
+    the command line names lab modules: then in its order. Everything else keeps its place."""
+    slots = [i for i, item in enumerate(items) if "tests/lab/" in str(item.fspath)]
+    rank = {name: i for i, name in enumerate(MODULE_ORDER)}
+    named = any((config.invocation_params.dir / arg.split("::")[0]).resolve().parent == HERE for arg in config.args)
+    ordered = [items[i] for i in slots]
+    if not named:
+        ordered.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path.name))
+    for i, item in zip(slots, ordered, strict=True):
+        items[i] = item
+        item.add_marker(pytest.mark.lab)
+        if getattr(item.module, "LAB_NODES", "vm") != "nspawn":  # qemu VMs: never beside other work
+            item.add_marker(pytest.mark.lab_vm)
 
 
 def pytest_collection_finish(session):

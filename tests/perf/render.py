@@ -4,7 +4,7 @@ docs/performance-lab.json (the VM lab) and docs/performance-fleet.json (the flee
     .venv/bin/python -m tests.perf.render     # rewrites the block between the markers in docs/performance.md
 
 The block holds the harness's own tables (harness.as_table, harness.fleet_table) and the targets they are held to.
-tests/unit/test_performance_doc.py fails while the page's block differs from what this renders.
+tests/unit/docs/test_performance_doc.py fails while the page's block differs from what this renders.
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""The phase list is plugins/module_utils/provision_phases.py's: every YAML copy Ansible reads without Python names
+the same phases, in the same order, with the same roles."""
+
+from __future__ import annotations
+
+import yaml
+
+from provision import apply, interrupts
+from provision.paths import module_util
+from tests.loaders import REPO
+
+PHASES = module_util("provision_phases").PHASES
+ROLE_OF_PHASE = module_util("provision_phases").ROLE_OF_PHASE
+
+
+def _yaml(path: str):
+    return yaml.safe_load((REPO / path).read_text())
+
+
+def test_site_imports_one_playbook_per_phase_in_order_tagged_with_its_name():
+    imports = [(p["ansible.builtin.import_playbook"], p["tags"]) for p in _yaml("playbooks/site.yml")]
+    phased = [(book, tags) for book, tags in imports if tags != ["always"]]
+    assert phased == [(f"{phase}.yml", [phase]) for phase in PHASES]
+
+
+def test_each_phase_playbook_runs_its_role():
+    for phase, role in ROLE_OF_PHASE.items():
+        plays = _yaml(f"playbooks/{phase}.yml")
+        roles = [r["role"] if isinstance(r, dict) else r for play in plays for r in play.get("roles", [])]
+        converging = [r for r in roles if r.rsplit(".", 1)[-1] in ROLE_OF_PHASE.values()]
+        assert converging == ([f"provision.pve_sglang.{role}"] if role else []), phase
+
+
+def test_the_provision_state_role_and_module_name_the_same_phases():
+    spec = _yaml("roles/provision_state/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    assert tuple(spec["provision_state_phase"]["choices"]) == PHASES
+    assert tuple(_yaml("roles/provision_state/vars/main.yml")["_provision_state_inputs"]) == PHASES
+    source = (REPO / "plugins" / "modules" / "provision_state.py").read_text()
+    documentation = yaml.safe_load(source.split('DOCUMENTATION = r"""', 1)[1].split('"""', 1)[0])
+    assert tuple(documentation["options"]["phase"]["choices"]) == PHASES
+
+
+def test_the_cli_and_the_interrupt_report_read_the_list():
+    assert apply.PHASES == PHASES
+    assert apply.parse_tags("sglang,kernel") == ["sglang", "kernel"]
+    assert interrupts.left_behind("Some task", "provision.pve_sglang.nvidia_driver").startswith("the driver phase")
