@@ -28,7 +28,10 @@ REQUIRED_TOOLS = {
     "systemd-nspawn": "systemd-container",
     "ip": "iproute2",
     "nsenter": "util-linux",  # the lab's PVE hot-plugs device nodes into a running container
+    "unshare": "util-linux",  # the rootfs build runs in a mount namespace of its own
 }
+# a command run after this prefix mounts in a namespace of its own: its mounts go when its last process does
+PRIVATE_MOUNTS = ["unshare", "--mount", "--propagation", "private"]
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 
@@ -93,6 +96,20 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
         raise ProvisionError(f"lab image: {what} failed (exit {proc.returncode}); see {log}: " + " | ".join(tail))
 
 
+def unmount_under(tree: Path) -> list[str]:
+    """Unmount everything mounted at or under `tree`, deepest first (lazily: a mount still in use goes once it is
+    not), so that removing the tree never walks into another filesystem. A rootfs build killed while mmdebstrap had
+    /proc, /sys or /dev mounted in it, outside a namespace of its own, leaves them so. Returns what it unmounted."""
+    prefix = str(tree.resolve()) if tree.exists() else str(tree)
+    with open("/proc/self/mountinfo") as f:
+        # field 5 is the mount point, with space, tab, newline and backslash written as octal escapes
+        points = [line.split()[4].encode().decode("unicode_escape") for line in f]
+    inside = sorted({p for p in points if p == prefix or p.startswith(prefix + "/")}, key=len, reverse=True)
+    for point in inside:
+        subprocess.run(["umount", "--lazy", point], check=True, stdin=subprocess.DEVNULL, capture_output=True)
+    return inside
+
+
 def ensure_image(progress=print) -> Image:
     """Return the cached image for the current recipe, building what is missing."""
     check_tools()
@@ -108,7 +125,11 @@ def ensure_image(progress=print) -> Image:
     if not (rootfs / "etc" / "os-release").is_file():
         progress(f"lab image: building the bookworm rootfs with mmdebstrap (about 2 min) -> {rootfs}")
         start = time.monotonic()
-        _run(["bash", str(HERE / "build-rootfs.sh"), str(rootfs), str(root / "debs")], log, "rootfs build")
+        unmount_under(Path(f"{rootfs}.tmp"))
+        # in a mount namespace of its own: what mmdebstrap mounts in the tree (/proc, /sys, /dev) goes with the
+        # build's processes, a build killed mid-way included
+        build = ["bash", str(HERE / "build-rootfs.sh"), str(rootfs), str(root / "debs")]
+        _run([*PRIVATE_MOUNTS, *build], log, "rootfs build")
         timings["rootfs_s"] = round(time.monotonic() - start, 1)
     if not ((disks / "grub.raw").is_file() and (disks / "sdboot.raw").is_file()):
         progress(f"lab image: building the GRUB and systemd-boot disks -> {disks}")
