@@ -18,6 +18,7 @@ from provision.record import DEFAULT_RUNS_DIR, SUMMARY, RunRecord
 from provision.runner import PlaybookConfig, RunResult, UserOptions, base_extravars, playbook_tasks, run_playbook
 
 PHASES = module_util("provision_phases").PHASES
+PART_TAGS = module_util("provision_phases").PART_TAGS
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
 UNLOCK_PLAYBOOK = "unlock.yml"
@@ -45,8 +46,9 @@ class ApplyOptions:
 
 
 def parse_tags(text: str | None, flag: str = "--tags") -> list[str]:
-    """The phases --tags (or --skip-tags) names; none given: none. A blank one is refused: --tags would run every
-    phase, and --skip-tags leave none out."""
+    """The phases --tags (or --skip-tags) names, and for --tags the parts of a phase (PART_TAGS); none given: none.
+    A blank one is refused: --tags would run every phase, and --skip-tags leave none out. A part is never skipped
+    alone: the phase would then be recorded as converged without it."""
     if text is None:
         return []
     tags = [t.strip() for t in text.split(",") if t.strip()]
@@ -54,10 +56,18 @@ def parse_tags(text: str | None, flag: str = "--tags") -> list[str]:
         phases = ", ".join(PHASES)
         does = "would run every phase" if flag == "--tags" else "leaves no phase out"
         raise UsageError(f"{flag} is empty: it {does}; name phases ({phases}) or leave it out")
-    unknown = [t for t in tags if t not in PHASES]
+    parts = list(PART_TAGS) if flag == "--tags" else []
+    unknown = [t for t in tags if t not in (*PHASES, *parts)]
     if unknown:
-        raise UsageError(f"{flag}: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
+        choose = ", ".join(PHASES) + (f"; or parts of one: {', '.join(parts)}" if parts else "")
+        raise UsageError(f"{flag}: unknown phase(s) {', '.join(unknown)}; choose from {choose}")
     return tags
+
+
+def tagged_phases(tags: list[str]) -> list[str]:
+    """The phases a run with these --tags runs (a part's is its phase), in order; no tags: every phase."""
+    named = {PART_TAGS.get(tag, tag) for tag in tags}
+    return [phase for phase in PHASES if not tags or phase in named]
 
 
 def user_extra_problems(inv, opts: ApplyOptions) -> list[str]:

@@ -43,6 +43,7 @@ from provision.paths import module_util
 from provision.record import DEFAULT_RUNS_DIR
 
 PHASE_LIST = ",".join(module_util("provision_phases").PHASES)
+PART_LIST = ",".join(module_util("provision_phases").PART_TAGS)
 
 JSON_SCHEMA_VERSION = 1
 
@@ -177,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("apply", help="converge hosts: kernel args, NVIDIA driver, GPU passthrough, SGLang service")
     _common(p)
-    p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}")
+    p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}; or parts of one: {PART_LIST}")
     p.add_argument("--check", action="store_true", help="report what would change without changing it")
     p.add_argument("--diff", action="store_true", help="show file and config differences")
     p.add_argument(
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
-    p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}")
+    p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}; or parts of one: {PART_LIST}")
     _full(p)
     _runs_dir(p)
     _playbook_opts(p)
@@ -463,7 +464,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     clashes = apply_mod.user_extra_problems(inv, opts)
     if clashes:
         raise UsageError("; ".join(clashes))
-    phases = [p for p in opts.tags or apply_mod.PHASES if p not in opts.user.skip_tags]
+    phases = [p for p in apply_mod.tagged_phases(opts.tags) if p not in opts.user.skip_tags]
     inventory.require(inv, scope, phases, opts.reboot)
     if args.list_hosts:
         return _list_hosts(out, args, inv, scope)

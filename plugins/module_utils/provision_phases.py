@@ -16,3 +16,11 @@ ROLE_OF_PHASE = {
 }
 PHASES = tuple(ROLE_OF_PHASE)
 PHASE_OF_ROLE = {role: phase for phase, role in ROLE_OF_PHASE.items() if role}
+# Tags below a phase, each on a part of its role that an operator may run alone (`--tags weights`); the phase's own
+# tag runs every part. A run with part tags runs those tasks of the phase on the hosts where the phase is stale, and
+# records no phase as converged: its record tasks carry the phase's tag alone.
+PART_TAGS = {
+    "sglang_install": "sglang",  # SGLang's venv and packages (roles/sglang/tasks/install.yml)
+    "weights": "sglang",  # the model weights from sglang_model_source (weights.yml)
+    "sglang_service": "sglang",  # the P2P decision, the configuration and the unit, restarted where due
+}

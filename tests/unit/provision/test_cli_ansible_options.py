@@ -92,6 +92,32 @@ def test_list_tasks_is_ansible_playbooks_listing_of_the_chosen_phases_and_runs_n
     assert not runs.exists(), "nothing ran"
 
 
+def test_a_part_tag_lists_that_part_of_its_phase_and_no_task_that_records_the_phase(tmp_path, capsys):
+    """--tags weights: the sglang role's preflight and weights, and nothing of its other parts or of the state role,
+    whose record would call the phase converged; a part is never skipped alone."""
+    root = make(tmp_path, GOOD_HOSTS, {"gpu_containers": CT})
+    code, env = _run(capsys, "apply", "-i", str(root), "--tags", "weights", "--list-tasks")
+    sglang_play = env["result"]["tasks"].split("(gpu_containers:&provision_stale_sglang)", 1)[1].split("play #", 1)[0]
+    tasks = [line.split("TAGS:")[0].strip() for line in sglang_play.splitlines() if "TAGS:" in line][1:]
+    assert code == 0 and [t for t in tasks if "Validating arguments" not in t] == [
+        "provision.pve_sglang.sglang : Preflight",
+        "provision.pve_sglang.sglang : Put the model weights in place (sglang_model_source)",
+    ], sglang_play
+    code, env = _run(capsys, "plan", "-i", str(root), "--skip-tags", "weights")
+    assert (code, env["errors"]) == (
+        2,
+        ["--skip-tags: unknown phase(s) weights; choose from kernel, driver, gpu, sglang, gateway, verify"],
+    )
+    code, env = _run(capsys, "plan", "-i", str(root), "--tags", "weighs")
+    assert (code, env["errors"]) == (
+        2,
+        [
+            "--tags: unknown phase(s) weighs; choose from kernel, driver, gpu, sglang, gateway, verify; or parts of "
+            "one: sglang_install, weights, sglang_service"
+        ],
+    )
+
+
 def test_skip_tags_leave_a_phase_out_of_the_checks_and_the_run(tmp_path, capsys):
     """Without the API's address the gpu and kernel phases cannot run; skipping them (and rebooting never) leaves
     nothing that needs it. What ansible-playbook is given: the skipped tags, the verbosity, each -e as written with

@@ -407,7 +407,8 @@ SEES = {
     ),
     "unknown-tag": (
         "scope",
-        "--tags: unknown phase(s) nosuch; choose from kernel, driver, gpu, sglang, gateway, verify",
+        "--tags: unknown phase(s) nosuch; choose from kernel, driver, gpu, sglang, gateway, verify; or parts of one: "
+        "sglang_install, weights, sglang_service",
     ),
     "bad-reboot-choice": (
         "the command line",

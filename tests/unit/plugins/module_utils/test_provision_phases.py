@@ -44,3 +44,15 @@ def test_the_cli_and_the_interrupt_report_read_the_list():
     assert apply.PHASES == PHASES
     assert apply.parse_tags("sglang,kernel") == ["sglang", "kernel"]
     assert interrupts.left_behind("Some task", "provision.pve_sglang.nvidia_driver").startswith("the driver phase")
+
+
+def test_each_part_tag_is_on_its_phases_role_and_the_role_tags_no_other():
+    """A part tag (PART_TAGS) runs a part of its phase's role: each is on a task of that role's main.yml, which
+    carries no tag that is not a part of its phase (one the CLI would refuse, or another phase's)."""
+    part_tags = module_util("provision_phases").PART_TAGS
+    for phase, role in ROLE_OF_PHASE.items():
+        tasks = _yaml(f"roles/{role}/tasks/main.yml") if role else []
+        tagged = {tag for task in tasks for tag in task.get("tags", [])}
+        assert tagged == {tag for tag, of in part_tags.items() if of == phase}, phase
+        for task in (t for t in tasks if "tags" in t and "ansible.builtin.include_tasks" in t):
+            assert task["ansible.builtin.include_tasks"]["apply"]["tags"] == task["tags"], task["name"]
