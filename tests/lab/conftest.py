@@ -135,8 +135,10 @@ def _lab_as_the_module_needs_it(request):
     _changed.update(getattr(request.module, "LAB_CHANGES", ()))
 
 
-@pytest.fixture(scope="session")
-def lab_inventory(lab, lab_env):
+# module-scoped, after the module's own setup: a session-scoped one would be set up before it, while the lab a
+# module before left down (LAB_CHANGES "down") is not up again yet
+@pytest.fixture(scope="module")
+def lab_inventory(lab, lab_env, _lab_as_the_module_needs_it):
     inv = lab_env / "inventory" / "lab"
     assert (inv / "hosts.yml").is_file()
     return inv

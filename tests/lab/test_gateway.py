@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.errors import EXIT_OK, EXIT_REGRESSION
 from provision.lab.lab import GATEWAY_NAME, inventory_dir
 from tests.conftest import run_provision
 from tests.lab.common import apply, interrupt_at, set_host_vars
@@ -105,6 +106,7 @@ def client_result(lab, name: str, prompts: int, timeout: float = 600) -> dict:
     return {"completed": sum(r["completed"] for r in rows), "sent": prompts * len(rows), "errors": errors}
 
 
+BENCHED: dict[str, Path] = {}  # the sweeps' baselines, by the number of workers they ran at
 REFUSED = (
     "sglang-01: restarting it takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
     "sglang-01: every request sent there would fail until they are back. Set sglang_gateway_allow_outage=true to go "
@@ -199,8 +201,9 @@ def test_verify_sees_both_workers_healthy_through_the_gateway(fleet, inventory, 
 
 
 def test_a_flag_change_restarts_one_worker_at_a_time_and_the_client_sees_no_failure(fleet, inventory, runs):
-    code, _, err = bench(inventory, runs)  # installs SGLang's client on the gateway
+    code, two, err = bench(inventory, runs)  # installs SGLang's client on the gateway; the sweep at 2 workers
     assert code == 0, err[-3000:]
+    BENCHED["two workers"] = Path(two["record_dir"]) / "hosts" / GATEWAY_NAME / "baseline.json"
     gw = gateway(fleet)
     since = gw.ssh("date +%s").stdout.strip()
     start_client(fleet, "rollout", prompts=200, rounds="until-stopped")
@@ -232,8 +235,16 @@ def test_the_last_healthy_worker_is_refused_unless_the_inventory_allows_it(fleet
     code, _, err = apply(inventory, runs / "one")
     assert code == 0, err[-3000:]
     assert list(listed(fleet)) == [f"http://{fleet.container('sglang-01').spec.address}:30000"]
-    code, one, err = bench(inventory, runs / "bench-one")
-    assert code == 0, err[-3000:]
+    # the sweep at 1 worker against the one at 2 (the flag change's test): the report's table and chart. Whether it
+    # calls the difference a regression (exit 3) says nothing here: the stand-in's figures follow this machine's load
+    code, one, err = bench(inventory, runs / "bench-one", "--baseline", str(BENCHED["two workers"]))
+    assert code in (EXIT_OK, EXIT_REGRESSION), err[-3000:]
+    host_dir = Path(one["record_dir"]) / "hosts" / GATEWAY_NAME
+    report = (host_dir / "report.md").read_text()
+    print("\n" + report, flush=True)
+    assert "in front of 1 worker(s): sglang-01" in report
+    assert "## Throughput against the number of workers (2 workers, then 1 worker)" in report
+    assert (host_dir / "throughput.png").read_bytes()[:4] == b"\x89PNG"
     set_host_vars(inventory, "sglang-01", {"sglang_extra_args": ["--enable-metrics", "--log-requests"]})
     code, refused, err = apply(inventory, runs / "refused")
     assert code != 0
@@ -242,20 +253,12 @@ def test_the_last_healthy_worker_is_refused_unless_the_inventory_allows_it(fleet
     assert [w["status"] for w in listed(fleet).values()] == ["ready"]  # refused before it was taken out
     code, _, err = apply(inventory, runs / "allowed", "-e", "sglang_gateway_allow_outage=true")
     assert code == 0, err[-3000:]
-    # both workers again, and the benchmark at 2 against the one at 1
+    # both workers again
     set_host_vars(inventory, "sglang-02", {"sglang_extra_args": ["--enable-metrics", "--log-requests"]})
     set_host_vars(inventory, GATEWAY_NAME, None)
     code, _, err = apply(inventory, runs / "two")
     assert code == 0, err[-3000:]
-    baseline = Path(one["record_dir"]) / "hosts" / GATEWAY_NAME / "baseline.json"
-    code, two, err = bench(inventory, runs / "bench-two", "--baseline", str(baseline), "--threshold", "0.99")
-    assert code == 0, err[-3000:]
-    host_dir = Path(two["record_dir"]) / "hosts" / GATEWAY_NAME
-    report = (host_dir / "report.md").read_text()
-    print("\n" + report, flush=True)
-    assert "in front of 2 worker(s): sglang-01, sglang-02" in report
-    assert "## Throughput against the number of workers (1 worker, then 2 workers)" in report
-    assert (host_dir / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(listed(fleet)) == 2
 
 
 def test_a_rollout_stopped_with_a_worker_out_is_finished_by_the_next_apply(fleet, inventory, runs, tmp_path):
