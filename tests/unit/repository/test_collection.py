@@ -68,6 +68,7 @@ def test_the_collection_has_the_package_version_and_only_collection_content(inst
         "LICENSE",
         "MANIFEST.json",
         "README.md",
+        "changelogs",  # changelog.yaml, which Galaxy reads, and antsibull-changelog's config
         "meta",
         "playbooks",
         "plugins",
