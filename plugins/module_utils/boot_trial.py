@@ -45,6 +45,8 @@ LOADER_VARS = "/sys/firmware/efi/efivars/{}-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f
 # never booted: the one-shot did not reach the loader.
 SDBOOT_ENTRY = TRIAL_ID + "+1.conf"
 _SDBOOT_TRIAL_FILE = re.compile(re.escape(TRIAL_ID) + r"(\+\d+(-\d+)?)?\.conf")
+# in the kernel phase's state directory: a trial entry was written and not yet removed (with the line it boots)
+TRIAL_RECORD = "trial.json"
 # in the kernel phase's state directory: the firmware lost a one-shot that read back as armed
 ONESHOT_LOST_RECORD = "oneshot-lost.json"
 TRIAL_TITLE = "provision trial boot of a new kernel command line"

@@ -19,6 +19,7 @@ import json
 import re
 
 from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import LOADER_VARS, SDBOOT_ENTRY
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_trial import TRIAL_RECORD as TRIAL_FILE
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import canonical, key, split
 
 # what is read on a node for its next boot's lines, by the names `lines` takes them under
@@ -28,7 +29,7 @@ GRUBENV = "/boot/grub/grubenv"
 KERNEL_CMDLINE = "/etc/kernel/cmdline"
 ONESHOT = LOADER_VARS.format("LoaderEntryOneShot")
 # the kernel phase's trial record, under the state directory: the line its systemd-boot one-shot boots
-TRIAL_RECORD = "kernel-cmdline/trial.json"
+TRIAL_RECORD = "kernel-cmdline/" + TRIAL_FILE
 # the line grub-mkconfig writes: a shell sources the same files in the same order; exit 3 where there is no
 # /etc/default/grub (a node whose GRUB configuration is not Debian's)
 NO_DEFAULT_GRUB = 3

@@ -45,7 +45,10 @@ options:
     type: str
     choices: [auto, grub, systemd-boot]
     default: auto
-    description: The node's boot loader; auto tells GRUB from systemd-boot through proxmox-boot-tool.
+    description:
+      - The node's boot loader; auto tells GRUB from systemd-boot through proxmox-boot-tool.
+      - Each is one class in plugins/module_utils/bootloaders.py, with the same interface (plan, write, regenerate,
+        generated lines, next kernel, armed one-shot, trial boot).
   add:
     type: list
     elements: str
@@ -114,6 +117,16 @@ EXAMPLES = r"""
 
 RETURN = r"""
 bootloader: {description: "grub or systemd-boot, and how it was detected", type: str, returned: always}
+regenerate:
+  description: the command that writes the boot configuration from the configured line (C(update-grub), or
+    C(proxmox-boot-tool refresh))
+  type: list
+  elements: str
+  returned: always
+generated_from:
+  description: what the regeneration writes (C(/boot/grub/grub.cfg), or the loader entries on the ESPs)
+  type: str
+  returned: always
 line: {description: the configured (effective) command line after the change, type: str, returned: configure}
 previous: {description: the configured command line before, type: str, returned: configure}
 files: {description: files changed, type: list, returned: configure}
@@ -160,96 +173,26 @@ backup: {description: directory holding the originals, type: str, returned: when
 
 import contextlib
 import datetime
-import glob
 import json
 import os
 import shutil
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, kernel_findings
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import (
-    detect_bootloader,
-    on_this_node,
+from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, bootloaders, kernel_findings
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import detect_bootloader
+from ansible_collections.provision.pve_sglang.plugins.module_utils.bootloaders import (
+    EspError,
+    TrialError,
+    atomic_write,
+    efi_variable,
+    read_if_exists,
+    write_if_different,
 )
-from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
-    assigned_word,
-    assignments,
-    canonical,
-    literal_value,
-    merge,
-    missing,
-    quote,
-    set_assignment,
-    split,
-)
+from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import canonical, missing, split
 from ansible_collections.provision.pve_sglang.plugins.module_utils.rendered_values import value_problems
-from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import (
-    before_reboot,
-    node_proof,
-)
+from ansible_collections.provision.pve_sglang.plugins.module_utils.sev_snp import before_reboot, node_proof
 
-GRUB_MAIN = "/etc/default/grub"
-GRUB_SNIPPETS = "/etc/default/grub.d"
-GRUB_OVERRIDE = "/etc/default/grub.d/zz-provision.cfg"
-GRUB_CFG = "/boot/grub/grub.cfg"
-KERNEL_CMDLINE = "/etc/kernel/cmdline"
-PBT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
-PBT_PIN = "/etc/kernel/proxmox-boot-pin"
-DEFAULT_VAR = "GRUB_CMDLINE_LINUX_DEFAULT"
-LINUX_VAR = "GRUB_CMDLINE_LINUX"
-GRUB_CUSTOM = "/boot/grub/custom.cfg"
-GRUB_DIR = "/boot/grub"
-GRUBENV = "/boot/grub/grubenv"
-EFI_DIR = "/sys/firmware/efi"
-# systemd-boot's variables (the Boot Loader Interface): efivarfs names them <name>-<vendor GUID>
-LOADER_VARS = boot_trial.LOADER_VARS
-TRIAL_RECORD = "trial.json"  # in backup_dir: a trial entry was written and not yet removed
 ACTIONS = ("configure", "verify_generated", "restore", "running", "findings", "mark_changed", "trial_remove")
-
-
-# ------------------------------------------------------------------ detection
-# ------------------------------------------------------------------ GRUB files
-def grub_files():
-    return [GRUB_MAIN, *sorted(glob.glob(os.path.join(GRUB_SNIPPETS, "*.cfg")))]
-
-
-def read_file(path):
-    with open(path) as f:
-        return f.read()
-
-
-def read_if_exists(path, missing=None):
-    """The file's text, or `missing` when there is no such file."""
-    return read_file(path) if os.path.exists(path) else missing
-
-
-def write_if_different(path, content):
-    if read_if_exists(path) != content:
-        atomic_write(path, content)
-
-
-def last_assignment(var, read=read_file):
-    """(file, where, value word) of the last assignment of var across the grub files, as `read` gives them (where:
-    as module_utils.kernel_cmdline.assignments gives it; the word None when it goes on past its line), or None."""
-    found = None
-    for path in grub_files():
-        try:
-            text = read(path)
-        except OSError:
-            continue
-        for where in assignments(text, var):
-            found = (path, where, assigned_word(text, where))
-    return found
-
-
-def effective_grub_value(module, var):
-    """The value update-grub will see: source the main file and the snippets in order, as it does."""
-    script = '. "$1"; shift; for f in "$@"; do . "$f"; done; printf %s "$' + var + '"'
-    rc, out, err = module.run_command(["/bin/sh", "-c", script, "sh", *grub_files()])
-    if rc != 0:
-        module.fail_json(msg=f"cannot evaluate {var} from {', '.join(grub_files())}: {err.strip()}")
-    return out
 
 
 # ------------------------------------------------------------------ backups
@@ -286,16 +229,6 @@ class Backup:
         return self.dir
 
 
-def atomic_write(path, content):
-    directory = os.path.dirname(path)
-    mode = os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o644
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".provision-")
-    with os.fdopen(fd, "w") as f:
-        f.write(content)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 def record_wanted(directory, bootloader, add, remove, snp_required):
     """What provision wants, for `provision verify` to compare with the node (bookkeeping, not a change)."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -304,294 +237,58 @@ def record_wanted(directory, bootloader, add, remove, snp_required):
     write_if_different(path, json.dumps(wanted, indent=1, sort_keys=True) + "\n")
 
 
-# ------------------------------------------------------------------ ESPs (proxmox-boot-tool)
-class EspError(Exception):
-    """An ESP that cannot be read or written; the message names it."""
-
-
-def esp_uuids():
-    """The ESPs proxmox-boot-tool keeps in sync, by file system UUID."""
-    text = read_if_exists(PBT_UUIDS, "")
-    return [ln.split()[0] for ln in text.split("\n") if ln.strip()]
-
-
-@contextlib.contextmanager
-def mounted_esp(module, uuid, writable=False):
-    """The ESP mounted on a directory of its own for the block (ESPs are not mounted on a PVE node)."""
-    device = "/dev/disk/by-uuid/" + uuid
-    if not os.path.exists(device):
-        raise EspError(f"ESP {device} listed in {PBT_UUIDS} does not exist")
-    mnt = tempfile.mkdtemp(prefix="provision-esp-")
-    rc, _out, err = module.run_command(["mount", "-o", "rw" if writable else "ro", device, mnt])
-    if rc != 0:
-        os.rmdir(mnt)
-        raise EspError(f"cannot mount ESP {device}: {err.strip()}")
-    try:
-        yield mnt
-    finally:
-        module.run_command(["umount", mnt])
-        os.rmdir(mnt)
-
-
-def replace_file(path, content):
-    """Write a file on a FAT file system: a temporary file renamed over it (FAT has no modes to keep), synced."""
-    tmp = f"{path}.provision-tmp"
-    with open(tmp, "w") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def efi_variable(name):
-    """A systemd-boot EFI variable's string value, or None where it is not set (or the node has no EFI)."""
-    try:
-        with open(LOADER_VARS.format(name), "rb") as f:
-            return boot_trial.efi_string(f.read())
-    except OSError:
-        return None
-
-
 # ------------------------------------------------------------------ trial boot
-class TrialError(Exception):
-    """Preparing the trial boot failed; what was written is removed again."""
-
-
-class GrubTrial:
-    """A one-shot GRUB menu entry: our block in /boot/grub/custom.cfg, selected once by grub-reboot."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def run(self, argv):
-        rc, out, err = self.module.run_command(argv)
-        if rc != 0:
-            raise TrialError(f"{' '.join(argv)} failed: {(err or out).strip()[-300:]}")
-        return out
-
-    def problem(self, add, remove):
-        """Why this node cannot boot a one-shot GRUB entry, or None."""
-        cfg = read_if_exists(GRUB_CFG)
-        if cfg is None:
-            return f"{GRUB_CFG} does not exist"
-        if os.path.exists(PBT_UUIDS):
-            return (
-                f"GRUB boots from the ESPs proxmox-boot-tool manages ({PBT_UUIDS}), whose grub.cfg and grubenv "
-                f"are not {GRUB_DIR}'s"
-            )
-        tools = ("grub-probe", "grub-reboot", "grub-editenv")
-        missing_tool = next((t for t in tools if not self.module.get_bin_path(t)), None)
-        if missing_tool:
-            return f"{missing_tool} is not installed"
-        found = boot_trial.grub_cfg_problem(cfg) or boot_trial.grub_default_problem(
-            effective_grub_value(self.module, "GRUB_DEFAULT")
-        )
-        if found:
-            return found
-        try:
-            answers = [self.run(["grub-probe", f"--target={t}", GRUB_DIR]) for t in ("abstraction", "fs")]
-            found = boot_trial.grub_env_problem(*answers)
-            boot_trial.grub_trial_entry(cfg, add, remove)
-        except (TrialError, boot_trial.Unavailable) as e:
-            return str(e)
-        return found
-
-    def prepare(self, add, remove, line):
-        entry, trial_line = boot_trial.grub_trial_entry(read_file(GRUB_CFG), add, remove)
-        atomic_write(GRUB_CUSTOM, boot_trial.custom_cfg_with(read_if_exists(GRUB_CUSTOM), entry))
-        self.run(["grub-reboot", boot_trial.TRIAL_ID])
-        return dict(
-            entry=f"{GRUB_CUSTOM} (menuentry --id {boot_trial.TRIAL_ID}, once through grub-reboot)", line=trial_line
-        )
-
-    def remove(self, dry_run, recorded):
-        """Take out our custom.cfg block and a next_entry still naming it; what was (or would be) removed. `booted`:
-        whether GRUB took the one-shot (it clears next_entry as it boots it), where a trial was recorded."""
-        removed = []
-        self.booted = True if recorded else None
-        existing = read_if_exists(GRUB_CUSTOM)
-        if boot_trial.has_block(existing):
-            removed.append(f"{GRUB_CUSTOM}: the trial menu entry")
-            if not dry_run:
-                kept = boot_trial.custom_cfg_without(existing)
-                if kept is None:
-                    os.unlink(GRUB_CUSTOM)  # the file was ours alone
-                else:
-                    atomic_write(GRUB_CUSTOM, kept)
-        if os.path.exists(GRUBENV) and self.module.get_bin_path("grub-editenv"):
-            rc, listing, _err = self.module.run_command(["grub-editenv", GRUBENV, "list"])
-            if rc == 0 and boot_trial.grubenv_next_entry(listing) == boot_trial.TRIAL_ID:
-                removed.append(f"{GRUBENV}: next_entry={boot_trial.TRIAL_ID}")
-                self.booted = False if recorded else None
-                if not dry_run:
-                    self.run(["grub-editenv", GRUBENV, "unset", "next_entry"])
-        return removed
-
-
-class SdbootTrial:
-    """A one-shot systemd-boot entry: loader/entries/provision-trial+1.conf on every ESP, and LoaderEntryOneShot."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def problem(self, add, remove):
-        """Why this node cannot boot a one-shot systemd-boot entry, or None."""
-        if not os.path.isdir(EFI_DIR):
-            return "the node did not boot with UEFI"
-        if not os.path.exists(LOADER_VARS.format("LoaderInfo")):
-            return "systemd-boot did not boot this node (no LoaderInfo EFI variable)"
-        if not self.module.get_bin_path("bootctl"):
-            return "bootctl is not installed (Debian package systemd-boot-tools on PVE 9, systemd-boot on PVE 8)"
-        if not esp_uuids():
-            return f"{PBT_UUIDS} lists no ESP"
-        return self.lost_before()
-
-    def lost_before(self):
-        """Why the firmware is not trusted with a one-shot: our record that it lost one at a trial boot, or None."""
-        path = os.path.join(self.module.params["backup_dir"], boot_trial.ONESHOT_LOST_RECORD)
-        text = read_if_exists(path)
-        if text is None:
-            return None
-        try:
-            record = json.loads(text)
-        except ValueError:
-            record = {}
-        reason = record.get("reason", "the firmware lost the one-shot of an earlier trial boot")
-        at = record.get("at", "an earlier run")
-        return f"{reason} (trial boot of {at}; remove {path} once the firmware keeps EFI variables)"
-
-    def prepare(self, add, remove, line):
-        written = []
-        for uuid in esp_uuids():
-            with mounted_esp(self.module, uuid, writable=True) as esp:
-                entries = os.path.join(esp, "loader", "entries")
-                names = os.listdir(entries) if os.path.isdir(entries) else []
-                default = boot_trial.sdboot_default_entry(
-                    names, boot_trial.loader_default(read_if_exists(os.path.join(esp, "loader", "loader.conf")))
-                )
-                if default is None:
-                    raise TrialError(f"ESP {uuid}: no proxmox-*.conf loader entry matches loader.conf's default")
-                text = boot_trial.sdboot_trial_entry(read_file(os.path.join(entries, default)), line)
-                replace_file(os.path.join(entries, boot_trial.SDBOOT_ENTRY), text)
-                written.append(f"{uuid}:loader/entries/{boot_trial.SDBOOT_ENTRY} (a copy of {default})")
-        rc, out, err = self.module.run_command(["bootctl", "set-oneshot", boot_trial.SDBOOT_ENTRY])
-        if rc != 0 and not boot_trial.efi_write_refused(rc, err or out):
-            raise TrialError(f"bootctl set-oneshot {boot_trial.SDBOOT_ENTRY} failed: {(err or out).strip()[-300:]}")
-        lost = boot_trial.oneshot_lost(rc, err or out, efi_variable("LoaderEntryOneShot"))
-        if lost:
-            raise boot_trial.OneShotLost(lost)
-        return dict(entry="; ".join(written) + ", once through bootctl set-oneshot", line=line)
-
-    def remove(self, dry_run, recorded):
-        """Remove the entry from every ESP (mounted only when our record says one was written), under whatever name
-        its boot counter has, and a one-shot still naming it; what was (or would be) removed. `booted`: whether
-        systemd-boot booted the entry from any ESP (it renames the file it boots), or None where none was found."""
-        removed, seen = [], []
-        oneshot = (efi_variable("LoaderEntryOneShot") or "").lower() == boot_trial.SDBOOT_ENTRY
-        self.oneshot_left = oneshot
-        if recorded or oneshot:
-            for uuid in esp_uuids():
-                try:
-                    with mounted_esp(self.module, uuid, writable=not dry_run) as esp:
-                        entries = os.path.join(esp, "loader", "entries")
-                        names = boot_trial.sdboot_trial_files(os.listdir(entries) if os.path.isdir(entries) else [])
-                        seen += names
-                        for name in names:
-                            removed.append(f"{uuid}:loader/entries/{name}")
-                            if not dry_run:
-                                os.unlink(os.path.join(entries, name))
-                except EspError as e:
-                    raise TrialError(str(e)) from e
-        self.booted = boot_trial.sdboot_trial_booted(seen) if recorded else None
-        if oneshot:
-            removed.append("EFI variable LoaderEntryOneShot")
-            if not dry_run:
-                rc, out, err = self.module.run_command(["bootctl", "set-oneshot", ""])
-                if rc != 0:
-                    raise TrialError(f"bootctl set-oneshot '' failed: {(err or out).strip()[-300:]}")
-        return removed
-
-
-def trial_for(module, bootloader):
-    return GrubTrial(module) if bootloader == "grub" else SdbootTrial(module)
-
-
 def trial_record(module):
-    return os.path.join(module.params["backup_dir"], TRIAL_RECORD)
+    return os.path.join(module.params["backup_dir"], boot_trial.TRIAL_RECORD)
 
 
-def remove_trial(module, bootloader, after_trial=False):
+def remove_trial(module, loader, after_trial=False):
     """Remove a trial entry (an earlier run's, or this run's after its trial boot); in check mode only say what.
     With `after_trial` (a trial boot that did not come up on the new line), a systemd-boot entry the loader never
     booted, though its one-shot read back as armed, is recorded as the firmware losing it: the next run does not trust
-    the firmware with a one-shot (SdbootTrial.lost_before). Returns (removed, why the trial never ran or None)."""
+    the firmware with a one-shot (SystemdBoot.lost_before). Returns (removed, why the trial never ran or None)."""
     record = trial_record(module)
-    trial = trial_for(module, bootloader)
     try:
-        removed = trial.remove(module.check_mode, os.path.exists(record))
+        removed = loader.remove_trial(module.check_mode, os.path.exists(record))
     except (TrialError, OSError) as e:
         hint = f"; {record} records it: remove that file once the entry is gone" if os.path.exists(record) else ""
         module.fail_json(msg=f"cannot remove the trial boot entry: {e}{hint}")
     never_ran = None
-    if after_trial and trial.booted is False:
-        never_ran = trial_never_ran(module, bootloader, trial)
+    if after_trial and loader.booted is False:
+        never_ran = loader.trial_never_ran(module.params["backup_dir"], module.check_mode)
     if os.path.exists(record) and not module.check_mode:
         os.unlink(record)
     return removed, never_ran
 
 
-def trial_never_ran(module, bootloader, trial):
-    """Why the loader never booted the trial entry; on systemd-boot the firmware's loss is recorded for later runs."""
-    if bootloader == "grub":
-        return (
-            f"GRUB did not take the one-shot: {GRUBENV} still names next_entry={boot_trial.TRIAL_ID} after the reboot"
-        )
-    selected = efi_variable("LoaderEntrySelected")
-    if trial.oneshot_left:  # the firmware kept the variable; the loader did not read it
-        return (
-            f"systemd-boot did not take the one-shot: LoaderEntryOneShot still named {boot_trial.SDBOOT_ENTRY} "
-            f"after the reboot, which booted {selected or 'without systemd-boot'}"
-        )
-    reason = boot_trial.oneshot_lost_after_boot(selected)
-    path = os.path.join(module.params["backup_dir"], boot_trial.ONESHOT_LOST_RECORD)
-    if not module.check_mode:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        atomic_write(path, json.dumps({"reason": reason, "at": stamp}) + "\n")
-    return (
-        f"{reason}; recorded in {path}: until it is removed, runs boot no trial on this node (auto makes the line "
-        "the default and reboots, monitored; required refuses)"
-    )
-
-
-def plan_trial(module, bootloader, changes, running_check):
+def plan_trial(module, loader, changes, running_check):
     """The trial decision for this configure call (module_utils/boot_trial.decision); the probes read only."""
     p = module.params
     wanted = bool(changes) and running_check["reboot_needed"] and p["reboot"] == "auto"
     problem = None
     if wanted and p["trial_boot"] != "off":
-        problem = trial_for(module, bootloader).problem(p["add"], p["remove"])
+        problem = loader.trial_problem(p["add"], p["remove"])
     mode = boot_trial.decision(p["trial_boot"], wanted, problem)
     return dict(mode=mode, reason=problem or "")
 
 
-def prepare_trial(module, bootloader, line):
+def prepare_trial(module, loader, line):
     """Write the trial entry and its one-shot (after our record of it); on a failure remove them and stop. A one-shot
     the firmware lost is no failure: the trial is then not possible, and the returned mode says what follows."""
     record = trial_record(module)
     os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    atomic_write(record, json.dumps({"bootloader": bootloader, "prepared_at": stamp}) + "\n")
-    trial = trial_for(module, bootloader)
+    atomic_write(record, json.dumps({"bootloader": loader.name, "prepared_at": stamp}) + "\n")
     try:
-        prepared = trial.prepare(module.params["add"], module.params["remove"], line)
+        prepared = loader.prepare_trial(module.params["add"], module.params["remove"], line)
         # the line the one-shot boots, for readers that cannot mount the ESPs (gpu_p2p_node: the next boot's IOMMU)
         atomic_write(
-            record, json.dumps({"bootloader": bootloader, "prepared_at": stamp, "line": prepared["line"]}) + "\n"
+            record, json.dumps({"bootloader": loader.name, "prepared_at": stamp, "line": prepared["line"]}) + "\n"
         )
         return prepared
     except (TrialError, EspError, boot_trial.Unavailable, OSError) as e:
         with contextlib.suppress(TrialError, EspError, OSError):
-            trial.remove(False, True)
+            loader.remove_trial(False, True)
         with contextlib.suppress(OSError):
             os.unlink(record)
         if isinstance(e, boot_trial.OneShotLost):
@@ -600,85 +297,17 @@ def prepare_trial(module, bootloader, line):
 
 
 # ------------------------------------------------------------------ configure
-def plan_grub(module, add, remove):
-    """Return (changes {path: new content}, before line, after line, notes)."""
-    before = effective_grub_value(module, DEFAULT_VAR)
-    result = merge(before, add, remove)
-    linux_before = effective_grub_value(module, LINUX_VAR)
-    linux_result = merge(linux_before, [], remove)
-    changes, notes = {}, []
-    contents = {}
-
-    def read(path):  # a file as edited so far: a second edit of the same line sees the first
-        if path not in contents:
-            contents[path] = read_file(path)
-        return contents[path]
-
-    overrides = {}
-    for var, res in ((DEFAULT_VAR, result), (LINUX_VAR, linux_result)):
-        if not res["changed"]:
-            continue
-        where = last_assignment(var, read)
-        path, at, word = where or (None, None, None)
-        if word is not None and literal_value(word) is not None and path != GRUB_OVERRIDE:
-            # only the value's shell word changes: other statements and a comment on its line stay
-            contents[path] = set_assignment(read(path), at, res["line"])
-            changes[path] = contents[path]
-            notes.append(f"{var} set in {path}")
-        else:
-            overrides[var] = res["line"]
-            notes.append(
-                f"{var} is not a plain literal where it is last set ({where[0] if where else 'nowhere'}); "
-                f"the merged value goes to {GRUB_OVERRIDE}"
-            )
-    if overrides:
-        existing = read(GRUB_OVERRIDE) if os.path.exists(GRUB_OVERRIDE) else ""
-        changes[GRUB_OVERRIDE] = grub_override(existing, overrides)
-    return changes, before, result, notes
-
-
-def grub_override(existing, overrides):
-    """GRUB_OVERRIDE's new text: its lines that set none of `overrides` ({var: value}) kept, then each var set."""
-    lines = [ln for ln in existing.split("\n") if ln and not any(assignments(ln, v) for v in overrides)]
-    if not lines:
-        lines = ["# Written by provision (kernel_cmdline): the merged kernel arguments, applied last."]
-    lines += [f"{var}={quote(value)}" for var, value in overrides.items()]
-    return "\n".join(lines) + "\n"
-
-
-def plan_systemd_boot(module, add, remove):
-    if os.path.exists(KERNEL_CMDLINE):
-        with open(KERNEL_CMDLINE) as f:
-            content = f.read()
-        first, _sep, rest = content.partition("\n")
-        notes = []
-    else:
-        with open("/proc/cmdline") as f:
-            first = " ".join(a for a in split(f.read()) if not a.startswith(("initrd=", "BOOT_IMAGE=")))
-        rest, content = "", None
-        notes = [f"{KERNEL_CMDLINE} did not exist: started from /proc/cmdline, as proxmox-boot-tool does"]
-    result = merge(first, add, remove)
-    if not any(a.startswith("root=") for a in split(result["line"])):
-        module.fail_json(
-            msg=f"{KERNEL_CMDLINE}: the first line has no root= argument; proxmox-boot-tool refresh would refuse it"
-        )
-    changes = {}
-    if result["changed"] or content is None:
-        changes[KERNEL_CMDLINE] = result["line"] + "\n" + rest
-    return changes, first, result, notes
-
-
 SNP_OFF_HINT = (
     "set kernel_cmdline_snp_profile: false to run without the SEV-SNP profile "
     "(or kernel_cmdline_snp_required: false to apply it without proof)"
 )
 
 
-def refuse_unbootable_snp(module, bootloader, changes, running_check, planned_line):
+def refuse_unbootable_snp(module, loader, changes, running_check, planned_line):
     """Fail before writing anything when this run would lead to a reboot into SNP that cannot come up."""
     if not module.params["snp_required"] or not (changes or running_check["reboot_needed"]):
         return []
-    gaps = snp_before_reboot(bootloader, planned_line)
+    gaps = snp_before_reboot(loader, planned_line)
     if gaps:
         module.fail_json(
             msg=f"cannot boot into SEV-SNP: {'; '.join(gaps)}; nothing was changed; {SNP_OFF_HINT}",
@@ -687,14 +316,13 @@ def refuse_unbootable_snp(module, bootloader, changes, running_check, planned_li
     return gaps
 
 
-def configure(module, bootloader, add, remove):
+def configure(module, loader, add, remove):
     # a trial entry left by an earlier run, or by this run's own trial boot (this call is then its commit), goes first
-    trial_removed = remove_trial(module, bootloader)[0]
-    planner = plan_grub if bootloader == "grub" else plan_systemd_boot
-    changes, before, result, notes = planner(module, add, remove)
+    trial_removed = remove_trial(module, loader)[0]
+    changes, before, result, notes = loader.plan(add, remove)
     running_check = {k: v for k, v in running(add, remove).items() if k != "changed"}
-    snp_gaps = refuse_unbootable_snp(module, bootloader, changes, running_check, result["line"])
-    trial = plan_trial(module, bootloader, changes, running_check)
+    snp_gaps = refuse_unbootable_snp(module, loader, changes, running_check, result["line"])
+    trial = plan_trial(module, loader, changes, running_check)
     out = dict(
         changed=bool(changes) or bool(trial_removed),
         line=result["line"],
@@ -719,9 +347,9 @@ def configure(module, bootloader, add, remove):
             for path, new in sorted(changes.items())
         ]
     if not module.check_mode:
-        write_planned(module, bootloader, changes, result["line"], out)
+        write_planned(module, loader, changes, result["line"], out)
     if not module.check_mode and out["trial"]["mode"] != "refuse":
-        record_wanted(module.params["backup_dir"], bootloader, add, remove, module.params["snp_required"])
+        record_wanted(module.params["backup_dir"], loader.name, add, remove, module.params["snp_required"])
     # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
     # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
     if not running_check["reboot_needed"]:
@@ -729,12 +357,12 @@ def configure(module, bootloader, add, remove):
     return out
 
 
-def write_planned(module, bootloader, changes, line, out):
+def write_planned(module, loader, changes, line, out):
     """A trial entry in place of the default files, or the default files (each backed up first). Where the firmware
     loses the trial's one-shot, the run goes on as on a node that cannot boot a trial: `auto` writes the default
     files (a monitored reboot, no trial), `required` writes nothing."""
     if out["trial"]["mode"] == "trial":
-        out["trial"].update(prepare_trial(module, bootloader, line))
+        out["trial"].update(prepare_trial(module, loader, line))
     if out["trial"]["mode"] == "refuse":
         out["changed"] = bool(out["trial_removed"])
     elif out["trial"]["mode"] != "trial" and changes:
@@ -742,42 +370,18 @@ def write_planned(module, bootloader, changes, line, out):
         for path in changes:
             backup.save(path)
         out["backup"] = backup.commit()
-        for path, new in changes.items():
-            atomic_write(path, new)
+        loader.write(changes)
 
 
 # ------------------------------------------------------------------ checks
-def generated_lines(module, bootloader):
-    """The kernel command lines the bootloader will use, as (source, line) pairs."""
-    found = []
-    if bootloader == "grub":
-        with open(GRUB_CFG) as f:
-            for line in f:
-                stripped = line.strip()
-                if stripped.startswith("linux") and ("vmlinuz" in stripped or "/boot/" in stripped):
-                    found.append((GRUB_CFG, " ".join(stripped.split()[2:])))
-                    break  # the default (first) entry is what boots
-        return found
-    for uuid in esp_uuids():
-        try:
-            with mounted_esp(module, uuid) as mnt:
-                for entry in sorted(glob.glob(os.path.join(mnt, "loader", "entries", "proxmox-*.conf"))):
-                    with open(entry) as f:
-                        for line in f:
-                            if line.startswith("options"):
-                                found.append((f"{uuid}:{os.path.basename(entry)}", line.split(None, 1)[1].strip()))
-        except EspError as e:
-            module.fail_json(msg=str(e))
-    return found
-
-
-def verify_generated(module, bootloader, add, remove):
-    lines = generated_lines(module, bootloader)
+def verify_generated(module, loader, add, remove):
+    try:
+        lines = loader.generated_lines()
+    except EspError as e:
+        module.fail_json(msg=str(e))
     if not lines:
-        module.fail_json(
-            msg="no kernel command line found in the generated boot configuration "
-            f"({GRUB_CFG if bootloader == 'grub' else 'loader entries on the ESPs'})"
-        )
+        where = loader.generated_from
+        module.fail_json(msg=f"no kernel command line found in the generated boot configuration ({where})")
     bad = []
     for source, line in lines:
         gap = missing(line, add, remove)
@@ -790,16 +394,11 @@ def verify_generated(module, bootloader, add, remove):
     return dict(changed=False, generated=lines)
 
 
-def configured_line(module, bootloader):
-    planner = plan_grub if bootloader == "grub" else plan_systemd_boot
-    return planner(module, [], [])[2]["line"]
-
-
-def restore(module, bootloader):
+def restore(module, loader):
     """Put back the latest backup; say whether the running kernel then needs a reboot to match."""
-    before = configured_line(module, bootloader)
+    before = loader.configured_line()
     result = _restore_files(module)
-    after = configured_line(module, bootloader) if not module.check_mode else before
+    after = loader.configured_line() if not module.check_mode else before
     with open("/proc/cmdline") as f:
         running_args = [canonical(a) for a in split(f.read())]
     after_args = [canonical(a) for a in split(after)]
@@ -855,15 +454,10 @@ def read_text(path):
         return None
 
 
-def next_boot_release(bootloader):
-    """The kernel release the node boots next (module_utils/boot_kernel.py)."""
-    return on_this_node(bootloader, GRUB_CFG, PBT_PIN)
-
-
-def snp_before_reboot(bootloader, planned_line):
+def snp_before_reboot(loader, planned_line):
     """The SEV-SNP prerequisites that can be checked before a reboot into `planned_line`, missing on this node."""
     cpuinfo, running_line = read_text("/proc/cpuinfo") or "", read_text("/proc/cmdline") or ""
-    return before_reboot(cpuinfo, next_boot_release(bootloader), running_line, planned_line)
+    return before_reboot(cpuinfo, loader.next_release(), running_line, planned_line)
 
 
 def run_tool(module):
@@ -942,23 +536,33 @@ def main():
         bootloader, how = detect_bootloader(module)
     else:
         bootloader, how = p["bootloader"], "set by the inventory"
-    action = p["action"]
+    loader = bootloaders.for_node(module, bootloader)
+    result = act(module, loader, p["action"])
+    module.exit_json(
+        bootloader=bootloader,
+        bootloader_detection=how,
+        regenerate=list(loader.regenerate),
+        generated_from=loader.generated_from,
+        **result,
+    )
+
+
+def act(module, loader, action):
+    p = module.params
     if action == "configure":
-        result = configure(module, bootloader, p["add"], p["remove"])
-    elif action == "verify_generated":
-        result = verify_generated(module, bootloader, p["add"], p["remove"])
-    elif action == "restore":
-        result = restore(module, bootloader)
-    elif action == "running":
-        result = running(p["add"], p["remove"])
-    elif action == "mark_changed":
-        result = mark_changed(module)
-    elif action == "trial_remove":
-        removed, never_ran = remove_trial(module, bootloader, after_trial=p["after_trial"])
-        result = dict(changed=bool(removed), trial_removed=removed, trial_never_ran=never_ran)
-    else:
-        result = findings(module, p["add"], p["remove"])
-    module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)
+        return configure(module, loader, p["add"], p["remove"])
+    if action == "verify_generated":
+        return verify_generated(module, loader, p["add"], p["remove"])
+    if action == "restore":
+        return restore(module, loader)
+    if action == "running":
+        return running(p["add"], p["remove"])
+    if action == "mark_changed":
+        return mark_changed(module)
+    if action == "trial_remove":
+        removed, never_ran = remove_trial(module, loader, after_trial=p["after_trial"])
+        return dict(changed=bool(removed), trial_removed=removed, trial_never_ran=never_ran)
+    return findings(module, p["add"], p["remove"])
 
 
 if __name__ == "__main__":

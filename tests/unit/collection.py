@@ -34,6 +34,12 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(f"{PACKAGE}.modules.{name}")
 
 
+def module_util(name: str) -> ModuleType:
+    """plugins/module_utils/<name>.py, imported as the collection's modules import it."""
+    module("kernel_cmdline")  # COLLECTIONS on sys.path
+    return importlib.import_module(f"{PACKAGE}.module_utils.{name}")
+
+
 def main_result(mod: ModuleType, args: dict) -> dict:
     """Run a module's main() as Ansible starts it (its arguments through ansible's patch_module_args) and return
     the JSON it exits with: the result, with msg and failed on a failure."""

@@ -10,7 +10,6 @@ import yaml
 
 from provision.paths import module_util
 from tests.loaders import REPO
-from tests.unit import collection
 
 ROLE = REPO / "roles" / "kernel_cmdline"
 kc = module_util("kernel_cmdline")
@@ -236,31 +235,6 @@ def test_assignments_are_only_statements_not_comments_strings_or_continued_value
     assert [w[0] for w in found] == [2, 3]
     assert kc.literal_value(kc.assigned_word(text, found[0])) is None, "expands a variable: not a plain literal"
     assert kc.assigned_word(text, found[1]) is None, "continues on the next line: not edited in place"
-
-
-class _Module:
-    """What plan_grub asks of AnsibleModule: run a command, fail."""
-
-    def run_command(self, argv):
-        proc = subprocess.run(argv, capture_output=True, text=True)
-        return proc.returncode, proc.stdout, proc.stderr
-
-    def fail_json(self, **kwargs):
-        raise AssertionError(kwargs["msg"])
-
-
-def test_the_modules_grub_plan_edits_the_value_word_of_both_variables_on_one_line(tmp_path, monkeypatch):
-    module = collection.module("kernel_cmdline")
-    grub = tmp_path / "grub"
-    grub.write_text('GRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=pt" GRUB_CMDLINE_LINUX="iommu=pt" # ok\n')
-    monkeypatch.setattr(module, "GRUB_MAIN", str(grub))
-    monkeypatch.setattr(module, "GRUB_SNIPPETS", str(tmp_path / "grub.d"))
-    monkeypatch.setattr(module, "GRUB_OVERRIDE", str(tmp_path / "grub.d" / "zz-provision.cfg"))
-    changes, before, _, _ = module.plan_grub(_Module(), ["iommu=nopt"], ["iommu=pt"])
-    assert before == "quiet iommu=pt" and list(changes) == [str(grub)]
-    assert changes[str(grub)] == (
-        'GRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=nopt" GRUB_CMDLINE_LINUX="" # ok\n'
-    )
 
 
 def test_the_module_refuses_a_control_character_before_reading_anything(tmp_path):

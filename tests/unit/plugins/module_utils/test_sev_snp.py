@@ -214,22 +214,3 @@ def test_the_changed_marker_holds_the_line_and_the_utc_time():
     when = datetime.datetime(2026, 12, 1, 17, 30, 26, tzinfo=datetime.UTC)
     marker = json.loads(module.changed_marker("quiet kvm_amd.sev=1 iommu=nopt", when))
     assert marker == {"changed_at": "2026-12-01T17:30:26Z", "cmdline": "quiet kvm_amd.sev=1 iommu=nopt"}
-
-
-def test_next_boot_kernel_is_grubs_default_entry(tmp_path, monkeypatch):
-    module = _module()
-    cfg = tmp_path / "grub.cfg"
-    cfg.write_text(
-        "menuentry 'Debian GNU/Linux' {\n\tlinux\t/boot/vmlinuz-6.14.8-2-pve root=UUID=6b3d ro quiet\n}\n"
-        "menuentry 'older' {\n\tlinux\t/boot/vmlinuz-6.8.12-4-pve root=UUID=6b3d ro quiet\n}\n"
-    )
-    monkeypatch.setattr(module, "GRUB_CFG", str(cfg))
-    assert module.next_boot_release("grub") == "6.14.8-2-pve"
-
-
-def test_next_boot_kernel_on_systemd_boot_is_the_pinned_one(tmp_path, monkeypatch):
-    module = _module()
-    pin = tmp_path / "proxmox-boot-pin"
-    pin.write_text("6.8.12-4-pve\n")
-    monkeypatch.setattr(module, "PBT_PIN", str(pin))
-    assert module.next_boot_release("systemd-boot") == "6.8.12-4-pve"

@@ -118,16 +118,16 @@ class TrialNode(Node):
 
     def module(self, **args) -> dict:
         """The kernel_cmdline module, as Ansible runs it, inside the namespace."""
-        args = {
-            "bootloader": self.bootloader,
-            "add": [NEW_ARG],
-            "remove": [],
-            "backup_dir": str(self.state / "kernel-cmdline"),
-            **args,
-        }
+        args = {"add": [NEW_ARG], "remove": [], **args}
+        return self.run_module("kernel_cmdline", args)
+
+    def run_module(self, name: str, args: dict) -> dict:
+        """A module of the collection, as Ansible runs it, inside the namespace (with this node's bootloader and the
+        kernel phase's state directory)."""
+        args = {"bootloader": self.bootloader, "backup_dir": str(self.state / "kernel-cmdline"), **args}
         args_file = self.root / "args.json"
         args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-        module = PLUGINS / "modules" / "kernel_cmdline.py"
+        module = PLUGINS / "modules" / f"{name}.py"
         proc = self.sh(f'{sys.executable} -c "{RUNNER}" {collection.COLLECTIONS} {module} {args_file}', check=False)
         assert proc.stdout, proc.stderr
         return json.loads(proc.stdout)

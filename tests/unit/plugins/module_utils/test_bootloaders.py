@@ -1,0 +1,144 @@
+"""plugins/module_utils/bootloaders.py: each bootloader class plans, writes, reads its one-shot and names its
+regeneration, against files in a temporary directory (the paths the classes read, pointed there)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.unit import collection
+
+bootloaders = collection.module_util("bootloaders")
+GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+
+
+class _Module:
+    """What the classes ask of AnsibleModule: run a command, find a tool, fail; its parameters."""
+
+    def __init__(self, params=None, tools=()):
+        self.params = params or {}
+        self.tools = tools
+
+    def run_command(self, argv):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def get_bin_path(self, name):
+        return f"/usr/bin/{name}" if name in self.tools else None
+
+    def fail_json(self, **kwargs):
+        raise AssertionError(kwargs["msg"])
+
+
+@pytest.fixture
+def grub(tmp_path, monkeypatch):
+    main = tmp_path / "grub"
+    monkeypatch.setattr(bootloaders, "GRUB_MAIN", str(main))
+    monkeypatch.setattr(bootloaders, "GRUB_SNIPPETS", str(tmp_path / "grub.d"))
+    monkeypatch.setattr(bootloaders, "GRUB_OVERRIDE", str(tmp_path / "grub.d" / "zz-provision.cfg"))
+    return main
+
+
+def test_the_grub_plan_edits_the_value_word_of_both_variables_on_one_line(grub):
+    grub.write_text('GRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=pt" GRUB_CMDLINE_LINUX="iommu=pt" # ok\n')
+    changes, before, _, _ = bootloaders.for_node(_Module(), "grub").plan(["iommu=nopt"], ["iommu=pt"])
+    assert before == "quiet iommu=pt" and list(changes) == [str(grub)]
+    assert changes[str(grub)] == (
+        'GRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=nopt" GRUB_CMDLINE_LINUX="" # ok\n'
+    )
+
+
+def test_a_grub_value_that_is_no_plain_literal_goes_to_provisions_own_snippet_and_write_makes_it(grub, tmp_path):
+    (tmp_path / "grub.d").mkdir()
+    grub.write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet $EXTRA"\n')
+    loader = bootloaders.for_node(_Module(), "grub")
+    changes, _, result, notes = loader.plan(["iommu=nopt"], [])
+    override = str(tmp_path / "grub.d" / "zz-provision.cfg")
+    assert list(changes) == [override] and "is not a plain literal" in notes[0]
+    loader.write(changes)
+    assert loader.configured_line() == result["line"] == "quiet iommu=nopt"
+    assert loader.plan(["iommu=nopt"], [])[0] == {}, "a second plan changes nothing"
+
+
+def test_systemd_boot_plans_the_first_line_of_etc_kernel_cmdline_and_refuses_one_without_root(tmp_path, monkeypatch):
+    cmdline = tmp_path / "cmdline"
+    monkeypatch.setattr(bootloaders, "KERNEL_CMDLINE", str(cmdline))
+    cmdline.write_text("root=ZFS=rpool/ROOT/pve-1 boot=zfs iommu=pt\n# a comment line stays\n")
+    loader = bootloaders.for_node(_Module(), "systemd-boot")
+    changes, before, _, _ = loader.plan(["iommu=nopt"], ["iommu=pt"])
+    assert before == "root=ZFS=rpool/ROOT/pve-1 boot=zfs iommu=pt"
+    assert changes == {str(cmdline): "root=ZFS=rpool/ROOT/pve-1 boot=zfs iommu=nopt\n# a comment line stays\n"}
+    cmdline.write_text("boot=zfs\n")
+    with pytest.raises(AssertionError, match="the first line has no root= argument"):
+        loader.plan([], [])
+
+
+def test_each_bootloader_names_its_regeneration_and_what_it_writes():
+    grub, sdboot = (bootloaders.for_node(_Module(), name) for name in bootloaders.NAMES)
+    assert (grub.regenerate, grub.generated_from) == (("update-grub",), "/boot/grub/grub.cfg")
+    assert sdboot.regenerate == ("proxmox-boot-tool", "refresh")
+    assert sdboot.generated_from == "loader/entries/proxmox-*.conf on the ESPs"
+
+
+def test_the_armed_one_shot_is_read_from_grubenv_or_the_efi_variable(tmp_path, monkeypatch):
+    grubenv = tmp_path / "grubenv"
+    monkeypatch.setattr(bootloaders, "GRUBENV", str(grubenv))
+    editenv = tmp_path / "grub-editenv"
+    editenv.write_text('#!/bin/sh\ncat "$1"\n')
+    editenv.chmod(0o755)
+
+    class Grub(_Module):
+        def run_command(self, argv):
+            return super().run_command([str(editenv), *argv[1:]])
+
+    grub = bootloaders.for_node(Grub(tools=("grub-editenv",)), "grub")
+    grubenv.write_text("# GRUB Environment Block\nsaved_entry=0\n")
+    assert grub.armed() is None
+    grubenv.write_text("# GRUB Environment Block\nnext_entry=provision-trial\n")
+    assert grub.armed() == f"{grubenv}: next_entry=provision-trial"
+
+    efivars = tmp_path / "efivars"
+    efivars.mkdir()
+    monkeypatch.setattr(bootloaders, "LOADER_VARS", str(efivars / ("{}-" + GUID)))
+    sdboot = bootloaders.for_node(_Module(), "systemd-boot")
+    assert sdboot.armed() is None
+    value = (7).to_bytes(4, "little") + "provision-trial+1.conf\0".encode("utf-16-le")
+    (efivars / f"LoaderEntryOneShot-{GUID}").write_bytes(value)
+    assert sdboot.armed() == "EFI variable LoaderEntryOneShot=provision-trial+1.conf"
+
+
+def test_a_record_of_a_lost_one_shot_rules_the_systemd_boot_trial_out(tmp_path, monkeypatch):
+    efivars = tmp_path / "efi" / "efivars"
+    efivars.mkdir(parents=True)
+    monkeypatch.setattr(bootloaders, "EFI_DIR", str(tmp_path / "efi"))
+    monkeypatch.setattr(bootloaders, "LOADER_VARS", str(efivars / ("{}-" + GUID)))
+    monkeypatch.setattr(bootloaders, "PBT_UUIDS", str(tmp_path / "uuids"))
+    (efivars / f"LoaderInfo-{GUID}").write_bytes(b"\0" * 4)
+    (tmp_path / "uuids").write_text("B1C2-D3E4\n")
+    loader = bootloaders.for_node(_Module({"backup_dir": str(tmp_path)}, tools=("bootctl",)), "systemd-boot")
+    assert loader.trial_problem([], []) is None
+    lost = {"reason": "the firmware lost LoaderEntryOneShot", "at": "2026-12-01T10:00:00Z"}
+    (tmp_path / "oneshot-lost.json").write_text(json.dumps(lost))
+    assert loader.trial_problem([], []) == (
+        "the firmware lost LoaderEntryOneShot (trial boot of 2026-12-01T10:00:00Z; remove "
+        f"{tmp_path}/oneshot-lost.json once the firmware keeps EFI variables)"
+    )
+
+
+def test_the_next_kernel_is_grubs_default_entry(tmp_path, monkeypatch):
+    cfg = tmp_path / "grub.cfg"
+    cfg.write_text(
+        "menuentry 'Debian GNU/Linux' {\n\tlinux\t/boot/vmlinuz-6.14.8-2-pve root=UUID=6b3d ro quiet\n}\n"
+        "menuentry 'older' {\n\tlinux\t/boot/vmlinuz-6.8.12-4-pve root=UUID=6b3d ro quiet\n}\n"
+    )
+    monkeypatch.setattr(bootloaders, "GRUB_CFG", str(cfg))
+    assert bootloaders.for_node(_Module(), "grub").next_release() == "6.14.8-2-pve"
+
+
+def test_the_next_kernel_on_systemd_boot_is_the_pinned_one(tmp_path, monkeypatch):
+    pin = tmp_path / "proxmox-boot-pin"
+    pin.write_text("6.8.12-4-pve\n")
+    monkeypatch.setattr(bootloaders, "PBT_PIN", str(pin))
+    assert bootloaders.for_node(_Module(), "systemd-boot").next_release() == "6.8.12-4-pve"
