@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -39,6 +40,8 @@ FLOOR_SCRIPT = (
     'python3 -c \'import json, os; print(json.dumps(sorted(os.listdir("/var/lib"))) != "")\''
 )
 INSTALL_WORDS = ("Install", "installer", "Download")
+# the controller's CPU (user + system) a fleet point's no-op apply and verify took, medians like the wall times
+CPU_KEYS = ("apply_noop_cpu", "verify_cpu")
 
 
 def inventory_hosts(inventory: Path) -> dict[str, dict]:
@@ -83,14 +86,26 @@ def floor_once(hosts: dict[str, dict]) -> float:
 
 
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    start = time.monotonic()
+    """The command's wall time and its process; `proc.cpu_s` is the controller's CPU it took (below)."""
+    start, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=REPO
     )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # user and system time of the command and every process below it that was waited for: provision,
+    # ansible-playbook and its forked workers, their ssh clients. ssh's ControlPersist masters are not waited for:
+    # their CPU is not in it.
+    proc.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return time.monotonic() - start, proc
 
 
 def provision(*args: str, env: dict | None = None) -> tuple[float, dict]:
+    seconds, data, _ = provision_cpu(*args, env=env)
+    return seconds, data
+
+
+def provision_cpu(*args: str, env: dict | None = None) -> tuple[float, dict, float]:
+    """A provision command's wall time, its JSON result and the controller's CPU seconds it took."""
     seconds, proc = timed([str(BIN / "provision"), *args, "--json"], env)
     try:
         data = json.loads(proc.stdout)
@@ -99,7 +114,7 @@ def provision(*args: str, env: dict | None = None) -> tuple[float, dict]:
     if proc.returncode != 0:
         failures = data.get("failures") or proc.stderr.strip()[-800:]
         raise SystemExit(f"provision {' '.join(args)} exited {proc.returncode}: {failures}")
-    return seconds, data
+    return seconds, data, proc.cpu_s
 
 
 def changed_tasks(data: dict) -> int:
@@ -213,14 +228,17 @@ def fleet_point(count: int, repeat: int, runs: Path) -> dict:
     common = ["--inventory", str(inventory), "--runs-dir", str(runs), "--limit", "gpu_containers"]
     point: dict = {"containers": count, "lab_up_s": round(seconds, 1)}
     point["converge_s"] = round(provision("apply", *common, "--yes", "--tags", FLEET_TAGS)[0], 1)
-    samples: dict[str, list[float]] = {"floor": [], "ansible_floor": [], "apply_noop": [], "verify": []}
+    samples: dict[str, list[float]] = {k: [] for k in ("floor", "ansible_floor", "apply_noop", "verify", *CPU_KEYS)}
     for _ in range(repeat):
         samples["floor"].append(floor_once(hosts))
         samples["ansible_floor"].append(ansible_floor(inventory, "gpu_containers", runs))
-        seconds, data = provision("apply", *common, "--yes", "--tags", FLEET_TAGS)
+        seconds, data, cpu = provision_cpu("apply", *common, "--yes", "--tags", FLEET_TAGS)
         assert not changed_tasks(data), "the fleet's no-op apply changed something"
         samples["apply_noop"].append(seconds)
-        samples["verify"].append(provision("verify", *common)[0])
+        samples["apply_noop_cpu"].append(cpu)
+        seconds, _, cpu = provision_cpu("verify", *common)
+        samples["verify"].append(seconds)
+        samples["verify_cpu"].append(cpu)
     point.update({f"{k}_s": round(statistics.median(v), 2) for k, v in samples.items()})
     return point
 
@@ -238,12 +256,12 @@ def fleet(counts: list[int], repeat: int) -> dict:
         points = [fleet_point(n, repeat, Path(runs)) for n in counts]
     subprocess.run([str(BIN / "provision"), "lab", "down"], capture_output=True, stdin=subprocess.DEVNULL, cwd=REPO)
     first, last = points[0], points[-1]
-    keys = ("apply_noop_s", "verify_s", "converge_s", "floor_s", "ansible_floor_s")
+    keys = ("apply_noop_s", "verify_s", "converge_s", "floor_s", "ansible_floor_s", *(k + "_s" for k in CPU_KEYS))
     growth = {k: round(last[k] / first[k], 2) for k in keys}
     per_host = (
         {
             k: round((last[k] - first[k]) / (last["containers"] - first["containers"]), 2)
-            for k in ("apply_noop_s", "verify_s", "converge_s")
+            for k in ("apply_noop_s", "verify_s", "converge_s", *(k + "_s" for k in CPU_KEYS))
         }
         if len(points) > 1
         else {}
@@ -257,15 +275,24 @@ def fleet(counts: list[int], repeat: int) -> dict:
     }
 
 
-FLEET_COLUMNS = ("floor_s", "ansible_floor_s", "apply_noop_s", "verify_s", "converge_s")
+FLEET_COLUMNS = (
+    "floor_s",
+    "ansible_floor_s",
+    "apply_noop_s",
+    "verify_s",
+    "converge_s",
+    "apply_noop_cpu_s",
+    "verify_cpu_s",
+)
 
 
 def fleet_table(result: dict) -> str:
     """The fleet's figures per container count, then their growth from the first count to the last."""
     points = result["points"]
     lines = [
-        "| containers | floor (s) | Ansible floor (s) | no-op apply (s) | verify (s) | gpu+sglang converge (s) |",
-        "|---|---|---|---|---|---|",
+        "| containers | floor (s) | Ansible floor (s) | no-op apply (s) | verify (s) | gpu+sglang converge (s) "
+        "| controller CPU, no-op apply (s) | controller CPU, verify (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += ["| " + " | ".join(str(p[k]) for k in ("containers", *FLEET_COLUMNS)) + " |" for p in points]
     first, last = points[0], points[-1]
