@@ -188,6 +188,14 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "SGLang service restarting, out of its gateways: the next run puts it back",
         "SGLang service restarted, out of its gateways: the next run puts it back",
     ),
+    # roles/sglang/tasks/ready.yml, after either restart: a rolling restart has the server out of its gateways until
+    # the task after this one (the mark it left on each gateway's host tells the next run)
+    "Poll SGLang until it is ready, or until it has exited sglang_ready_exits times": (
+        "SGLang service restarted, readiness being checked; where a rolling restart took it out of its gateways, "
+        "the next run puts it back",
+        "SGLang service restarted and ready; where a rolling restart took it out of its gateways, the next run puts "
+        "it back",
+    ),
     "Take the servers out of their gateways, and wait until each sends them nothing new": (
         "servers being taken out of their gateways: the next run puts them back",
         "servers out of their gateways, not restarted: the next run puts them back",

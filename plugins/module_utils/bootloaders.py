@@ -240,11 +240,10 @@ class Grub(Bootloader):
         return changes, before, result, notes
 
     def generated_lines(self):
-        with open(GRUB_CFG) as f:
-            for line in f:
-                stripped = line.strip()
-                if stripped.startswith("linux") and ("vmlinuz" in stripped or "/boot/" in stripped):
-                    return [(GRUB_CFG, " ".join(stripped.split()[2:]))]  # the default (first) entry is what boots
+        for line in (read_if_exists(GRUB_CFG) or "").split("\n"):
+            stripped = line.strip()
+            if stripped.startswith("linux") and ("vmlinuz" in stripped or "/boot/" in stripped):
+                return [(GRUB_CFG, " ".join(stripped.split()[2:]))]  # the default (first) entry is what boots
         return []
 
     def grubenv_next_entry(self):
@@ -342,7 +341,9 @@ def mounted_esp(module, uuid, writable=False):
     try:
         yield mnt
     finally:
-        module.run_command(["umount", mnt])
+        rc, _out, err = module.run_command(["umount", mnt])
+        if rc != 0:  # a busy ESP: say where it stays mounted rather than fail on the directory's removal
+            raise EspError(f"cannot unmount ESP {device} from {mnt}: {err.strip()}; it stays mounted there")
         os.rmdir(mnt)
 
 
@@ -355,15 +356,10 @@ class SystemdBoot(Bootloader):
     generated_from = "loader/entries/proxmox-*.conf on the ESPs"
 
     def plan(self, add, remove):
-        content = read_if_exists(KERNEL_CMDLINE)
+        first, rest, content = self.first_line()
         notes = []
         if content is None:
-            with open("/proc/cmdline") as f:
-                first = " ".join(a for a in split(f.read()) if not a.startswith(("initrd=", "BOOT_IMAGE=")))
-            rest = ""
             notes.append(f"{KERNEL_CMDLINE} did not exist: started from /proc/cmdline, as proxmox-boot-tool does")
-        else:
-            first, _sep, rest = content.partition("\n")
         result = merge(first, add, remove)
         if not any(a.startswith("root=") for a in split(result["line"])):
             self.module.fail_json(
@@ -373,14 +369,36 @@ class SystemdBoot(Bootloader):
         return changes, first, result, notes
 
     def generated_lines(self):
+        """Every proxmox-*.conf entry's options on every ESP; on each ESP the entry systemd-boot boots by default
+        first (loader.conf's default)."""
         found = []
         for uuid in esp_uuids():
             with mounted_esp(self.module, uuid) as mnt:
-                for entry in sorted(glob.glob(os.path.join(mnt, "loader", "entries", "proxmox-*.conf"))):
-                    with open(entry) as f:
+                entries = os.path.join(mnt, "loader", "entries")
+                names = [os.path.basename(e) for e in glob.glob(os.path.join(entries, "proxmox-*.conf"))]
+                conf = read_if_exists(os.path.join(mnt, "loader", "loader.conf"))
+                default = boot_trial.sdboot_default_entry(names, boot_trial.loader_default(conf))
+                for name in sorted(names, key=lambda n: (n != default, n)):
+                    with open(os.path.join(entries, name)) as f:
                         options = [ln.split(None, 1)[1].strip() for ln in f if ln.startswith("options")]
-                    found += [(f"{uuid}:{os.path.basename(entry)}", o) for o in options]
+                    found += [(f"{uuid}:{name}", o) for o in options]
         return found
+
+    def configured_line(self):
+        """The first line of /etc/kernel/cmdline as it is, without plan's check of root=."""
+        return self.first_line()[0]
+
+    @staticmethod
+    def first_line():
+        """(the first line, the rest of the file, the file's text or None where there is none): with no file, the
+        running line without the loader's own arguments, as proxmox-boot-tool starts from it."""
+        content = read_if_exists(KERNEL_CMDLINE)
+        if content is None:
+            with open("/proc/cmdline") as f:
+                first = " ".join(a for a in split(f.read()) if not a.startswith(("initrd=", "BOOT_IMAGE=")))
+            return first, "", None
+        first, _sep, rest = content.partition("\n")
+        return first, rest, content
 
     def armed(self):
         oneshot = efi_variable("LoaderEntryOneShot")

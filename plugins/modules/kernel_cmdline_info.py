@@ -15,7 +15,11 @@ description:
     every C(proxmox-*.conf) loader entry on the ESPs C(/etc/kernel/proxmox-boot-uuids) lists, mounted read-only);
     the running line (C(/proc/cmdline)); a one-shot armed for the next boot (GRUB's C(next_entry) in grubenv, or the
     C(LoaderEntryOneShot) EFI variable); and the kernel release the node boots next.
-  - Changes nothing on the node, in check mode or not.
+  - Changes nothing on the node, in check mode or not. On systemd-boot it mounts each ESP read-only for the read and
+    unmounts it again, as PVE leaves ESPs unmounted.
+notes:
+  - On a node whose GRUB boots from ESPs that proxmox-boot-tool manages (C(/etc/kernel/proxmox-boot-uuids) with ESPs
+    configured with grub), the GRUB files read are C(/boot/grub)'s, not the ESPs' copies.
 options:
   bootloader:
     type: str
@@ -55,7 +59,10 @@ configured_line:
   type: str
   returned: always
 generated:
-  description: the lines the generated boot configuration boots, each a pair of its source and the line
+  description:
+    - the lines the generated boot configuration boots, each a pair of its source and the line; the entry booted by
+      default first (GRUB's first menu entry; on each ESP the entry loader.conf's default selects)
+    - empty where there is none (no C(/boot/grub/grub.cfg), or no ESP listed)
   type: list
   elements: list
   returned: always
@@ -67,7 +74,7 @@ regenerate:
   returned: always
 running_line: {description: the running kernel's command line (C(/proc/cmdline)), type: str, returned: always}
 not_running:
-  description: arguments of the first generated line (the default entry) that the running kernel lacks
+  description: arguments of the first generated line (the entry booted by default) that the running kernel lacks
   type: list
   elements: str
   returned: always

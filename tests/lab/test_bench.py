@@ -140,23 +140,29 @@ def test_a_gpu_dma_fault_during_the_sweep_fails_bench_naming_the_line(lab, conve
     node, ct = lab.state()["vms"][0]["name"], lab.container()
     line = "nvidia 0000:42:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x001a address=0x7ffe1000 flags=0x0020]"
     injected = threading.Event()
+    when: dict[str, float] = {}
 
     def inject_while_the_client_runs():
+        # the launcher with the client's module after it: only the sweep's own client (not a task that writes the
+        # launcher or finds the module before the sweep's start is marked)
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and ct.ssh("pgrep -f sglang-bench-client").returncode:
+        while time.monotonic() < deadline and ct.ssh("pgrep -f 'sglang-bench-client sglang'").returncode:
             time.sleep(0.5)
+        when["seen"] = time.time()
         lab.inject_kernel_line(node, line)
+        when["injected"] = time.time()
         injected.set()
 
     thread = threading.Thread(target=inject_while_the_client_runs, daemon=True)
     thread.start()
     try:
-        rc, report, err = bench(converged, runs, "--concurrency", "8")
+        # 64 prompts at concurrency 8: the client runs for seconds, so the line lands while it does
+        rc, report, err = bench(converged, runs, "--concurrency", "8", "--prompts-per-level", "8")
         thread.join(60)
     finally:  # the line stays in the node's log: a new start of the service opens a new window for verify
         restart_and_wait_ready(ct)
     assert injected.is_set()
-    assert rc != 0, err[-2000:]
+    assert rc != 0, (when, err[-2000:])
     text = json.dumps(report) + err
     assert f"node {node} logged 1 GPU DMA fault line(s) during the sweep" in text
     assert "IO_PAGE_FAULT domain=0x001a address=0x7ffe1000 flags=0x0020" in text

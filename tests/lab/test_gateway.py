@@ -46,6 +46,8 @@ def fleet(lab):
     lab.down(progress=lambda msg: None)
     lab.up(hosts=2, containers=2, gateway=True, nodes="nspawn", progress=lambda msg: print(msg, flush=True))
     yield lab
+    for name in HOSTS:  # the variables the tests set: the lab a later module brings up has no such host
+        set_host_vars(inventory_dir(), name, None)
     lab.down(progress=lambda msg: None)
 
 
@@ -270,7 +272,8 @@ def test_a_rollout_stopped_with_a_worker_out_is_finished_by_the_next_apply(fleet
         set_host_vars(inventory, name, {"sglang_extra_args": flags})
     summary = interrupt_at(inventory, runs, tmp_path, "sglang-01", ROLLING_TASK["restarted"])
     left = summary["stopped_at"]["sglang-01"]["leaves"]
-    assert left.startswith("SGLang service restart") and left.endswith("out of its gateways: the next run puts it back")
+    # SIGINT reaches the run in the restart, or in the readiness poll after it: the server is out of its gateways then
+    assert left.startswith("SGLang service restart") and left.endswith("the next run puts it back"), left
     out = fleet.container("sglang-01").spec.address
     assert f"http://{out}:30000" not in listed(fleet) and len(listed(fleet)) == 1
     assert gateway(fleet).ssh("ls /var/lib/provision/sglang-gateway-out").stdout.split() == ["sglang-01"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.plugins.modules.test_kernel_cmdline_trial import ESP, KVER, NEW_ARG, NEW_KVER, OLD_LINE
+from tests.unit.plugins.modules.test_kernel_cmdline_trial import ESP, ESP_UUID, KVER, NEW_ARG, NEW_KVER, OLD_LINE
 from tests.unit.plugins.modules.test_kernel_cmdline_trial import node as node  # the fixture
 
 ARMED = {
@@ -37,6 +37,11 @@ def test_info_reads_this_boot_and_the_next_and_changes_nothing(node):
         assert info["configured_line"] == OLD_LINE and info["next_release"] == NEW_KVER
         assert info["regenerate"] == ["proxmox-boot-tool", "refresh"]
         assert {line for _, line in info["generated"]} == {OLD_LINE} and info["not_running"] == []
+        # the entry systemd-boot boots by default comes first: loader.conf's `default proxmox-*`, the newest kernel
+        assert [source for source, _ in info["generated"]] == [
+            f"{ESP_UUID}:proxmox-{NEW_KVER}.conf",
+            f"{ESP_UUID}:proxmox-{KVER}.conf",
+        ]
     else:
         assert info["configured_line"] == "quiet" and info["regenerate"] == ["update-grub"]
         assert [source for source, _ in info["generated"]] == ["/boot/grub/grub.cfg"]
@@ -59,3 +64,10 @@ def test_a_committed_line_not_yet_booted_is_what_the_next_boot_runs(node):
     info = node.run_module("kernel_cmdline_info", {})
     assert info["configured_line"] == f"{OLD_LINE} {NEW_ARG}" and info["armed"] is None
     assert info["not_running"] == [NEW_ARG], info
+
+
+@pytest.mark.parametrize("node", ["grub"], indirect=True)
+def test_a_grub_node_without_a_generated_menu_reads_as_one_with_nothing_generated(node):
+    node.sh("rm /boot/grub/grub.cfg")
+    info = node.run_module("kernel_cmdline_info", {})
+    assert not info.get("failed") and (info["generated"], info["not_running"]) == ([], []), info
