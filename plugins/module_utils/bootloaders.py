@@ -25,7 +25,7 @@ import os
 import tempfile
 
 from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import on_this_node
+from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import detect_bootloader, on_this_node
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import (
     assigned_word,
     assignments,
@@ -165,6 +165,15 @@ class Bootloader:
 def for_node(module, name):
     """The class for bootloader `name` (one of NAMES), reading and writing the node `module` runs on."""
     return {"grub": Grub, "systemd-boot": SystemdBoot}[name](module)
+
+
+def for_params(module):
+    """(the class, its name, how it was told) for a module's `bootloader` parameter: auto detects it as
+    boot_kernel.detect_bootloader does, else the inventory's word."""
+    name, how = module.params["bootloader"], "set by the inventory"
+    if name == "auto":
+        name, how = detect_bootloader(module)
+    return for_node(module, name), name, how
 
 
 # ------------------------------------------------------------------ GRUB

@@ -179,7 +179,6 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, bootloaders, kernel_findings
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import detect_bootloader
 from ansible_collections.provision.pve_sglang.plugins.module_utils.bootloaders import (
     EspError,
     TrialError,
@@ -532,11 +531,7 @@ def main():
     problems = value_problems({"add": p["add"], "remove": p["remove"]})
     if problems:  # a newline would start a new statement in /etc/default/grub, a new line in /etc/kernel/cmdline
         module.fail_json(msg="; ".join(problems) + ": nothing was changed")
-    if p["bootloader"] == "auto":
-        bootloader, how = detect_bootloader(module)
-    else:
-        bootloader, how = p["bootloader"], "set by the inventory"
-    loader = bootloaders.for_node(module, bootloader)
+    loader, bootloader, how = bootloaders.for_params(module)
     result = act(module, loader, p["action"])
     module.exit_json(
         bootloader=bootloader,

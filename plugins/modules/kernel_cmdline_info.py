@@ -90,7 +90,6 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import boot_trial, bootloaders
-from ansible_collections.provision.pve_sglang.plugins.module_utils.boot_kernel import detect_bootloader
 from ansible_collections.provision.pve_sglang.plugins.module_utils.kernel_cmdline import canonical, split
 
 
@@ -132,11 +131,8 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if module.params["bootloader"] == "auto":
-        bootloader, how = detect_bootloader(module)
-    else:
-        bootloader, how = module.params["bootloader"], "set by the inventory"
-    result = read(module, bootloaders.for_node(module, bootloader))
+    loader, bootloader, how = bootloaders.for_params(module)
+    result = read(module, loader)
     module.exit_json(bootloader=bootloader, bootloader_detection=how, **result)
 
 
