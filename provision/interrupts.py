@@ -79,6 +79,12 @@ class SignalTrap:
         return cancel
 
 
+# roles/sglang/tasks/ready.yml's tasks, after a restart of either kind
+_READINESS_BEING_CHECKED = (
+    "SGLang service restarted, readiness being checked; where a rolling restart took it out of its gateways, the next "
+    "run puts it back"
+)
+
 # What a host is left in when the run stops in a task: (while the task ran, once it had finished). One table for
 # every phase; a task not named here is described by its phase. Keyed by task name because the task a run stopped
 # in returned nothing: its start event, and so its name, is all there is. tests/unit/provision/test_interrupts.py checks
@@ -189,10 +195,18 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "SGLang service restarted, out of its gateways: the next run puts it back",
     ),
     # roles/sglang/tasks/ready.yml, after either restart: a rolling restart has the server out of its gateways until
-    # the task after this one (the mark it left on each gateway's host tells the next run)
+    # the task after these (the mark it left on each gateway's host tells the next run)
+    **dict.fromkeys(
+        (
+            "Read how often systemd has restarted the server so far",
+            "Stop when the server kept exiting, or stopped for good",
+            "Read the last journal lines of the service, the API key replaced on the host",
+            "Stop with the journal tail",
+        ),
+        (_READINESS_BEING_CHECKED, _READINESS_BEING_CHECKED),
+    ),
     "Poll SGLang until it is ready, or until it has exited sglang_ready_exits times": (
-        "SGLang service restarted, readiness being checked; where a rolling restart took it out of its gateways, "
-        "the next run puts it back",
+        _READINESS_BEING_CHECKED,
         "SGLang service restarted and ready; where a rolling restart took it out of its gateways, the next run puts "
         "it back",
     ),
