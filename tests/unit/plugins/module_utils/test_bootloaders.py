@@ -142,3 +142,52 @@ def test_the_next_kernel_on_systemd_boot_is_the_pinned_one(tmp_path, monkeypatch
     pin.write_text("6.8.12-4-pve\n")
     monkeypatch.setattr(bootloaders, "PBT_PIN", str(pin))
     assert bootloaders.for_node(_Module(), "systemd-boot").next_release() == "6.8.12-4-pve"
+
+
+def test_a_third_bootloader_is_one_class_that_kernel_cmdline_drives_without_a_change(tmp_path, monkeypatch):
+    """A toy extlinux (one APPEND line, read by the loader itself: nothing to regenerate, no one-shot) registered
+    beside the two: kernel_cmdline's configure writes it with a backup, a second configure changes nothing,
+    verify_generated finds the new argument in what it boots, and restore puts the file back."""
+    conf = tmp_path / "extlinux.conf"
+    conf.write_text("DEFAULT pve\nLABEL pve\n  KERNEL /vmlinuz\n  APPEND root=/dev/sda1 ro quiet\n")
+
+    class Extlinux(bootloaders.Bootloader):
+        name, regenerate, generated_from = "extlinux", (), str(conf)
+
+        def plan(self, add, remove):
+            text = conf.read_text()
+            line = next(ln.split("APPEND", 1)[1].strip() for ln in text.splitlines() if "APPEND" in ln)
+            result = bootloaders.merge(line, add, remove)
+            changes = {str(conf): text.replace(line, result["line"])} if result["changed"] else {}
+            return changes, line, result, []
+
+        def generated_lines(self):
+            return [(self.generated_from, self.plan([], [])[1])]
+
+        def armed(self):
+            return None
+
+        def trial_problem(self, add, remove):
+            return "extlinux has no one-shot entry"
+
+        def remove_trial(self, dry_run, recorded):
+            self.booted = None
+            return []
+
+    monkeypatch.setitem(bootloaders.CLASSES, "extlinux", Extlinux)
+    kernel_cmdline = collection.module("kernel_cmdline")
+    module = _Module(
+        dict(add=["iommu=nopt"], remove=[], backup_dir=str(tmp_path / "state"), trial_boot="auto", reboot="auto")
+        | dict(snp_required=False, findings_file=str(tmp_path / "findings.json"))
+    )
+    module.check_mode, module._diff = False, False
+    loader = bootloaders.for_node(module, "extlinux")
+    first = kernel_cmdline.configure(module, loader, ["iommu=nopt"], [])
+    assert first["changed"] and first["files"] == [str(conf)] and first["trial"]["mode"] in ("warn", "none")
+    assert "APPEND root=/dev/sda1 ro quiet iommu=nopt" in conf.read_text()
+    assert not kernel_cmdline.configure(module, loader, ["iommu=nopt"], [])["changed"], "a second run changes nothing"
+    assert kernel_cmdline.verify_generated(module, loader, ["iommu=nopt"], [])["generated"] == [
+        (str(conf), "root=/dev/sda1 ro quiet iommu=nopt")
+    ]
+    assert kernel_cmdline.restore(module, loader)["restored"] == [str(conf)]
+    assert "APPEND root=/dev/sda1 ro quiet\n" in conf.read_text()
