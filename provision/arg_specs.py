@@ -1,7 +1,8 @@
 """Every variable of a host, checked before anything runs against the argument specs of the roles that run on it
-(roles/*/meta/argument_specs.yml, entry point `main`), by ansible-core's own ArgumentSpecValidator: the check the
-roles make when they start, made at `inventory check` and before `apply`, so that a wrong type or a missing model
-path is said before the kernel, driver and gpu phases, and their reboots, have run.
+(roles/*/meta/argument_specs.yml, entry point `main`, and provision_common's `shared`), by ansible-core's own
+ArgumentSpecValidator: the check the roles make when they start, made at `inventory check` and before `apply`, so
+that a wrong type or a missing model path is said before the kernel, driver and gpu phases, and their reboots, have
+run.
 
 Which roles run on which group is read from the packaged playbooks (a play's `hosts:` and its roles, or the roles its
 tasks include). A value Ansible renders at run time (a template) or decrypts (vault) is checked by the role then.
@@ -38,10 +39,17 @@ def _specs() -> dict[str, dict]:
     }
 
 
+# the entry point that holds a role's variables: `main`, but provision_common's `shared`, which the playbooks include
+# once per run (its meta/argument_specs.yml says why)
+ENTRY_POINT = {"provision_common": "shared"}
+
+
 @functools.cache
 def role_options() -> dict[str, dict[str, dict]]:
-    """role -> the options of its `main` entry point."""
-    return {role: specs.get("main", {}).get("options", {}) or {} for role, specs in _specs().items()}
+    """role -> the options of its `main` entry point (ENTRY_POINT names another)."""
+    return {
+        role: specs.get(ENTRY_POINT.get(role, "main"), {}).get("options", {}) or {} for role, specs in _specs().items()
+    }
 
 
 @functools.cache

@@ -24,3 +24,15 @@ PART_TAGS = {
     "weights": "sglang",  # the model weights from sglang_model_source (weights.yml)
     "sglang_service": "sglang",  # the P2P decision, the configuration and the unit, restarted where due
 }
+
+
+def selected(run_tags, skip_tags) -> list[str]:
+    """The phases whose tasks a run with these tags runs (Ansible's ansible_run_tags and ansible_skip_tags), in order:
+    each phase's playbook carries its phase's tag (playbooks/site.yml) and each part its PART_TAGS, so `all` and
+    `tagged` select every phase, a part selects its phase, and a skipped phase (or `tagged`) is left out."""
+    run, skip = set(run_tags or ("all",)), set(skip_tags or ())
+    if "tagged" in skip:
+        return []
+    every = bool(run & {"all", "tagged"})
+    named = {PART_TAGS.get(tag, tag) for tag in run}
+    return [phase for phase in PHASES if (every or phase in named) and phase not in skip]

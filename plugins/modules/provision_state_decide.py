@@ -16,6 +16,9 @@ description:
   - "Puts the host in the group C(provision_stale_<phase>) of each phase that is not current, as
     C(ansible.builtin.group_by) does with C(parents): the host joins one group per set of stale phases, a child of
     each phase's group. A host with every phase current joins none."
+  - "Only the phases the run's tags select (C(ansible_run_tags), C(ansible_skip_tags); a part's tag selects its phase)
+    get hosts: the play of a phase the tags leave out then runs on none, and skips its roles' argument-spec checks,
+    which Ansible tags C(always), as well as its tasks."
   - One task per host instead of a C(set_fact) loop and a C(group_by), each a round of workers on the controller
     (docs/performance.md, "Fleet").
 options:

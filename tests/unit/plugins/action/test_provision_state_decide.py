@@ -56,10 +56,17 @@ def playbook(recorded: dict, node_recorded: dict) -> list:
         }
         for phase in PATTERNS
     ]
-    return [{"hosts": "all", "gather_facts": False, "tasks": tasks}, *stale]
+    # every task tagged `always`: a run with --tags or --skip-tags still decides and shows each group's hosts
+    plays = [{"hosts": "all", "gather_facts": False, "tasks": tasks}, *stale]
+    for play in plays:
+        for task in play["tasks"]:
+            task["tags"] = ["always"]
+    return plays
 
 
-def run(tmp_path: Path, hosts: dict, recorded: dict, node_recorded: dict, extra: dict | None = None) -> dict:
+def run(
+    tmp_path: Path, hosts: dict, recorded: dict, node_recorded: dict, extra: dict | None = None, tags: tuple = ()
+) -> dict:
     """One ansible-playbook run of `playbook` on local hosts: each host's decision, and each phase group's hosts."""
     inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **v} for name, v in hosts.items()}}}
     (tmp_path / "inv.json").write_text(json.dumps(inventory))
@@ -84,6 +91,7 @@ def run(tmp_path: Path, hosts: dict, recorded: dict, node_recorded: dict, extra:
         str(tmp_path / "p.yml"),
         "-e",
         f"@{tmp_path / 'extra.json'}",
+        *tags,
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -149,3 +157,23 @@ def test_a_changed_variable_an_unknown_release_or_skip_off_makes_every_matching_
     assert run(tmp_path, hosts, recorded, node, {"provision_release": "unknown"})["stale"] == everything
     off = run(tmp_path, hosts, recorded, node, {"skip": False})
     assert off["stale"] == everything and not any(off["decisions"]["ct1"]["current"].values())
+
+
+def test_only_the_phases_the_runs_tags_select_get_their_stale_hosts(tmp_path):
+    """A phase that --tags leaves out, or --skip-tags names, gets no host, stale or not: its play then runs on none
+    (no argument-spec check of its roles, which Ansible tags `always`). A part's tag selects its phase. The decision
+    itself still covers every phase."""
+    hosts = {"ct1": {"proxmox_vmid": 101}}
+    node = {"gpu@ct1": {"current": True}, "sglang@ct1": {"current": True}}
+    everything = {"kernel": ["ct1"], "gpu": ["ct1"], "sglang": ["ct1"], "verify": ["ct1"]}
+    none = {phase: [] for phase in PATTERNS}
+    for tags, stale in [
+        ((), everything),
+        (("--tags", "gpu"), {**none, "gpu": ["ct1"]}),
+        (("--tags", "weights,kernel"), {**none, "kernel": ["ct1"], "sglang": ["ct1"]}),
+        (("--skip-tags", "kernel,verify"), {**none, "gpu": ["ct1"], "sglang": ["ct1"]}),
+        (("--tags", "tagged", "--skip-tags", "gpu"), {**everything, "gpu": []}),
+    ]:
+        out = run(tmp_path, hosts, {}, node, tags=tags)
+        assert out["stale"] == stale, tags
+        assert not any(out["decisions"]["ct1"]["current"].values()), tags

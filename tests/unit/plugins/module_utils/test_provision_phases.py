@@ -56,3 +56,11 @@ def test_each_part_tag_is_on_its_phases_role_and_the_role_tags_no_other():
         assert tagged == {tag for tag, of in part_tags.items() if of == phase}, phase
         for task in (t for t in tasks if "tags" in t and "ansible.builtin.include_tasks" in t):
             assert task["ansible.builtin.include_tasks"]["apply"]["tags"] == task["tags"], task["name"]
+
+
+def test_the_phases_a_runs_tags_select_follow_ansibles_tag_rules():
+    selected = module_util("provision_phases").selected
+    assert selected(["all"], []) == selected(None, None) == selected(["tagged"], []) == list(PHASES)
+    assert selected(["weights", "kernel"], []) == ["kernel", "sglang"]
+    assert selected(["all"], ["kernel", "verify"]) == [p for p in PHASES if p not in ("kernel", "verify")]
+    assert selected(["untagged"], []) == [] and selected(["all"], ["tagged"]) == []
