@@ -79,11 +79,11 @@ class SignalTrap:
         return cancel
 
 
-# roles/sglang/tasks/ready.yml's tasks, after a restart of either kind
-_READINESS_BEING_CHECKED = (
-    "SGLang service restarted, readiness being checked; where a rolling restart took it out of its gateways, the next "
-    "run puts it back"
-)
+# roles/sglang/tasks/ready.yml's tasks: every sglang phase checks readiness, after a restart of either kind or none;
+# where a rolling restart took the server out of its gateways, it stays out until the next run
+_UNTIL_NEXT_RUN = "; where a rolling restart took it out of its gateways, the next run puts it back"
+_READINESS_BEING_CHECKED = "SGLang service's readiness being checked" + _UNTIL_NEXT_RUN
+_NOT_READY = "SGLang service did not become ready, its journal being read" + _UNTIL_NEXT_RUN
 
 # What a host is left in when the run stops in a task: (while the task ran, once it had finished). One table for
 # every phase; a task not named here is described by its phase. Keyed by task name because the task a run stopped
@@ -194,25 +194,32 @@ LEFT_BY_TASK: dict[str, tuple[str, str]] = {
         "SGLang service restarting, out of its gateways: the next run puts it back",
         "SGLang service restarted, out of its gateways: the next run puts it back",
     ),
-    # roles/sglang/tasks/ready.yml, after either restart: a rolling restart has the server out of its gateways until
-    # the task after these (the mark it left on each gateway's host tells the next run)
+    # roles/sglang/tasks/ready.yml: a rolling restart has the server out of its gateways until the task after these
+    # (the mark it left on each gateway's host tells the next run)
+    "Read how often systemd has restarted the server so far": (_READINESS_BEING_CHECKED, _READINESS_BEING_CHECKED),
+    "Poll SGLang until it is ready, or until it has exited sglang_ready_exits times": (
+        _READINESS_BEING_CHECKED,
+        "SGLang service ready" + _UNTIL_NEXT_RUN,
+    ),
     **dict.fromkeys(
         (
-            "Read how often systemd has restarted the server so far",
             "Stop when the server kept exiting, or stopped for good",
             "Read the last journal lines of the service, the API key replaced on the host",
             "Stop with the journal tail",
         ),
-        (_READINESS_BEING_CHECKED, _READINESS_BEING_CHECKED),
-    ),
-    "Poll SGLang until it is ready, or until it has exited sglang_ready_exits times": (
-        _READINESS_BEING_CHECKED,
-        "SGLang service restarted and ready; where a rolling restart took it out of its gateways, the next run puts "
-        "it back",
+        (_NOT_READY, _NOT_READY),
     ),
     "Take the servers out of their gateways, and wait until each sends them nothing new": (
         "servers being taken out of their gateways: the next run puts them back",
         "servers out of their gateways, not restarted: the next run puts them back",
+    ),
+    "Put the servers back into their gateways, and wait until each counts them ready and healthy": (
+        "servers being put back into their gateways: the next run puts back any still out",
+        "servers back in their gateways, the marks of their leaving not cleared: the next run clears them",
+    ),
+    "Clear the marks of the servers back in their gateways": (
+        "servers back in their gateways, the marks of their leaving being cleared: the next run clears any left",
+        "servers back in their gateways",
     ),
     "Record the converged phase in the state directory": (
         "phase done, its record being written: the next run does the phase again",

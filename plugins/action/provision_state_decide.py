@@ -65,5 +65,5 @@ class ActionModule(ActionBase):
             inputs, args.get("recorded") or {}, node_parts, boolean(args.get("skip", True), strict=False), release
         )
         chosen = selected(task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"))
-        result.update(changed=False, inputs=inputs, current=current, **grouping(current, chosen))
+        result.update(changed=False, inputs=inputs, current=current, selected=chosen, **grouping(current, chosen))
         return result

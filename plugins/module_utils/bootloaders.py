@@ -506,7 +506,9 @@ class SystemdBoot(Bootloader):
 
 
 # ------------------------------------------------------------------ the registry
-# a new bootloader is one class here and one entry (tests/unit/plugins/module_utils/test_bootloaders.py drives a toy
-# third one through kernel_cmdline's configure, verify_generated and restore)
+# a new bootloader is a class here and its entry below; its name then joins the `bootloader` choices of the modules
+# and of the kernel_cmdline role's argument spec, and boot_kernel.detect_bootloader where `auto` should find it
+# (tests/unit/plugins/module_utils/test_bootloaders.py drives a toy third one through kernel_cmdline's configure,
+# verify_generated and restore)
 CLASSES = {"grub": Grub, "systemd-boot": SystemdBoot}
 NAMES = tuple(CLASSES)

@@ -29,9 +29,9 @@ PART_TAGS = {
 def selected(run_tags, skip_tags) -> list[str]:
     """The phases whose tasks a run with these tags runs (Ansible's ansible_run_tags and ansible_skip_tags), in order:
     each phase's playbook carries its phase's tag (playbooks/site.yml) and each part its PART_TAGS, so `all` and
-    `tagged` select every phase, a part selects its phase, and a skipped phase (or `tagged`) is left out."""
+    `tagged` select every phase, a part selects its phase, and a skipped phase (or `all`, or `tagged`) is left out."""
     run, skip = set(run_tags or ("all",)), set(skip_tags or ())
-    if "tagged" in skip:
+    if skip & {"all", "tagged"}:  # every phase's tasks are tagged, none `always`
         return []
     every = bool(run & {"all", "tagged"})
     named = {PART_TAGS.get(tag, tag) for tag in run}

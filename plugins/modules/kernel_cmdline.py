@@ -507,7 +507,7 @@ def main():
                 default="configure",
                 choices=list(ACTIONS),
             ),
-            bootloader=dict(type="str", default="auto", choices=["auto", "grub", "systemd-boot"]),
+            bootloader=dict(type="str", default="auto", choices=["auto", *bootloaders.NAMES]),
             add=dict(type="list", elements="str", default=[]),
             remove=dict(type="list", elements="str", default=[]),
             backup_dir=dict(type="path"),

@@ -67,6 +67,11 @@ EXAMPLES = r"""
 RETURN = r"""
 inputs: {description: phase -> sha256 of its inputs, type: dict, returned: always}
 current: {description: phase -> whether it is as recorded, type: dict, returned: always}
+selected:
+  description: the phases the run's tags select, in order; only these get hosts
+  type: list
+  elements: str
+  returned: always
 add_group:
   {description: the group of the host's set of stale phases, type: str, returned: when a phase is stale}
 parent_groups:

@@ -272,8 +272,8 @@ def test_a_rollout_stopped_with_a_worker_out_is_finished_by_the_next_apply(fleet
         set_host_vars(inventory, name, {"sglang_extra_args": flags})
     summary = interrupt_at(inventory, runs, tmp_path, "sglang-01", ROLLING_TASK["restarted"])
     left = summary["stopped_at"]["sglang-01"]["leaves"]
-    # SIGINT reaches the run in the restart, or in the readiness poll after it: the server is out of its gateways then
-    assert left.startswith("SGLang service restart") and left.endswith("the next run puts it back"), left
+    # SIGINT reaches the run in the restart, or in the readiness wait after it: the server is out of its gateways then
+    assert left.startswith("SGLang service") and left.endswith("the next run puts it back"), left
     out = fleet.container("sglang-01").spec.address
     assert f"http://{out}:30000" not in listed(fleet) and len(listed(fleet)) == 1
     assert gateway(fleet).ssh("ls /var/lib/provision/sglang-gateway-out").stdout.split() == ["sglang-01"]

@@ -63,4 +63,4 @@ def test_the_phases_a_runs_tags_select_follow_ansibles_tag_rules():
     assert selected(["all"], []) == selected(None, None) == selected(["tagged"], []) == list(PHASES)
     assert selected(["weights", "kernel"], []) == ["kernel", "sglang"]
     assert selected(["all"], ["kernel", "verify"]) == [p for p in PHASES if p not in ("kernel", "verify")]
-    assert selected(["untagged"], []) == [] and selected(["all"], ["tagged"]) == []
+    assert selected(["untagged"], []) == [] and selected(["all"], ["tagged"]) == selected(["all"], ["all"]) == []
