@@ -67,3 +67,30 @@ def run_role_playbook(sh, root, playbook: str, extra: dict, collections, interpr
     proc = sh(f"{env} {command} -i {inventory} -e @{root}/extra.json {root}/site.yml", check=False)
     assert proc.returncode == 0 and outcome.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(outcome.read_text())
+
+
+def run_local_plays(tmp_path, plays: list, hosts: dict, *args: str, collections: str = "", **env: str):
+    """ansible-playbook of `plays` on `hosts` (name -> variables, each run with the local connection), with this
+    repository's collection first on the collections path (or `collections`), Ansible's output without colour, and
+    `env` added to the environment: the completed process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from provision.paths import collections_path
+
+    inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **v} for name, v in hosts.items()}}}
+    (tmp_path / "inv.json").write_text(json.dumps(inventory))
+    (tmp_path / "p.yml").write_text(json.dumps(plays))
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": collections or collections_path(tmp_path / "collections"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+        **env,
+    }
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    argv = [str(playbook), "-i", str(tmp_path / "inv.json"), str(tmp_path / "p.yml"), *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from provision.paths import collections_path
+from tests.playbooks import run_local_plays
 
-BIN = Path(sys.executable).parent
 PATTERNS = {"kernel": "^kernel_cmdline_", "gpu": "^proxmox_", "sglang": "^(sglang|proxmox)_", "verify": "^$"}
 
 
@@ -68,32 +65,15 @@ def run(
     tmp_path: Path, hosts: dict, recorded: dict, node_recorded: dict, extra: dict | None = None, tags: tuple = ()
 ) -> dict:
     """One ansible-playbook run of `playbook` on local hosts: each host's decision, and each phase group's hosts."""
-    inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **v} for name, v in hosts.items()}}}
-    (tmp_path / "inv.json").write_text(json.dumps(inventory))
-    (tmp_path / "p.yml").write_text(json.dumps(playbook(recorded, node_recorded)))
     (tmp_path / "filter_plugins").mkdir(exist_ok=True)
     (tmp_path / "filter_plugins" / "resolve.py").write_text(RESOLVE)
     (tmp_path / "extra.json").write_text(json.dumps({"provision_release": "1+a", **(extra or {})}))
     collections = tmp_path / "collections"
     found = collections_path(collections) if not collections.exists() else str(collections)
-    filters = str(tmp_path / "filter_plugins")
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": found,
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FILTER_PLUGINS": filters,
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
-    argv = [
-        str(BIN / "ansible-playbook"),
-        "-i",
-        str(tmp_path / "inv.json"),
-        str(tmp_path / "p.yml"),
-        "-e",
-        f"@{tmp_path / 'extra.json'}",
-        *tags,
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    plays = playbook(recorded, node_recorded)
+    extra_vars = ("-e", f"@{tmp_path / 'extra.json'}")
+    filters = {"ANSIBLE_FILTER_PLUGINS": str(tmp_path / "filter_plugins")}
+    proc = run_local_plays(tmp_path, plays, hosts, *extra_vars, *tags, collections=found, **filters)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     said = re.findall(r'"msg": "DECISION (\S+) (\S+)"', proc.stdout)
     groups = re.findall(r'"msg": "STALE (\S+) (\S+)"', proc.stdout)

@@ -3,15 +3,12 @@ includes it, and never again in the plays of the roles that depend on provision_
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from provision.paths import collections_path
+from tests.playbooks import run_local_plays
 
-BIN = Path(sys.executable).parent
 CHECK = "Validating arguments against arg spec"
 SHARED = {
     "name": "Check the variables every role shares",
@@ -30,25 +27,8 @@ STATE = {
 def run(tmp_path: Path, host_vars: dict) -> subprocess.CompletedProcess:
     plays = [{"hosts": "all", "gather_facts": False, "tasks": [SHARED, STATE, STATE]}]
     plays.append({"hosts": "all", "gather_facts": False, "roles": ["provision.pve_sglang.provision_state"]})
-    (tmp_path / "p.yml").write_text(json.dumps(plays))
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = {"all": {"hosts": {"ct1": {**local, **host_vars}}}}
-    (tmp_path / "inv.json").write_text(json.dumps(inventory))
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": collections_path(tmp_path / "collections"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
-    argv = [
-        str(BIN / "ansible-playbook"),
-        "-i",
-        str(tmp_path / "inv.json"),
-        str(tmp_path / "p.yml"),
-        "--tags",
-        "no-task",
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, env=env)
+    host = {"ansible_python_interpreter": sys.executable, **host_vars}
+    return run_local_plays(tmp_path, plays, {"ct1": host}, "--tags", "no-task")
 
 
 def test_the_shared_variables_are_checked_once_where_a_play_includes_them_and_a_wrong_one_stops_there(tmp_path):
