@@ -64,10 +64,10 @@ def parse_tags(text: str | None, flag: str = "--tags") -> list[str]:
     return tags
 
 
-def tagged_phases(tags: list[str]) -> list[str]:
-    """The phases a run with these --tags runs (a part's is its phase), in order; no tags: every phase."""
-    named = {PART_TAGS.get(tag, tag) for tag in tags}
-    return [phase for phase in PHASES if not tags or phase in named]
+def tagged_phases(tags: list[str], skip_tags: tuple[str, ...] = ()) -> list[str]:
+    """The phases a run with these --tags (and --skip-tags) runs (a part's is its phase), in order; no tags: every
+    phase. The rule is the one the playbooks' stale groups follow (provision_phases.selected)."""
+    return module_util("provision_phases").selected(tags, skip_tags)
 
 
 def user_extra_problems(inv, opts: ApplyOptions) -> list[str]:

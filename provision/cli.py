@@ -464,7 +464,7 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
     clashes = apply_mod.user_extra_problems(inv, opts)
     if clashes:
         raise UsageError("; ".join(clashes))
-    phases = [p for p in apply_mod.tagged_phases(opts.tags) if p not in opts.user.skip_tags]
+    phases = apply_mod.tagged_phases(opts.tags, opts.user.skip_tags)
     inventory.require(inv, scope, phases, opts.reboot)
     if args.list_hosts:
         return _list_hosts(out, args, inv, scope)

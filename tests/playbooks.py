@@ -3,7 +3,14 @@ whose failure is kept, and an outcome file the test reads (`{"failed": <the mess
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
+
+from provision.paths import collections_path
 
 
 def role_outcome_playbook(
@@ -47,10 +54,6 @@ def run_role_playbook(sh, root, playbook: str, extra: dict, collections, interpr
     (a shell: this machine's, or a mount namespace's) and return its outcome. The interpreter (this Python) is an
     extra var, or with `interpreter_var="inventory"` the host's inventory variable, which a task's own
     `ansible_python_interpreter` then overrides as it does in a real inventory."""
-    import json
-    import sys
-    from pathlib import Path
-
     outcome = Path(root) / "outcome.json"
     outcome.unlink(missing_ok=True)
     extra = {**extra, "outcome_file": str(outcome)}
@@ -73,14 +76,6 @@ def run_local_plays(tmp_path, plays: list, hosts: dict, *args: str, collections:
     """ansible-playbook of `plays` on `hosts` (name -> variables, each run with the local connection), with this
     repository's collection first on the collections path (or `collections`), Ansible's output without colour, and
     `env` added to the environment: the completed process."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from provision.paths import collections_path
-
     inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **v} for name, v in hosts.items()}}}
     (tmp_path / "inv.json").write_text(json.dumps(inventory))
     (tmp_path / "p.yml").write_text(json.dumps(plays))
