@@ -126,6 +126,12 @@ def _cgroup_procs(cgroup: Path) -> str:
         return ""
 
 
+def _signal_group(pgid: int, signum: int) -> None:
+    """Signal a process group that may empty at any moment: one that is gone already has nothing left to signal."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
+
+
 def _remove_cgroup_tree(top: Path, deadline: float) -> None:
     """Kill what runs in a cgroup and the cgroups below it, then remove them deepest first, each once it is empty (a
     cgroup directory goes with rmdir alone): OSError when one is still busy at `deadline`."""
@@ -429,12 +435,12 @@ class LabContainer(LabMachine):
     def stop(self, timeout: float = 30) -> None:
         pid = self.pid()
         if pid is not None and self.is_running():
-            os.killpg(pid, signal.SIGTERM)  # nspawn shuts the container down in order
+            _signal_group(pid, signal.SIGTERM)  # nspawn shuts the container down in order
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and _sh("pgrep", "-g", str(pid), check=False).returncode == 0:
                 time.sleep(0.2)
             if _sh("pgrep", "-g", str(pid), check=False).returncode == 0:
-                os.killpg(pid, signal.SIGKILL)
+                _signal_group(pid, signal.SIGKILL)
                 time.sleep(0.5)
         self.pidfile.unlink(missing_ok=True)
         self.remove_cgroups()

@@ -310,7 +310,8 @@ class LabVm(LabMachine):
                     break
                 time.sleep(0.1)
             if self._qemu_alive():
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may exit between the check and the signal
+                    os.kill(pid, signal.SIGKILL)
         self.pidfile.unlink(missing_ok=True)
 
     def pause(self) -> None:
