@@ -21,6 +21,7 @@ PHASES = module_util("provision_phases").PHASES
 PART_TAGS = module_util("provision_phases").PART_TAGS
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
+RETIRE_PLAYBOOK = "retire.yml"
 UNLOCK_PLAYBOOK = "unlock.yml"
 RENEW_PLAYBOOK = "renew.yml"
 HOST_LOCK_LEFT = (
@@ -43,6 +44,7 @@ class ApplyOptions:
     full: bool = False  # run every phase's tasks, even where its recorded fingerprint still holds
     break_lock: bool = False  # take a host lock another controller's run holds (never a live run of this one)
     user: UserOptions = field(default_factory=UserOptions)  # --extra-vars, --skip-tags, -v: ansible-playbook's own
+    retire_weights: bool = False  # provision retire --weights: remove a Hugging Face download of the weights too
 
 
 def parse_tags(text: str | None, flag: str = "--tags") -> list[str]:
@@ -91,7 +93,29 @@ def _extravars(opts: ApplyOptions) -> dict[str, Any]:
         extra["gpu_passthrough_restart"] = opts.reboot
     if opts.full:
         extra["provision_state_skip"] = False
+    if opts.retire_weights:
+        extra["sglang_retire_weights"] = True
     return extra
+
+
+def retire_problems(inv, scope: list[str]) -> list[str]:
+    """What `provision retire` refuses in its scope, one line each: a host that is neither a container nor a node
+    (a gateway is not retired), and a node whose kernel arguments would come off while a container of the inventory
+    that runs on it, outside the scope, still serves with them."""
+    problems = []
+    containers = {h.name for h in inv.gpu_containers}
+    nodes = {h.name for h in inv.proxmox_hosts}
+    for name in scope:
+        if name not in containers | nodes:
+            problems.append(f"retire: {name} is in neither gpu_containers nor proxmox_hosts: leave it out of --limit")
+    for node in sorted(nodes.intersection(scope)):
+        serving = [c.name for c in inv.gpu_containers if c.value("proxmox_host") == node and c.name not in scope]
+        if serving:
+            problems.append(
+                f"retire: node {node} runs {', '.join(serving)} of the inventory, outside --limit: retire "
+                f"{'them' if len(serving) > 1 else 'it'} with the node, or leave the node out"
+            )
+    return problems
 
 
 def apply(

@@ -200,6 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
     _break_lock(p)
     _runs_dir(p)
 
+    p = sub.add_parser("retire", help="take containers, and their nodes, back out of provision's management")
+    _common(p)
+    p.add_argument("--weights", action="store_true", help="also remove weights the run downloaded from Hugging Face")
+    p.add_argument("--check", action="store_true", help="report what would be removed without removing it")
+    p.add_argument("--diff", action="store_true", help="show file and config differences")
+    p.add_argument("--reboot", choices=("auto", "never"), help="reboot nodes whose kernel arguments came off")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(tags=None)
+    _break_lock(p)
+    _runs_dir(p)
+    _playbook_opts(p, skip=False)
+
     p = sub.add_parser("plan", help="apply in --check --diff mode and summarise what would change")
     _common(p)
     p.add_argument("--tags", "-t", help=f"comma-separated phases: {PHASE_LIST}; or parts of one: {PART_LIST}")
@@ -432,6 +444,29 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
     return Outcome(code, result.to_dict(), result.host_states, errors=locks.held_errors(result))
 
 
+def _cmd_retire(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
+    from provision import apply as apply_mod
+    from provision import present
+
+    if not args.limit:
+        raise UsageError("retire needs --limit HOST: name the containers (and nodes) to retire, by name or pattern")
+    inv = _load(args, err)
+    opts = _apply_options(args, retire_weights=args.weights)
+    scope = inv.scope(args.limit)
+    problems = apply_mod.user_extra_problems(inv, opts) + apply_mod.retire_problems(inv, scope)  # before asking
+    if problems:
+        raise UsageError("; ".join(problems))
+    listed = _listing(args, out, opts, inv, scope, apply_mod.RETIRE_PLAYBOOK)
+    if listed:
+        return listed
+    _confirm(args, err, "stops and removes the SGLang service, the GPU entries and the kernel arguments")
+    result = apply_mod.apply(opts, progress=_progress(err), kind="retire", playbook=apply_mod.RETIRE_PLAYBOOK)
+    if not args.json:
+        present.print_apply(out, result, "retire")
+    code = EXIT_OK if result.succeeded else EXIT_FAILED
+    return Outcome(code, result.to_dict(), result.host_states, errors=locks.held_errors(result))
+
+
 def _break_lock(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--break-lock",
@@ -466,13 +501,9 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
         raise UsageError("; ".join(clashes))
     phases = apply_mod.tagged_phases(opts.tags, opts.user.skip_tags)
     inventory.require(inv, scope, phases, opts.reboot)
-    if args.list_hosts:
-        return _list_hosts(out, args, inv, scope)
-    if args.list_tasks:
-        listing = apply_mod.list_tasks(opts, inv)
-        if not args.json:
-            out.print(listing, end="", highlight=False, markup=False)
-        return Outcome(EXIT_OK, {"tasks": listing})
+    listed = _listing(args, out, opts, inv, scope)
+    if listed:
+        return listed
     if not plan:
         _confirm(args, err)
     result = apply_mod.apply(opts, progress=_progress(err), kind="plan" if plan else "apply")
@@ -484,6 +515,21 @@ def _cmd_apply(args: argparse.Namespace, out: Console, err: Console, plan: bool 
         present.print_apply(out, result, title, show_diff=opts.diff)
     code = _plan_exit(result.host_states) if plan else (EXIT_OK if result.succeeded else EXIT_FAILED)
     return Outcome(code, data, result.host_states, locks.held_errors(result))
+
+
+def _listing(args: argparse.Namespace, out: Console, opts, inv, scope: list[str], playbook: str = "") -> Outcome | None:
+    """--list-hosts or --list-tasks, as ansible-playbook lists them for `playbook` (the site's by default); None
+    when neither was asked for."""
+    from provision import apply as apply_mod
+
+    if args.list_hosts:
+        return _list_hosts(out, args, inv, scope)
+    if not args.list_tasks:
+        return None
+    listing = apply_mod.list_tasks(opts, inv, playbook or apply_mod.SITE_PLAYBOOK)
+    if not args.json:
+        out.print(listing, end="", highlight=False, markup=False)
+    return Outcome(EXIT_OK, {"tasks": listing})
 
 
 def _list_hosts(out: Console, args: argparse.Namespace, inv, scope: list[str]) -> Outcome:
@@ -650,6 +696,7 @@ COMMANDS = {
     "inventory": _cmd_inventory_check,
     "apply": _cmd_apply,
     "rollback": _cmd_rollback,
+    "retire": _cmd_retire,
     "plan": lambda args, out, err: _cmd_apply(args, out, err, plan=True),
     "verify": _cmd_verify,
     "lab": _cmd_lab,

@@ -1,6 +1,6 @@
 """Who may change a fleet now: the per-inventory lock on the controller, and the run's host locks.
 
-`provision apply` and `rollback` (never `--check`, `plan`, `verify`, `capacity`, `diag` or `bench`) take:
+`provision apply`, `rollback` and `retire` (never `--check`, `plan`, `verify`, `capacity`, `diag` or `bench`) take:
 
 - the controller lock: an flock on `<lock dir>/<inventory name>-<digest of its resolved path>.lock`, where the
   lock dir is `$XDG_CACHE_HOME/provision/locks` (`~/.cache/provision/locks`). The kernel drops an flock when its

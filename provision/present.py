@@ -254,7 +254,8 @@ def print_diffs(console: Console, result: RunResult) -> None:
 
 
 def print_apply(console: Console, result: RunResult, title: str, show_diff: bool = False) -> None:
-    """apply, plan and rollback: the diffs (with --diff), the per-host table, reports, warnings, failures, states."""
+    """apply, plan, rollback and retire: the diffs (with --diff), the per-host table, reports, warnings, failures and
+    states."""
     if show_diff:
         print_diffs(console, result)
     console.print(summary_table(result, title))

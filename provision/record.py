@@ -1,4 +1,4 @@
-"""One run's record, the same for every command that writes one (apply, plan, rollback, verify, capacity, diag,
+"""One run's record, the same for every command that writes one (apply, plan, rollback, retire, verify, capacity, diag,
 bench): `<runs-dir>/<UTC timestamp>-<command>/`.
 
     with RunRecord(runs_dir, "verify", inv) as rec:

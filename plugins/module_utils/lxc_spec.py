@@ -1,9 +1,9 @@
 """The inventory's `proxmox_ct_spec`: what a container that does not exist yet is created from, one rule for all.
 
-Used by the proxmox_lxc_ct module (the create parameters of `POST /nodes/{node}/lxc`, and the fields in which an
-existing CT differs from the spec, which are reported, never changed) and by `provision inventory check` (the
-spec's problems, one line each, before any host is contacted). Standard library only: provision loads this file
-by path (provision/paths.py module_util).
+Used by the proxmox_lxc_ct module (the create parameters of `POST /nodes/{node}/lxc`, the fields in which an
+existing CT differs from the spec, and the change that brings it to the spec where PVE can without a rebuild) and by
+`provision inventory check` (the spec's problems, one line each, before any host is contacted). Standard library
+only: provision loads this file by path (provision/paths.py module_util).
 
 The create parameters follow PVE's schema for `POST /nodes/{node}/lxc` (pve-docs api-viewer; pve-container
 src/PVE/API2/LXC.pm create_vm): `ostemplate`, `rootfs` as `STORAGE:SIZE_IN_GiB` (a new volume of that size),
@@ -243,3 +243,47 @@ def difference_text(found: list[tuple[str, object, object]]) -> str:
     return "; ".join(
         f"{name} {want} (spec) vs {'unset' if have is None else have} (actual)" for name, want, have in found
     )
+
+
+# what an existing CT is changed in through `PUT config` (each PVE applies to a running CT, or leaves pending until it
+# restarts) and `PUT resize` (the root disk grows; PVE never shrinks one); the rest needs a new CT (`KEPT`)
+CONFIG_FIELDS = ("hostname", "cores", "memory", "swap", "nesting", "onboot", "startup_order", "net0")
+KEPT = {
+    "storage": "moving the root disk is not a spec change",
+    "unprivileged": "a CT is made privileged or not when it is created",
+}
+
+
+def update(spec: dict, config: dict) -> dict:
+    """How an existing CT comes to the spec: `config`, the `PUT config` body (keys PVE keeps that the spec does not
+    name, such as net0's hwaddr and the other `features` flags, kept); `resize`, the root disk's new size (`"16G"`)
+    or None; `kept`, (field, spec, actual, why) for what is left as it is."""
+    s, found = with_defaults(spec), differences(spec, config)
+    body, resize, kept = {}, None, []
+    for name, want, have in found:
+        if name in CONFIG_FIELDS:
+            body.update(_config_value(name, s, config))
+        elif name == "rootfs_size" and have is not None and want > have:
+            resize = f"{want}G"
+        elif name == "rootfs_size":
+            kept.append((name, want, have, "a root disk is never shrunk"))
+        else:
+            kept.append((name, want, have, KEPT[name]))
+    return {"config": body, "resize": resize, "kept": kept}
+
+
+def _config_value(name: str, s: dict, config: dict) -> dict:
+    """One field's `PUT config` entry."""
+    if name == "nesting":
+        flags = _props(config.get("features"))
+        flags["nesting"] = "1" if s["nesting"] else "0"
+        return {"features": ",".join(f"{k}={v}" for k, v in flags.items())}
+    if name == "onboot":
+        return {"onboot": int(s["onboot"])}
+    if name == "startup_order":
+        startup = {k: v for k, v in _props(config.get("startup")).items() if k != "order"}
+        return {"startup": ",".join([f"order={s['startup_order']}", *(f"{k}={v}" for k, v in startup.items())])}
+    if name == "net0":
+        kept = {k: v for k, v in _props(config.get("net0")).items() if k not in NET_KEYS}
+        return {"net0": ",".join([net0_text(s["net0"]), *(f"{k}={v}" for k, v in kept.items())])}
+    return {name: s[name]}

@@ -1,24 +1,29 @@
 #!/usr/bin/python
-"""Ansible module: create a container from the inventory's spec when its VMID does not exist; report, never change,
-one that exists."""
+"""Ansible module: create a container from the inventory's spec when its VMID does not exist; bring one that exists
+to the spec where PVE can without a rebuild."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: proxmox_lxc_ct
-short_description: Create a Proxmox LXC container from a spec when its VMID does not exist (proxmoxer)
+short_description: Create a Proxmox LXC container from a spec, or bring an existing one to it (proxmoxer)
 author: provision maintainers (!UNKNOWN)
 description:
   - Looks for the VMID in the cluster (C(GET /cluster/resources)). When it is not there, makes sure the OS template
     is on its storage (C(POST /nodes/{node}/storage/{storage}/download-url) with the template's sha256 when a URL is
     given, else the appliance index C(POST /nodes/{node}/aplinfo)), creates the container (C(POST /nodes/{node}/lxc))
     and starts it, waiting for each task and checking its exitstatus.
-  - An existing container is never changed, rebuilt or deleted. The fields in which its config differs from the
-    spec are returned and warned about (spec vs actual). A VMID that is a VM, or a CT on another node, is an error.
+  - An existing container is brought to the spec where PVE can do it in place - C(PUT config) for its hostname,
+    cores, memory, swap, nesting, onboot, startup order and net0 (keys the spec does not name, such as net0's hwaddr,
+    kept), and C(PUT resize) to grow its root disk. What PVE leaves pending on a running container (it applies the
+    rest at once) is returned in I(pending), for its next start. A smaller root disk, another storage and another
+    C(unprivileged) are never applied (a disk is never shrunk, a CT never rebuilt or moved); they are warned about
+    and returned in I(differences). It is never deleted. A VMID that is a VM, or a CT on another node, is an error.
   - A create or start whose answer the network lost is looked for (the CT's task of that type) before it is asked
     for again. The login, retries and refusals are module_utils/pve_api.py's; the spec's rules are
     module_utils/lxc_spec.py's, shared with C(provision inventory check).
-  - Runs on the controller. Supports check mode (what it would create is returned, nothing is asked of PVE but reads).
+  - Runs on the controller. Supports check mode (what it would create or change is returned, nothing is asked of PVE
+    but reads) and diff mode (the changed fields, before and after).
 extends_documentation_fragment:
   - provision.pve_sglang.pve_api
   - provision.pve_sglang.attributes
@@ -37,7 +42,7 @@ options:
       - Seconds to wait for each task (download, create, start).
 attributes:
   check_mode: {support: full}
-  diff_mode: {support: none}
+  diff_mode: {support: full}
 """
 
 EXAMPLES = r"""
@@ -59,7 +64,16 @@ status:
   returned: always
 differences:
   description:
-    - For an existing container, each field that differs from the spec (field, spec, actual); it is left as it is.
+    - For an existing container, each field that differs from the spec and is left as it is (field, spec, actual,
+      why).
+  type: list
+  returned: always
+updated:
+  description: For an existing container, each field changed to the spec (or, in check mode, to be changed).
+  type: list
+  returned: always
+pending:
+  description: The config keys PVE left pending on the running container, applied at its next start.
   type: list
   returned: always
 """
@@ -85,8 +99,39 @@ def find_guest(p, api):
 
 
 def existing(module, api, guest):
-    """An existing CT: its differences from the spec, warned about and returned; nothing is changed."""
+    """An existing CT brought to the spec where PVE can without a rebuild (lxc_spec.update); what cannot be is warned
+    about and returned."""
     p = module.params
+    check_guest(p, guest)
+    ct = api.nodes(p["node"]).lxc(p["vmid"])
+    config = with_retries(p, "reading the container config", ct.config.get)
+    change = lxc_spec.update(p["spec"], config)
+    if change["kept"]:
+        module.warn(
+            f"CT {p['vmid']} on {p['node']} differs from proxmox_ct_spec, left as it is: "
+            + "; ".join(f"{text} ({why})" for text, why in _kept_lines(change["kept"]))
+        )
+    updated = [*change["config"], *(["rootfs"] if change["resize"] else [])]
+    result = dict(
+        changed=bool(updated),
+        created=False,
+        steps=_update_steps(p, change),
+        status=guest.get("status"),
+        differences=[{"field": f, "spec": w, "actual": h, "why": why} for f, w, h, why in change["kept"]],
+        updated=updated,
+        pending=[],
+    )
+    if updated and module._diff:
+        result["diff"] = _update_diff(p, config, change)
+    if updated and not module.check_mode:
+        _apply_update(p, api, ct, config, change)
+        pending = (i["key"] for i in with_retries(p, "reading the changes pending", ct.pending.get) if _waits(i))
+        result["pending"] = sorted(key for key in pending if key in updated)
+    return result
+
+
+def check_guest(p, guest):
+    """Refuse a VMID that is a VM, or a CT on another node than the inventory's."""
     if guest.get("type") != "lxc":
         kind, node = guest.get("type"), guest.get("node")
         raise ApiFailure(f"VMID {p['vmid']} is a {kind} guest on node {node}, not a container: choose another VMID")
@@ -95,16 +140,49 @@ def existing(module, api, guest):
             f"CT {p['vmid']} exists on node {guest.get('node')}, not on {p['node']}: set proxmox_host to that node's "
             "inventory name, or pick another proxmox_vmid (nothing is migrated or deleted)"
         )
-    ct = api.nodes(p["node"]).lxc(p["vmid"])
-    config = with_retries(p, "reading the container config", ct.config.get)
-    found = lxc_spec.differences(p["spec"], config)
-    if found:
-        module.warn(
-            f"CT {p['vmid']} on {p['node']} differs from proxmox_ct_spec, left as it is (never rebuilt): "
-            + lxc_spec.difference_text(found)
-        )
-    differences = [{"field": name, "spec": want, "actual": have} for name, want, have in found]
-    return dict(changed=False, created=False, steps=[], status=guest.get("status"), differences=differences)
+
+
+def _waits(item):
+    """Whether an entry of `GET .../pending` waits for the CT's next start (a new value, or a delete)."""
+    return "pending" in item or "delete" in item
+
+
+def _kept_lines(kept):
+    for name, want, have, why in kept:
+        yield lxc_spec.difference_text([(name, want, have)]), why
+
+
+def _update_steps(p, change):
+    steps = [f"set {key}={value}" for key, value in change["config"].items()]
+    if change["resize"]:
+        steps.append(f"grow the root disk to {change['resize']}")
+    return [f"CT {p['vmid']}: {step}" for step in steps]
+
+
+def _update_diff(p, config, change):
+    header = f"CT {p['vmid']} config ({p['node']})"
+    after = {**config, **change["config"]}
+    if change["resize"]:
+        after["rootfs"] = lxc_spec.SIZE.sub(f",size={change['resize']}", str(config.get("rootfs")), count=1)
+    keys = [*change["config"], *(["rootfs"] if change["resize"] else [])]
+    return dict(
+        before="".join(f"{k}: {config.get(k, '')}\n" for k in keys),
+        after="".join(f"{k}: {after.get(k, '')}\n" for k in keys),
+        before_header=header,
+        after_header=header,
+    )
+
+
+def _apply_update(p, api, ct, config, change):
+    """PUT the config change with the digest read (PVE refuses it when the config changed in between: run again),
+    then grow the root disk and wait for its task."""
+    if change["config"]:
+        body = dict(change["config"], digest=config["digest"])
+        with_retries(p, "changing the container config", lambda: ct.config.put(**body))
+    if change["resize"]:
+        what = f"growing CT {p['vmid']}'s root disk to {change['resize']}"
+        upid = with_retries(p, what, lambda: ct.resize.put(disk="rootfs", size=change["resize"]))
+        pve_api.wait_task(p, api, p["node"], upid, what, timeout_variable="proxmox_ct_task_timeout")
 
 
 def template_missing(p, api):
@@ -177,7 +255,7 @@ def create(module, api):
     if template_missing(p, api):
         steps.append(f"download template {p['spec']['template']}")
     steps += [f"create CT {vmid} on {node}", f"start CT {vmid}"]
-    result = dict(changed=True, created=True, steps=steps, differences=[], status=None)
+    result = dict(changed=True, created=True, steps=steps, differences=[], updated=[], pending=[], status=None)
     if module.check_mode:
         return result
     if steps[0].startswith("download"):

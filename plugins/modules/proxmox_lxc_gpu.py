@@ -28,7 +28,17 @@ options:
   ssh_known_hosts: {type: path, description: known_hosts file; unknown or changed host keys are refused}
   node: {type: str, required: true, description: the PVE node the container lives on}
   vmid: {type: int, required: true, description: the container's VMID}
-  nodes: {type: list, elements: dict, required: true, description: "the host's device nodes (path, type, mode)"}
+  state:
+    type: str
+    choices: [present, absent]
+    default: present
+    description:
+      - C(present) puts the selected GPUs' entries in; C(absent) deletes every NVIDIA devN entry of the CT (other
+        devN entries stay) and leaves its features as they are (C(provision retire)).
+  nodes:
+    type: list
+    elements: dict
+    description: "the host's device nodes (path, type, mode); needed with state=present"
   gpus:
     type: raw
     default: all
@@ -58,6 +68,15 @@ EXAMPLES = r"""
     node: pve1
     vmid: 101
     nodes: "{{ discovered_nodes }}"
+
+- name: Take every NVIDIA devN entry out of CT 101 again, and restart it if it runs
+  proxmox_lxc_gpu:
+    api_host: pve.example.net
+    api_user: root@pam
+    api_password: "{{ lookup('env', 'PROXMOX_PASSWORD') }}"
+    node: pve1
+    vmid: 101
+    state: absent
 """
 
 RETURN = r"""
@@ -181,11 +200,14 @@ def run(module):
     """Plan the CT's devN entries and nesting, write them with the config's digest, then restart for what is
     pending."""
     p = module.params
-    gpus = p["gpus"]
-    if isinstance(gpus, str) and gpus != "all":
-        gpus = [g for g in gpus.split(",") if g.strip()]
-    selected = select_nodes(p["nodes"], gpus)
-    wanted = desired_entries(selected, p["mode"], p["uid"], p["gid"])
+    wanted = {}  # state=absent: no NVIDIA entry is wanted, so plan() deletes every one
+    if p["state"] == "present":
+        gpus = p["gpus"]
+        if isinstance(gpus, str) and gpus != "all":
+            gpus = [g for g in gpus.split(",") if g.strip()]
+        wanted = desired_entries(select_nodes(p["nodes"], gpus), p["mode"], p["uid"], p["gid"])
+    else:
+        p["nesting"] = False  # a retired CT keeps its features: other software in it may need nesting
     api = with_retries(p, "logging in", lambda: connect(p))
     ct = api.nodes(p["node"]).lxc(p["vmid"])
     result = write_with_digest(module, api, ct, wanted)
@@ -328,7 +350,8 @@ def main():
             ssh_user=dict(type="str", default="root"),
             ssh_private_key_file=dict(type="path"),
             ssh_known_hosts=dict(type="path"),
-            nodes=dict(type="list", elements="dict", required=True),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            nodes=dict(type="list", elements="dict"),
             gpus=dict(type="raw", default="all"),
             mode=dict(type="str", default="0666"),
             uid=dict(type="int"),
@@ -338,6 +361,7 @@ def main():
             task_timeout=dict(type="int", default=300),
         ),
         supports_check_mode=True,
+        required_if=[("state", "present", ("nodes",))],
     )
     if not module.params["validate_certs"] and module.params["backend"] == "https":
         module.warn(pve_api.UNVERIFIED)

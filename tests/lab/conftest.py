@@ -49,6 +49,7 @@ MODULE_ORDER = (
     "test_ansible_fit.py",
     "test_weights.py",
     "test_ct_create.py",
+    "test_retire.py",
     "test_driver.py",
     "test_gateway.py",
 )

@@ -1,7 +1,8 @@
 """The container: `provision apply` creates a CT that does not exist from its `proxmox_ct_spec`, through the
 lab's API (fakepve drives a real nspawn body, provision/lab/ctbody.py), learns its ssh host key on its node (the
 nodes' `pct` stand-in), converges it, and a second apply changes nothing; an existing CT that differs from its spec
-is reported and left as it is; a CT that serves another host key than the one its node reads is refused.
+is planned, then brought to it where PVE can in place (a root disk is never shrunk); a CT that serves another host
+key than the one its node reads is refused.
 
 Each test works on a copy of the lab inventory with a second container, sglang-02 (CT 150 on pve-grub, on the lab's
 next free link, reached as root with the lab's client key, which its spec gives `ssh-public-keys`), and runs
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,6 +25,7 @@ import yaml
 from provision import locks
 from provision.lab.ctbody import _link_in_use, net_index
 from provision.lab.specs import ct_spec
+from provision.paths import module_util
 from tests.conftest import run_provision
 from tests.lab.common import apply, as_root, pve_api, wait_task
 
@@ -151,7 +154,11 @@ def test_a_missing_ct_is_pending_in_the_plan_then_created_from_its_spec_and_conv
     assert known_keys(lab, address) == [body_key(body)]
 
 
-def test_an_existing_ct_that_differs_from_its_spec_is_reported_and_left_as_it_is(lab, new_ct, runs):
+def test_an_existing_ct_that_differs_from_its_spec_is_planned_then_brought_to_it(lab, new_ct, runs):
+    """CT 101 with less memory than its spec, nesting off and a root disk larger than the spec's: `plan` names the
+    memory and nesting changes and makes none; `apply` makes them through the API (the running CT has the memory at
+    once; nesting waits for its next start, and the report says so), warns that the disk is never shrunk, and a
+    second apply changes nothing."""
     inv, _ = new_ct
     before = lab.pve_control("GET", "/ct/101")["config"]
     lab.pve_control("POST", "/ct-config", {"vmid": 101, "set": {"memory": 1024, "features": "nesting=0"}})
@@ -160,22 +167,40 @@ def test_an_existing_ct_that_differs_from_its_spec_is_reported_and_left_as_it_is
     index = int(sglang01["ansible_host"].split(".")[2])
     differs = inv.parent / "differs"
     shutil.copytree(inv, differs)
-    # the gpu phase sets nesting=1 itself unless told not to: that is its own convergence, not the spec's
+    disk = int(float(re.search(r"size=(\d+(?:\.\d+)?)G", before["rootfs"]).group(1)))
+    # the spec of CT 101 as it runs (its address, cores, startup order...), but for more memory and a smaller disk;
+    # nesting is the spec's default. The gpu phase sets nesting=1 itself unless told not to: that is its own
+    # convergence, not the spec's
+    actual = module_util("lxc_spec").actual_fields(before)
+    base = {k: v for k, v in spec(lab, index).items() if actual.get(k, "") is not None}  # none it does not set
+    as_it_runs = {k: v for k, v in actual.items() if v is not None and k != "nesting"}
     sglang01.update(
-        proxmox_ct_spec={**spec(lab, index), "hostname": "sglang-01", "memory": 4096}, gpu_passthrough_nesting=False
+        proxmox_ct_spec={**base, **as_it_runs, "memory": 4096, "rootfs_size": disk - 1},
+        gpu_passthrough_nesting=False,
     )
     (differs / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
-    seen = len(lab.pve_control("GET", "/requests"))
     try:
+        seen = len(lab.pve_control("GET", "/requests"))
+        proc = run_provision("plan", "--inventory", str(differs), "--limit", "sglang-01", "--tags", "gpu", "--json")
+        planned = json.loads(proc.stdout)["result"]
+        said = next(m for m in planned["reports"]["sglang-01"] if m.startswith("CT 101 on pve-grub: exists"))
+        assert "would change memory, features to proxmox_ct_spec" in said, said
+        calls = lab.pve_control("GET", "/requests")[seen:]
+        assert not [c for c in calls if c[0] != "GET" and not c[1].endswith("/access/ticket")], calls
+
         rc, result, err = apply(differs, runs, "--limit", "sglang-01", "--tags", "gpu")
         assert rc == 0, err[-3000:]
+        said = next(m for m in result["reports"]["sglang-01"] if m.startswith("CT 101 on pve-grub: exists"))
+        assert "changed memory, features to proxmox_ct_spec (pending until it restarts: features)" in said, said
         warning = next(w for w in result["warnings"] if "differs from proxmox_ct_spec" in w)
-        assert warning.startswith("sglang-01: CT 101 on pve-grub differs from proxmox_ct_spec, left as it is")
-        assert "memory 4096 (spec) vs 1024 (actual)" in warning and "nesting True (spec) vs False (actual)" in warning
-        after = lab.pve_control("GET", "/ct/101")["config"]
-        assert (after["memory"], after["features"]) == (1024, "nesting=0"), "reported, never changed"
-        calls = lab.pve_control("GET", "/requests")[seen:]
-        assert not [c for c in calls if c[0] in ("POST", "DELETE") and "/lxc" in c[1]], calls
+        assert f"rootfs_size {disk - 1} (spec) vs {disk} (actual) (a root disk is never shrunk)" in warning, warning
+        after = lab.pve_control("GET", "/ct/101")
+        assert after["config"]["memory"] == 4096 and f"size={disk}G" in after["config"]["rootfs"], after
+        assert after["pending"].get("features") == "nesting=1", after
+
+        rc, again, err = apply(differs, runs, "--limit", "sglang-01", "--tags", "gpu")
+        assert rc == 0, err[-3000:]
+        assert not [m for m in again["reports"]["sglang-01"] if "to proxmox_ct_spec" in m], again["reports"]
     finally:
         keys = ("memory", "features")
         lab.pve_control(

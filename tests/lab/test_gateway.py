@@ -5,7 +5,8 @@ workers one at a time through the gateway while SGLang's own benchmark client se
 client sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard
 under load comes back into the gateway with the next apply; a gateway host that cannot sandbox a unit (no nesting)
 is refused in one line; a rollout stopped half-way is finished by the next apply; the nodes and containers rebooted
-one at a time under load fail no request; and the benchmark through the gateway reports 1 worker against 2. The
+one at a time under load fail no request; retiring both workers under load takes one out without a failed request
+and refuses the last; and the benchmark through the gateway reports 1 worker against 2. The
 figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
 
 from __future__ import annotations
@@ -358,8 +359,39 @@ def test_a_gateway_host_without_nesting_is_refused_before_anything_changes(fleet
     assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
 
 
+RETIRE_REFUSED = (
+    "sglang-02: retiring it takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
+    "sglang-02: every request sent there would fail until they are back. Set sglang_gateway_allow_outage=true to go "
+    "on anyway (provision retire -e sglang_gateway_allow_outage=true)"
+)
+
+
+def test_retiring_both_workers_under_load_takes_out_one_and_refuses_the_last(fleet, inventory, runs):
+    """`provision retire` of both workers while SGLang's client sends requests through the gateway: one at a time,
+    sglang-01 leaves the gateway before its service stops, and the client sees no failure; sglang-02, by then the last
+    healthy worker, is refused in one line and goes on serving. `apply` brings sglang-01 back into the gateway."""
+    start_client(fleet, "retire", prompts=100, rounds="until-stopped")
+    args = ("--inventory", str(inventory), "--limit", ",".join(WORKERS), "--yes", "--json", "--runs-dir", str(runs))
+    proc = run_provision("retire", *args, timeout=900)
+    stop_client(fleet, "retire")
+    summary = client_result(fleet, "retire", 100)
+    print(f"\nclient through the retire: {summary['completed']} of {summary['sent']} completed", flush=True)
+    assert summary["completed"] == summary["sent"] > 0 and summary["errors"] == [], summary
+    result = json.loads(proc.stdout)["result"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert [(f["host"], f["message"]) for f in result["failures"]] == [("sglang-02", RETIRE_REFUSED)]
+    kept = fleet.container("sglang-02")
+    assert list(listed(fleet)) == [f"http://{kept.spec.address}:30000"]
+    assert kept.ssh("systemctl is-active sglang").stdout.strip() == "active"
+    assert fleet.container("sglang-01").ssh("test -e /etc/systemd/system/sglang.service").returncode == 1
+    code, _, err = apply(inventory, runs / "after-retire")
+    assert code == 0, err[-3000:]
+    seen = listed(fleet)
+    assert len(seen) == 2 and all(w["status"] == "ready" and w["is_healthy"] for w in seen.values()), seen
+
+
 def test_no_key_in_any_run_record(fleet, runs):
-    """Every apply, verify and bench above, the rollouts and the refusal among them: neither the API key nor the
+    """Every apply, verify, retire and bench above, the rollouts and the refusal among them: neither the API key nor the
     gateway's control-plane key is in their records."""
     keys = [(fleet.dir / "sglang-api-key").read_text().strip()]
     keys.append(gateway(fleet).ssh("cut -d: -f4 /etc/sglang-gateway/control-plane-key").stdout.strip())

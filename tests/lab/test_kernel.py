@@ -488,3 +488,43 @@ def test_a_one_shot_the_firmware_drops_at_the_reset_is_no_trial_and_the_next_run
     finally:
         node.drop_efi_writes(False)
         set_host_vars(inv, "pve-sdboot", None)
+
+
+def test_retire_takes_the_profile_off_a_node_and_apply_puts_it_back(hosts, runs):
+    """`provision retire` on a node without containers (pve-sdboot), with --reboot never: the profile's arguments come
+    off its configured line (its own arguments stay), a reboot is pending where the running line has them, the kernel
+    phase's record goes and the retirement is recorded; a second retire changes nothing; `apply` puts the profile
+    back, and a reboot is pending only where the running line lacks it."""
+    node, inv = hosts["pve-sdboot"], hosts["inventory"]
+    limit = ("--limit", "pve-sdboot", "--reboot", "never")
+    rc, _, err = apply(inv, runs, "--tags", "kernel", *limit)
+    assert rc == 0, err[-3000:]
+    assert set(PROFILE_ARGS) <= set(split_cmdline(node.ssh("cat /etc/kernel/cmdline").stdout))
+    boot_id, running_profile = node.boot_id(), set(PROFILE_ARGS) <= set(args_of(node))
+
+    def pending(result: dict) -> bool:
+        return any(m.startswith("reboot pending") for m in result["reports"]["pve-sdboot"])
+
+    def retire() -> tuple[int, dict, str]:
+        args = ("--inventory", str(inv), *limit, "--yes", "--json", "--runs-dir", str(runs))
+        proc = run_provision("retire", *args, timeout=1800)
+        return proc.returncode, json.loads(proc.stdout or "{}").get("result", {}), proc.stderr
+
+    rc, result, err = retire()
+    assert rc == 0, err[-3000:]
+    configured = [canonical(a) for a in split_cmdline(node.ssh("cat /etc/kernel/cmdline").stdout)]
+    assert not set(PROFILE_ARGS) & set(configured), configured
+    assert set(SDBOOT_KEEP) <= set(configured), configured
+    assert pending(result) == running_profile, result["reports"]
+    assert node.boot_id() == boot_id, "rebooted with --reboot never"
+    assert node.ssh("test -e /var/lib/provision/kernel.json").returncode == 1
+    assert json.loads(node.ssh("cat /var/lib/provision/retired.json").stdout)["phases"] == ["kernel"]
+
+    rc, result, err = retire()
+    assert rc == 0, err[-3000:]
+    assert result["hosts"]["pve-sdboot"]["changed"] == 0, result["hosts"]["pve-sdboot"]
+
+    rc, result, err = apply(inv, runs, "--tags", "kernel", *limit)
+    assert rc == 0, err[-3000:]
+    assert set(PROFILE_ARGS) <= set(split_cmdline(node.ssh("cat /etc/kernel/cmdline").stdout))
+    assert pending(result) != running_profile, result["reports"]

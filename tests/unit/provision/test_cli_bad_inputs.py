@@ -144,6 +144,9 @@ FLAGS = [
     ("tags-empty", ["apply", "-i", "INV", "--yes", "--tags", ""]),
     ("tags-only-commas", ["plan", "-i", "INV", "--tags", ", ,"]),
     ("rollback-without-limit", ["rollback", "-i", "INV", "--yes"]),
+    ("retire-without-limit", ["retire", "-i", "INV", "--yes"]),
+    ("retire-without-yes-and-no-terminal", ["retire", "-i", "INV", "--limit", "ct1"]),
+    ("retire-node-without-its-container", ["retire", "-i", "INV", "--yes", "--limit", "pve1"]),
     ("unknown-command", ["frobnicate"]),
     ("lab-hosts-3", ["lab", "up", "--hosts", "3"]),
     ("diag-unknown-flag", ["diag", "-i", "INV", "--frob"]),
@@ -481,9 +484,22 @@ SEES = {
         "scope",
         "rollback needs --limit HOST: roll back the nodes you mean, by name or pattern",
     ),
+    "retire-without-limit": (
+        "scope",
+        "retire needs --limit HOST: name the containers (and nodes) to retire, by name or pattern",
+    ),
+    "retire-without-yes-and-no-terminal": (
+        "the command line",
+        "retire stops and removes the SGLang service, the GPU entries and the kernel arguments: pass --yes to "
+        "confirm (no terminal to ask)",
+    ),
+    "retire-node-without-its-container": (
+        "scope",
+        "retire: node pve1 runs ct1 of the inventory, outside --limit: retire it with the node, or leave the node out",
+    ),
     "unknown-command": (
         "the command line",
-        "provision: argument COMMAND: invalid choice: 'frobnicate' (choose from 'apply', 'rollback', "
+        "provision: argument COMMAND: invalid choice: 'frobnicate' (choose from 'apply', 'rollback', 'retire', "
         "'plan', 'verify', 'capacity', 'diag', 'bench', 'lab', 'inventory')",
     ),
     "lab-hosts-3": ("the command line", "provision lab up: argument --hosts: invalid choice: 3 (choose from 1, 2)"),
@@ -709,7 +725,8 @@ def test_bad_flag(workdir, capsys, case, argv):
     }
     argv = [str(names.get(a, a)) for a in argv]
     runs = workdir / "runs"
-    if "--runs-dir" not in argv and argv[0] in ("apply", "plan", "verify", "capacity", "bench", "rollback", "diag"):
+    recording = ("apply", "plan", "verify", "capacity", "bench", "rollback", "retire", "diag")
+    if "--runs-dir" not in argv and argv[0] in recording:
         argv += ["--runs-dir", str(runs)]
     _assert_usage_error(argv, capsys, runs, sees=SEES[case][1])
 

@@ -17,7 +17,10 @@ import pytest
 
 from provision import inventory
 from tests.unit import collection
+from tests.unit.plugins.modules.test_proxmox_lxc_gpu_faults import Served, api_args, pki
 from tests.unit.provision.lab.test_pve import pve as lab_api  # noqa: F401 (a fixture: the lab's API, alone)
+
+__all__ = ["pki"]  # a fixture: fakepve's certificate
 
 NODE, VMID = "pve1", 150
 TEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
@@ -214,33 +217,86 @@ def test_check_mode_lists_the_create_as_pending_and_asks_for_reads_only(module, 
     assert posts(pve) == [] and {m for m, _, _ in pve.calls} == {"GET"}
 
 
-def test_an_existing_ct_that_differs_is_reported_field_by_field_and_left_as_it_is(module, monkeypatch, capsys):
-    config = {
-        "hostname": "sglang-02",
-        "rootfs": "local-lvm:vm-150-disk-0,size=32G",
-        "cores": 8,
-        "memory": 2048,
-        "swap": 0,
-        "unprivileged": 1,
-        "features": "nesting=0",
-        "onboot": 1,
-        "startup": "order=2",
-        "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=192.0.2.111/24,gw=192.0.2.1",
+# CT 150 as PVE wrote it at its create from an older spec: 16 GiB, 2 GiB of memory, nesting off, another address
+CREATED = {
+    "hostname": "sglang-02",
+    "rootfs": "local-lvm:vm-150-disk-0,size=16G",
+    "cores": 8,
+    "memory": 2048,
+    "swap": 0,
+    "unprivileged": 1,
+    "features": "keyctl=1,nesting=0",
+    "onboot": 1,
+    "startup": "order=2,up=30",
+    "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=192.0.2.110/24,gw=192.0.2.1,type=veth",
+}
+
+
+@pytest.fixture
+def served(pki):
+    """fakepve (PVE's schema, digests, pending changes, resize's rules) with CT 150 running as CREATED."""
+    served = Served(*pki)
+    served.pve.add_ct(VMID, "sglang-02", node=NODE, status="running", config=dict(CREATED))
+    yield served
+    served.stop()
+
+
+def run_served(module, served, check=False, **spec):
+    args = {**api_args(served), "node": NODE, "vmid": VMID, "spec": {**SPEC, **spec}, "_ansible_check_mode": check}
+    return collection.main_result(module, {**args, "_ansible_diff": True})
+
+
+def test_an_existing_ct_is_planned_then_brought_to_its_spec_and_a_second_run_changes_nothing(module, served):
+    ct = served.pve.ct(VMID)
+    digest = ct.digest()
+    plan = run_served(module, served, check=True)
+    assert plan["changed"] and not plan["created"], plan
+    assert plan["updated"] == ["memory", "features", "net0", "rootfs"], plan
+    assert f"CT {VMID}: grow the root disk to 32G" in plan["steps"]
+    assert "memory: 2048" in plan["diff"]["before"] and "memory: 65536" in plan["diff"]["after"]
+    assert ct.digest() == digest and not served.pve.tasks, "check mode: nothing written"
+
+    done = run_served(module, served)
+    assert done["changed"] and "failed" not in done, done
+    served.idle()
+    config = {**ct.config, **{k: v for k, v in ct.pending.items() if v is not None}}
+    assert config["memory"] == 65536 and ct.config["memory"] == 65536  # hot: the running CT has it
+    assert config["features"] == "keyctl=1,nesting=1"  # the other flag kept
+    net0 = dict(part.split("=", 1) for part in config["net0"].split(","))
+    assert net0 == {
+        "name": "eth0",
+        "bridge": "vmbr0",
+        "ip": "192.0.2.111/24",
+        "gw": "192.0.2.1",
+        "hwaddr": "BC:24:11:00:00:01",  # the MAC kept: a new one would be a new interface
+        "type": "veth",
     }
-    pve = FakePve(guests=[{"vmid": VMID, "type": "lxc", "node": NODE, "status": "running"}], configs={VMID: config})
-    result = run(module, monkeypatch, pve)
-    assert not result["changed"] and not result["created"], result
-    assert result["differences"] == [
-        {"field": "memory", "spec": 65536, "actual": 2048},
-        {"field": "nesting", "spec": True, "actual": False},
+    assert "size=32G" in ct.config["rootfs"]
+    assert done["pending"] == sorted(k for k in ct.pending), (done, ct.pending)  # what waits for its next start
+    assert config["startup"] == "order=2,up=30"
+
+    again = run_served(module, served)
+    assert not again["changed"] and again["updated"] == [] and again["differences"] == [], again
+
+
+def test_a_smaller_disk_another_storage_or_privilege_is_reported_and_never_applied(module, served, capsys):
+    ct = served.pve.ct(VMID)
+    digest = ct.digest()
+    as_created = {"memory": 2048, "nesting": False, "net0": {**SPEC["net0"], "ip": "192.0.2.110/24"}}
+    result = run_served(module, served, rootfs_size=8, storage="zfs", unprivileged=False, **as_created)
+    assert not result["changed"], result
+    assert [(d["field"], d["why"]) for d in result["differences"]] == [
+        ("storage", "moving the root disk is not a spec change"),
+        ("rootfs_size", "a root disk is never shrunk"),
+        ("unprivileged", "a CT is made privileged or not when it is created"),
     ]
-    # module.warn: in the result under Ansible, on stderr when the module runs alone (ansible-core 2.19)
     warned = result.get("warnings") or capsys.readouterr().err.replace("[WARNING]: ", "").splitlines()
     assert warned == [
-        f"CT {VMID} on {NODE} differs from proxmox_ct_spec, left as it is (never rebuilt): memory 65536 (spec) vs "
-        "2048 (actual); nesting True (spec) vs False (actual)"
+        f"CT {VMID} on {NODE} differs from proxmox_ct_spec, left as it is: storage zfs (spec) vs local-lvm (actual) "
+        "(moving the root disk is not a spec change); rootfs_size 8 (spec) vs 16 (actual) (a root disk is never "
+        "shrunk); unprivileged False (spec) vs True (actual) (a CT is made privileged or not when it is created)"
     ]
-    assert posts(pve) == [], "never changed, rebuilt or deleted"
+    assert ct.digest() == digest and not served.pve.tasks
 
 
 def test_a_missing_template_is_downloaded_with_its_sha256_before_the_create(module, monkeypatch):
@@ -376,9 +432,10 @@ def test_inventory_check_names_file_host_and_field(tmp_path):
 
 # ---------------------------------------------------------------- against the lab's API (fakepve, PVE's schema)
 @pytest.mark.usefixtures("lab_api")
-def test_against_the_lab_api_a_missing_ct_is_pending_and_an_existing_one_is_compared(tmp_path, module, capsys):
+def test_against_the_lab_api_a_missing_ct_is_pending_and_an_existing_ones_changes_planned(tmp_path, module):
     """The same module against `python -m provision.lab.pve` (the lab's fakepve, no lab: no body is started), so the
-    calls' shapes are PVE's schema's: the cluster's guest list, the storage's template listing, a CT's config."""
+    calls' shapes are PVE's schema's: the cluster's guest list, the storage's template listing, a CT's config. Check
+    mode throughout: nothing but reads."""
     from provision.lab import pve as lab_pve
     from tests.unit.provision.lab.test_pve import NODE as LAB_NODE
     from tests.unit.provision.lab.test_pve import PASSWORD
@@ -397,9 +454,8 @@ def test_against_the_lab_api_a_missing_ct_is_pending_and_an_existing_one_is_comp
     assert pending["changed"] and pending["steps"] == [f"create CT {VMID} on {LAB_NODE}", f"start CT {VMID}"], pending
     missing = {**args["spec"], "template": "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"}
     assert collection.main_result(module, {**args, "vmid": VMID, "spec": missing})["steps"][0].startswith("download")
-    # CT 101 as the lab seeds it here: a hostname, fakepve's defaults for the rest
-    existing = collection.main_result(module, {**args, "vmid": 101, "_ansible_check_mode": False})
-    assert not existing["changed"] and "memory" in {d["field"] for d in existing["differences"]}, existing
-    assert "differs from proxmox_ct_spec" in capsys.readouterr().err
+    # CT 101 as the lab seeds it here: a hostname, fakepve's defaults for the rest; what would change, in check mode
+    existing = collection.main_result(module, {**args, "vmid": 101})
+    assert existing["changed"] and "memory" in existing["updated"], existing
     seen = lab_pve.control(tmp_path, "GET", "/requests")
     assert [p for m, p in seen if m != "GET" and not p.endswith("/access/ticket")] == [], seen

@@ -5,6 +5,20 @@ from __future__ import annotations
 from proxmoxer.core import ResourceException
 
 from tests.unit import collection
+from tests.unit.plugins.modules.test_proxmox_lxc_gpu_faults import (
+    NODE,
+    UNRELATED,
+    VMID,
+    WANTED,
+    api_args,
+    module,
+    ours,
+    pki,
+    run,
+    served,
+)
+
+__all__ = ["module", "pki", "served"]  # the fault matrix's fixtures: fakepve served in this process
 
 gpu = collection.module("proxmox_lxc_gpu")
 PARAMS = {"node": "pve1", "api_user": "root@pam", "api_token_id": None, "backend": "https"}
@@ -22,3 +36,33 @@ def test_a_pve_without_devn_is_named_with_the_release_that_has_it():
     )
     other = ResourceException(400, "Parameter verification failed.", "", errors={"dev0": "invalid format"})
     assert str(gpu.put_refused(PARAMS, other)).startswith("PVE rejected the devN entries: ")
+
+
+def test_state_absent_deletes_every_nvidia_entry_restarts_the_running_ct_and_then_changes_nothing(served, module):
+    """A CT with its NVIDIA entries in effect (written, then rebooted into): state=absent deletes each of them and no
+    other entry, keeps its features, reboots the running CT so that it runs without them, and a second run changes
+    nothing."""
+    assert run(module, served)["changed"]
+    served.idle()
+    assert ours(served.state()["running"]) == WANTED
+    features = served.state()["merged"]["features"]
+
+    removed = run(module, served, state="absent", nodes=None)
+    served.idle()
+    after = served.state()
+    assert removed["changed"] and removed["restarted"] and "failed" not in removed
+    assert len(removed["deleted"]) == len(WANTED)
+    assert ours(after["merged"]) == ours(after["running"]) == set()
+    assert {k: v for k, v in after["running"].items() if k in UNRELATED} == UNRELATED
+    assert after["merged"]["features"] == features
+
+    again = run(module, served, state="absent", nodes=None)
+    assert not again["changed"] and not again["restarted"]
+    assert served.state()["reboots"] == after["reboots"]
+
+
+def test_state_present_without_the_host_nodes_is_refused_before_any_call(served, module):
+    args = {**api_args(served), "node": NODE, "vmid": VMID}
+    result = collection.main_result(module, args)
+    assert result["failed"] and result["msg"] == "state is present but all of the following are missing: nodes"
+    assert served.state()["digest"] == served.ct.digest() and not served.pve.tasks
