@@ -22,6 +22,7 @@ PART_TAGS = module_util("provision_phases").PART_TAGS
 SITE_PLAYBOOK = "site.yml"
 ROLLBACK_PLAYBOOK = "rollback.yml"
 RETIRE_PLAYBOOK = "retire.yml"
+RETIRE_PHASES = ("gpu", "kernel")  # what a retire undoes of them needs what they need of the inventory to reach it
 UNLOCK_PLAYBOOK = "unlock.yml"
 RENEW_PLAYBOOK = "renew.yml"
 HOST_LOCK_LEFT = (

@@ -446,7 +446,7 @@ def _cmd_rollback(args: argparse.Namespace, out: Console, err: Console) -> Outco
 
 def _cmd_retire(args: argparse.Namespace, out: Console, err: Console) -> Outcome:
     from provision import apply as apply_mod
-    from provision import present
+    from provision import inventory, present
 
     if not args.limit:
         raise UsageError("retire needs --limit HOST: name the containers (and nodes) to retire, by name or pattern")
@@ -456,6 +456,8 @@ def _cmd_retire(args: argparse.Namespace, out: Console, err: Console) -> Outcome
     problems = apply_mod.user_extra_problems(inv, opts) + apply_mod.retire_problems(inv, scope)  # before asking
     if problems:
         raise UsageError("; ".join(problems))
+    # what the devN removal and the node's line need of the inventory (the API's secret: devN wants a password)
+    inventory.require(inv, scope, apply_mod.RETIRE_PHASES, opts.reboot)
     listed = _listing(args, out, opts, inv, scope, apply_mod.RETIRE_PLAYBOOK)
     if listed:
         return listed

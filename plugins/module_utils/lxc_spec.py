@@ -252,16 +252,26 @@ KEPT = {
     "storage": "moving the root disk is not a spec change",
     "unprivileged": "a CT is made privileged or not when it is created",
 }
+# what PVE applies to a running CT at once and would cut from under what it serves: less memory or swap (reclaim, the
+# OOM killer), another net0 (its veth re-plugged, its address changed): on a running CT only when allowed
+DISRUPTIVE = {
+    "memory": "less memory on a running CT is taken from what it runs (reclaim, the OOM killer)",
+    "swap": "less swap on a running CT is taken from what it runs",
+    "net0": "another net0 re-plugs a running CT's network and drops its connections",
+}
 
 
-def update(spec: dict, config: dict) -> dict:
+def update(spec: dict, config: dict, running: bool = False, disruptive: bool = False) -> dict:
     """How an existing CT comes to the spec: `config`, the `PUT config` body (keys PVE keeps that the spec does not
     name, such as net0's hwaddr and the other `features` flags, kept); `resize`, the root disk's new size (`"16G"`)
-    or None; `kept`, (field, spec, actual, why) for what is left as it is."""
+    or None; `kept`, (field, spec, actual, why) for what is left as it is: what needs a new CT, a smaller disk, and on
+    a `running` CT what would disrupt it (less memory or swap, another net0) unless `disruptive`."""
     s, found = with_defaults(spec), differences(spec, config)
     body, resize, kept = {}, None, []
     for name, want, have in found:
-        if name in CONFIG_FIELDS:
+        if running and _cuts(name, want, have) and not disruptive:
+            kept.append((name, want, have, DISRUPTIVE[name] + ": set proxmox_ct_disruptive_changes=true, or stop it"))
+        elif name in CONFIG_FIELDS:
             body.update(_config_value(name, s, config))
         elif name == "rootfs_size" and have is not None and want > have:
             resize = f"{want}G"
@@ -270,6 +280,14 @@ def update(spec: dict, config: dict) -> dict:
         else:
             kept.append((name, want, have, KEPT[name]))
     return {"config": body, "resize": resize, "kept": kept}
+
+
+def _cuts(name: str, want, have) -> bool:
+    """Whether the change of this field would disrupt a running CT (DISRUPTIVE); PVE's default memory and swap is
+    512 MiB where the config sets none."""
+    if name == "net0":
+        return True
+    return name in DISRUPTIVE and want < (have if isinstance(have, int) else 512)
 
 
 def _config_value(name: str, s: dict, config: dict) -> dict:
@@ -284,6 +302,14 @@ def _config_value(name: str, s: dict, config: dict) -> dict:
         startup = {k: v for k, v in _props(config.get("startup")).items() if k != "order"}
         return {"startup": ",".join([f"order={s['startup_order']}", *(f"{k}={v}" for k, v in startup.items())])}
     if name == "net0":
-        kept = {k: v for k, v in _props(config.get("net0")).items() if k not in NET_KEYS}
-        return {"net0": ",".join([net0_text(s["net0"]), *(f"{k}={v}" for k, v in kept.items())])}
+        return {"net0": _net0_value(s["net0"], _props(config.get("net0")))}
     return {name: s[name]}
+
+
+def _net0_value(want: dict, have: dict) -> str:
+    """net0 as the spec says, with what the CT has that the spec does not name (hwaddr, type, a gw or tag set by
+    hand) kept; a gateway goes with a static address only."""
+    kept = {k: v for k, v in have.items() if k not in want and k != "name"}
+    if str(want.get("ip", "")) == "dhcp":
+        kept.pop("gw", None)
+    return ",".join([net0_text(want), *(f"{k}={v}" for k, v in kept.items())])

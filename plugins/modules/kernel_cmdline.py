@@ -228,11 +228,19 @@ class Backup:
         return self.dir
 
 
-def record_wanted(directory, bootloader, add, remove, snp_required):
-    """What provision wants, for `provision verify` to compare with the node (bookkeeping, not a change)."""
+def record_wanted(directory, bootloader, add, remove, snp_required, put=()):
+    """What provision wants, for `provision verify` to compare with the node (bookkeeping, not a change), and `put`:
+    every argument a configure of provision's has put on the line (added, or in place of another value of its key),
+    over all its runs, for `provision retire`, which takes off those and no argument the node had before."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, "wanted.json")
-    wanted = {"bootloader": bootloader, "add": add, "remove": remove, "snp_required": snp_required}
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f).get("put", [])
+    except (OSError, ValueError, AttributeError):
+        before = []
+    put = sorted(set(before) | set(put))
+    wanted = {"bootloader": bootloader, "add": add, "remove": remove, "snp_required": snp_required, "put": put}
     write_if_different(path, json.dumps(wanted, indent=1, sort_keys=True) + "\n")
 
 
@@ -348,7 +356,8 @@ def configure(module, loader, add, remove):
     if not module.check_mode:
         write_planned(module, loader, changes, result["line"], out)
     if not module.check_mode and out["trial"]["mode"] != "refuse":
-        record_wanted(module.params["backup_dir"], loader.name, add, remove, module.params["snp_required"])
+        put = result["added"] + [r.split(" -> ", 1)[1] for r in result["replaced"]]
+        record_wanted(module.params["backup_dir"], loader.name, add, remove, module.params["snp_required"], put)
     # the same call reads the running kernel, and when no reboot is needed records this boot's findings:
     # a converged node costs one round trip for the whole check (action=running/findings stay for later steps)
     if not running_check["reboot_needed"]:

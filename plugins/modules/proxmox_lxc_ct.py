@@ -16,7 +16,8 @@ description:
   - An existing container is brought to the spec where PVE can do it in place - C(PUT config) for its hostname,
     cores, memory, swap, nesting, onboot, startup order and net0 (keys the spec does not name, such as net0's hwaddr,
     kept), and C(PUT resize) to grow its root disk. What PVE leaves pending on a running container (it applies the
-    rest at once) is returned in I(pending), for its next start. A smaller root disk, another storage and another
+    rest at once) is returned in I(pending), for its next start, on every run while it waits. Less memory or swap,
+    or another net0, on a running container only with I(disruptive). A smaller root disk, another storage and another
     C(unprivileged) are never applied (a disk is never shrunk, a CT never rebuilt or moved); they are warned about
     and returned in I(differences). It is never deleted. A VMID that is a VM, or a CT on another node, is an error.
   - A create or start whose answer the network lost is looked for (the CT's task of that type) before it is asked
@@ -40,6 +41,13 @@ options:
     default: 600
     description:
       - Seconds to wait for each task (download, create, start).
+  disruptive:
+    type: bool
+    default: false
+    description:
+      - Apply to a running container what PVE would apply at once and would disrupt what it serves - less memory or
+        swap, another net0. Without it those are warned about and left as they are while it runs; a stopped
+        container takes them.
 attributes:
   check_mode: {support: full}
   diff_mode: {support: full}
@@ -79,11 +87,14 @@ pending:
 """
 
 import functools
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.provision.pve_sglang.plugins.module_utils import lxc_spec, pve_api
 from ansible_collections.provision.pve_sglang.plugins.module_utils.pve_api import ApiFailure, connect, lost_connection
 
+# the config keys the spec's fields write: the pending ones among them are reported
+SPEC_KEYS = ("hostname", "cores", "memory", "swap", "features", "onboot", "startup", "net0", "rootfs")
 CREATE_TASK = "vzcreate"  # pve-container API2/LXC.pm: the task types of a create and a start
 START_TASK = "vzstart"
 
@@ -105,7 +116,8 @@ def existing(module, api, guest):
     check_guest(p, guest)
     ct = api.nodes(p["node"]).lxc(p["vmid"])
     config = with_retries(p, "reading the container config", ct.config.get)
-    change = lxc_spec.update(p["spec"], config)
+    running = guest.get("status") == "running"
+    change = lxc_spec.update(p["spec"], config, running, p["disruptive"])
     if change["kept"]:
         module.warn(
             f"CT {p['vmid']} on {p['node']} differs from proxmox_ct_spec, left as it is: "
@@ -125,8 +137,9 @@ def existing(module, api, guest):
         result["diff"] = _update_diff(p, config, change)
     if updated and not module.check_mode:
         _apply_update(p, api, ct, config, change)
+    if running and not module.check_mode:  # what waits for its next start, this run's or an earlier one's
         pending = (i["key"] for i in with_retries(p, "reading the changes pending", ct.pending.get) if _waits(i))
-        result["pending"] = sorted(key for key in pending if key in updated)
+        result["pending"] = sorted(key for key in pending if key in SPEC_KEYS)
     return result
 
 
@@ -163,7 +176,7 @@ def _update_diff(p, config, change):
     header = f"CT {p['vmid']} config ({p['node']})"
     after = {**config, **change["config"]}
     if change["resize"]:
-        after["rootfs"] = lxc_spec.SIZE.sub(f",size={change['resize']}", str(config.get("rootfs")), count=1)
+        after["rootfs"] = re.sub(r"(^|,)size=[^,]*", rf"\g<1>size={change['resize']}", str(config.get("rootfs")))
     keys = [*change["config"], *(["rootfs"] if change["resize"] else [])]
     return dict(
         before="".join(f"{k}: {config.get(k, '')}\n" for k in keys),
@@ -285,6 +298,7 @@ def main():
             pve_api.CT_ARGUMENT_SPEC,
             spec=dict(type="dict", required=True),
             task_timeout=dict(type="int", default=600),
+            disruptive=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

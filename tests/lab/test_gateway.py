@@ -5,9 +5,9 @@ workers one at a time through the gateway while SGLang's own benchmark client se
 client sees no failure; the last healthy worker is refused unless the inventory says otherwise; a worker killed hard
 under load comes back into the gateway with the next apply; a gateway host that cannot sandbox a unit (no nesting)
 is refused in one line; a rollout stopped half-way is finished by the next apply; the nodes and containers rebooted
-one at a time under load fail no request; retiring both workers under load takes one out without a failed request
-and refuses the last; and the benchmark through the gateway reports 1 worker against 2. The
-figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
+one at a time under load fail no request; a retire of both workers is refused before either is touched, and one
+worker retired under load leaves with no failed request; and the benchmark through the gateway reports 1 worker
+against 2. The figures mean nothing (the stand-in has no model); what each step did is what the tests hold."""
 
 from __future__ import annotations
 
@@ -360,30 +360,40 @@ def test_a_gateway_host_without_nesting_is_refused_before_anything_changes(fleet
 
 
 RETIRE_REFUSED = (
-    "sglang-02: retiring it takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
-    "sglang-02: every request sent there would fail until they are back. Set sglang_gateway_allow_outage=true to go "
-    "on anyway (provision retire -e sglang_gateway_allow_outage=true)"
+    "sglang-01: retiring them takes out the last healthy server(s) of gateway sglang-gw (model lab-standin): "
+    "sglang-01, sglang-02: every request sent there would fail until they are back. Set "
+    "sglang_gateway_allow_outage=true to go on anyway (provision retire -e sglang_gateway_allow_outage=true)"
 )
 
 
-def test_retiring_both_workers_under_load_takes_out_one_and_refuses_the_last(fleet, inventory, runs):
-    """`provision retire` of both workers while SGLang's client sends requests through the gateway: one at a time,
-    sglang-01 leaves the gateway before its service stops, and the client sees no failure; sglang-02, by then the last
-    healthy worker, is refused in one line and goes on serving. `apply` brings sglang-01 back into the gateway."""
-    start_client(fleet, "retire", prompts=100, rounds="until-stopped")
-    args = ("--inventory", str(inventory), "--limit", ",".join(WORKERS), "--yes", "--json", "--runs-dir", str(runs))
+def retire(inventory: Path, runs: Path, limit: str) -> tuple[int, dict, str]:
+    args = ("--inventory", str(inventory), "--limit", limit, "--yes", "--json", "--runs-dir", str(runs))
     proc = run_provision("retire", *args, timeout=900)
+    return proc.returncode, json.loads(proc.stdout)["result"] if proc.stdout.strip() else {}, proc.stderr
+
+
+def test_a_retire_of_every_worker_is_refused_and_one_worker_leaves_under_load_with_no_failure(fleet, inventory, runs):
+    """`provision retire` of both workers is refused in one line before either is touched (they are the gateway's
+    last healthy servers); a retire of sglang-01 while SGLang's client sends requests through the gateway takes it out
+    of the gateway before its service stops, and the client sees no failure. `apply` brings it back."""
+    code, refused, err = retire(inventory, runs, ",".join(WORKERS))
+    assert code == 1, err[-3000:]
+    assert [(f["host"], f["message"]) for f in refused["failures"]] == [("sglang-01", RETIRE_REFUSED)]
+    assert len(listed(fleet)) == 2 and all(
+        fleet.container(name).ssh("systemctl is-active sglang").stdout.strip() == "active" for name in WORKERS
+    )
+    start_client(fleet, "retire", prompts=100, rounds="until-stopped")
+    code, _, err = retire(inventory, runs, "sglang-01")
     stop_client(fleet, "retire")
     summary = client_result(fleet, "retire", 100)
     print(f"\nclient through the retire: {summary['completed']} of {summary['sent']} completed", flush=True)
+    assert code == 0, err[-3000:]
     assert summary["completed"] == summary["sent"] > 0 and summary["errors"] == [], summary
-    result = json.loads(proc.stdout)["result"]
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert [(f["host"], f["message"]) for f in result["failures"]] == [("sglang-02", RETIRE_REFUSED)]
-    kept = fleet.container("sglang-02")
-    assert list(listed(fleet)) == [f"http://{kept.spec.address}:30000"]
-    assert kept.ssh("systemctl is-active sglang").stdout.strip() == "active"
+    assert list(listed(fleet)) == [f"http://{fleet.container('sglang-02').spec.address}:30000"]
     assert fleet.container("sglang-01").ssh("test -e /etc/systemd/system/sglang.service").returncode == 1
+    assert gateway(fleet).ssh("ls -A /var/lib/provision/sglang-gateway-out 2>/dev/null").stdout == ""
+    code, again, err = retire(inventory, runs, "sglang-01")
+    assert code == 0 and again["hosts"]["sglang-01"]["changed"] == 0, (again.get("hosts"), err[-3000:])
     code, _, err = apply(inventory, runs / "after-retire")
     assert code == 0, err[-3000:]
     seen = listed(fleet)

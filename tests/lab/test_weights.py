@@ -1,20 +1,23 @@
 """The model weights from a Hugging Face source: the sglang phase downloads a pinned, gated repo from the
 lab's hub (provision/lab/hfhub.py, reached by the container on its link's host side through sglang_hf_endpoint)
-with the real huggingface_hub client in the service venv, verifies each file, and a re-run changes nothing."""
+with the real huggingface_hub client in the service venv, verifies each file, and a re-run changes nothing; a retire
+with --weights would remove what the download put there and nothing else."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
 from provision.lab import hfhub
 from provision.lab.specs import HUB_MODEL_PATH as MODEL_PATH
 from provision.lab.specs import hub_model_vars
+from tests.conftest import run_provision
 from tests.lab.common import apply, ensure_converged, set_host_vars
 
-LAB_CHANGES = {"sglang", "ct"}  # tests/lab/conftest.py
+LAB_CHANGES = {"gpu", "sglang", "ct"}  # tests/lab/conftest.py
 LAB_NODES = "nspawn"  # no bootloader, no kernel line changed: nodes as nspawn containers (docs/lab.md)
 
 TOKEN_ENV = "LAB_HUB_ACCESS"  # a name that does not look secret: provision knows it through sglang_hf_token's no_log
@@ -31,6 +34,8 @@ def ct(lab, lab_inventory, runs):
     yield lab.container()
     lab.stop_hf_hub()
     set_host_vars(lab_inventory, "sglang-01", None)
+    if lab.container().ssh("test -e /etc/systemd/system/sglang.service").returncode:  # retired: serve again
+        assert apply(lab_inventory, runs, "--tags", "gpu,sglang")[0] == 0
 
 
 def converge(lab, inv, runs, hub):
@@ -65,3 +70,41 @@ def test_a_corrupted_file_is_refused_naming_it_and_nothing_is_left_of_it(lab, ct
     assert rc == 1
     assert f"{MODEL_PATH}/model.safetensors" in said and "sha256" in said, said[-3000:]
     assert ct.ssh(f"test -e {MODEL_PATH}/model.safetensors; echo $?").stdout.strip() == "1"
+
+
+REMOVE_DOWNLOAD = "Remove the files of the download, its record, its staging directory and the client's cache"
+
+
+def test_retire_weights_removes_the_downloads_files_and_no_other(lab, ct, lab_inventory, runs):
+    """`provision retire --weights --check` after a complete download: what it would remove is each file the
+    download's record lists, and the record (the staging directory is gone once the download is complete); a file of
+    the directory that no download put there is not among them, and nothing is removed. The retire then removes
+    those and leaves that file, in its directory."""
+    hub = lab.start_hf_hub()
+    rc, _, err = converge(lab, lab_inventory, runs, hub)
+    assert rc == 0, err[-3000:]
+    ct.ssh(f"echo mine > {MODEL_PATH}/notes.txt")
+    before = ct.ssh(f"find {MODEL_PATH} -printf '%p %s\\n' | sort").stdout
+    args = ("--inventory", str(lab_inventory), "--limit", "sglang-01", "--weights", "--check", "--json")
+    proc = run_provision("retire", *args, "--runs-dir", str(runs), env={TOKEN_ENV: hub["token"]}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)["result"]
+    events = (json.loads(p.read_text()) for p in Path(result["record_dir"]).glob("artifacts/*/job_events/*.json"))
+    would = {
+        e["event_data"]["res"]["item"]
+        for e in events
+        if e.get("event") == "runner_item_on_ok"
+        and e["event_data"].get("task") == REMOVE_DOWNLOAD
+        and e["event_data"]["res"].get("changed")
+    }
+    cached = {".cache/huggingface"} if ct.ssh(f"test -d {MODEL_PATH}/.cache/huggingface").returncode == 0 else set()
+    assert would == {f.path for f in hfhub.tiny_repo().files} | {".provision-weights.json"} | cached, would
+    assert any(m.endswith(f"weights at {MODEL_PATH} would be removed") for m in result["reports"]["sglang-01"])
+    assert ct.ssh(f"find {MODEL_PATH} -printf '%p %s\\n' | sort").stdout == before
+
+    # the retire itself: the download's files go, the file that is not its stays, and so does the directory with it
+    real = [a for a in args if a != "--check"]
+    proc = run_provision("retire", *real, "--yes", "--runs-dir", str(runs), env={TOKEN_ENV: hub["token"]}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    left = ct.ssh(f"cd {MODEL_PATH} && find . -mindepth 1 | sort").stdout.split()
+    assert left == ["./notes.txt"], left

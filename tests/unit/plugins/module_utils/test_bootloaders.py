@@ -144,12 +144,9 @@ def test_the_next_kernel_on_systemd_boot_is_the_pinned_one(tmp_path, monkeypatch
     assert bootloaders.for_node(_Module(), "systemd-boot").next_release() == "6.8.12-4-pve"
 
 
-def test_a_third_bootloader_is_one_class_that_kernel_cmdline_drives_without_a_change(tmp_path, monkeypatch):
-    """A toy extlinux (one APPEND line, read by the loader itself: nothing to regenerate, no one-shot) registered
-    beside the two: kernel_cmdline's configure writes it with a backup, a second configure changes nothing,
-    verify_generated finds the new argument in what it boots, and restore puts the file back."""
-    conf = tmp_path / "extlinux.conf"
-    conf.write_text("DEFAULT pve\nLABEL pve\n  KERNEL /vmlinuz\n  APPEND root=/dev/sda1 ro quiet\n")
+def extlinux(conf):
+    """A toy extlinux bootloader class (one APPEND line in `conf`, read by the loader itself: nothing to regenerate,
+    no one-shot), for the tests that drive kernel_cmdline through a third bootloader."""
 
     class Extlinux(bootloaders.Bootloader):
         name, regenerate, generated_from = "extlinux", (), str(conf)
@@ -174,14 +171,27 @@ def test_a_third_bootloader_is_one_class_that_kernel_cmdline_drives_without_a_ch
             self.booted = None
             return []
 
-    monkeypatch.setitem(bootloaders.CLASSES, "extlinux", Extlinux)
-    kernel_cmdline = collection.module("kernel_cmdline")
+    return Extlinux
+
+
+def driven(tmp_path, monkeypatch, line="root=/dev/sda1 ro quiet"):
+    """kernel_cmdline, and a module and loader on a toy extlinux whose APPEND line is `line`."""
+    conf = tmp_path / "extlinux.conf"
+    conf.write_text(f"DEFAULT pve\nLABEL pve\n  KERNEL /vmlinuz\n  APPEND {line}\n")
+    monkeypatch.setitem(bootloaders.CLASSES, "extlinux", extlinux(conf))
     module = _Module(
-        dict(add=["iommu=nopt"], remove=[], backup_dir=str(tmp_path / "state"), trial_boot="auto", reboot="auto")
+        dict(add=[], remove=[], backup_dir=str(tmp_path / "state"), trial_boot="auto", reboot="auto")
         | dict(snp_required=False, findings_file=str(tmp_path / "findings.json"))
     )
     module.check_mode, module._diff = False, False
-    loader = bootloaders.for_node(module, "extlinux")
+    return collection.module("kernel_cmdline"), module, bootloaders.for_node(module, "extlinux"), conf
+
+
+def test_a_third_bootloader_is_one_class_that_kernel_cmdline_drives_without_a_change(tmp_path, monkeypatch):
+    """A toy extlinux registered beside the two: kernel_cmdline's configure writes it with a backup, a second
+    configure changes nothing, verify_generated finds the new argument in what it boots, and restore puts the file
+    back."""
+    kernel_cmdline, module, loader, conf = driven(tmp_path, monkeypatch)
     first = kernel_cmdline.configure(module, loader, ["iommu=nopt"], [])
     assert first["changed"] and first["files"] == [str(conf)] and first["trial"]["mode"] in ("warn", "none")
     assert "APPEND root=/dev/sda1 ro quiet iommu=nopt" in conf.read_text()
@@ -191,3 +201,20 @@ def test_a_third_bootloader_is_one_class_that_kernel_cmdline_drives_without_a_ch
     ]
     assert kernel_cmdline.restore(module, loader)["restored"] == [str(conf)]
     assert "APPEND root=/dev/sda1 ro quiet\n" in conf.read_text()
+
+
+def test_wanted_json_keeps_every_argument_a_configure_put_and_none_the_node_had(tmp_path, monkeypatch):
+    """`put` in wanted.json, which `provision retire` takes off: what each configure added or set in place of another
+    value, over the runs; an argument already on the line is never in it, so a configure that removes `put` leaves
+    the node's own arguments."""
+    kernel_cmdline, module, loader, conf = driven(
+        tmp_path, monkeypatch, "root=/dev/sda1 ro kvm_amd.sev=1 mitigations=off"
+    )
+    wanted = tmp_path / "state" / "wanted.json"
+    kernel_cmdline.configure(module, loader, ["kvm_amd.sev=1", "iommu=nopt", "mitigations=auto"], [])
+    assert json.loads(wanted.read_text())["put"] == ["iommu=nopt", "mitigations=auto"]
+    kernel_cmdline.configure(module, loader, ["kvm_amd.sev_snp=1"], [])
+    assert json.loads(wanted.read_text())["put"] == ["iommu=nopt", "kvm_amd.sev_snp=1", "mitigations=auto"]
+    retired = kernel_cmdline.configure(module, loader, [], json.loads(wanted.read_text())["put"])
+    assert retired["changed"] and "APPEND root=/dev/sda1 ro kvm_amd.sev=1\n" in conf.read_text()
+    assert not kernel_cmdline.configure(module, loader, [], json.loads(wanted.read_text())["put"])["changed"]

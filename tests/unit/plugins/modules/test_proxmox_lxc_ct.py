@@ -129,6 +129,8 @@ class FakePve:
             return {"status": next(g for g in self.guests if g["vmid"] == int(parts[3]))["status"]}
         if parts[-1] == "config":
             return self.configs[int(parts[3])]
+        if parts[-1] == "pending":  # a CT this fake starts takes its config at once: nothing waits
+            return [{"key": k, "value": v} for k, v in self.configs[int(parts[3])].items()]
         if parts[-1] == "status" and parts[2] == "tasks":
             return self.tasks[parts[3]]
         if parts[-1] == "log":
@@ -228,8 +230,9 @@ CREATED = {
     "features": "keyctl=1,nesting=0",
     "onboot": 1,
     "startup": "order=2,up=30",
-    "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=192.0.2.110/24,gw=192.0.2.1,type=veth",
+    "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=192.0.2.110/24,gw=192.0.2.1,tag=20,type=veth",
 }
+NET0_KEPT = "another net0 re-plugs a running CT's network and drops its connections"
 
 
 @pytest.fixture
@@ -241,42 +244,72 @@ def served(pki):
     served.stop()
 
 
-def run_served(module, served, check=False, **spec):
+def run_served(module, served, check=False, disruptive=False, **spec):
     args = {**api_args(served), "node": NODE, "vmid": VMID, "spec": {**SPEC, **spec}, "_ansible_check_mode": check}
-    return collection.main_result(module, {**args, "_ansible_diff": True})
+    return collection.main_result(module, {**args, "disruptive": disruptive, "_ansible_diff": True})
+
+
+def merged(ct) -> dict:
+    """The config with its pending values: what the CT has once it restarts."""
+    return {**ct.config, **{k: v for k, v in ct.pending.items() if v is not None}}
 
 
 def test_an_existing_ct_is_planned_then_brought_to_its_spec_and_a_second_run_changes_nothing(module, served):
+    """Running: more memory, nesting and a larger disk are planned in check mode, then applied (memory at once,
+    nesting pending until its next start, said on every run); another net0 waits for proxmox_ct_disruptive_changes."""
     ct = served.pve.ct(VMID)
     digest = ct.digest()
     plan = run_served(module, served, check=True)
     assert plan["changed"] and not plan["created"], plan
-    assert plan["updated"] == ["memory", "features", "net0", "rootfs"], plan
+    assert plan["updated"] == ["memory", "features", "rootfs"], plan
     assert f"CT {VMID}: grow the root disk to 32G" in plan["steps"]
     assert "memory: 2048" in plan["diff"]["before"] and "memory: 65536" in plan["diff"]["after"]
+    assert "rootfs: local-lvm:vm-150-disk-0,size=32G\n" in plan["diff"]["after"]
     assert ct.digest() == digest and not served.pve.tasks, "check mode: nothing written"
 
     done = run_served(module, served)
     assert done["changed"] and "failed" not in done, done
     served.idle()
-    config = {**ct.config, **{k: v for k, v in ct.pending.items() if v is not None}}
-    assert config["memory"] == 65536 and ct.config["memory"] == 65536  # hot: the running CT has it
-    assert config["features"] == "keyctl=1,nesting=1"  # the other flag kept
-    net0 = dict(part.split("=", 1) for part in config["net0"].split(","))
+    assert merged(ct)["memory"] == 65536 and ct.config["memory"] == 65536  # hot: the running CT has it
+    assert merged(ct)["features"] == "keyctl=1,nesting=1"  # the other flag kept
+    assert "size=32G" in ct.config["rootfs"] and merged(ct)["startup"] == "order=2,up=30"
+    assert done["pending"] == ["features"] and sorted(ct.pending) == ["features"], (done, ct.pending)
+    assert [(d["field"], d["why"]) for d in done["differences"]] == [
+        ("net0", NET0_KEPT + ": set proxmox_ct_disruptive_changes=true, or stop it")
+    ]
+    assert merged(ct)["net0"] == CREATED["net0"]
+
+    again = run_served(module, served)
+    assert not again["changed"] and again["updated"] == [] and again["pending"] == ["features"], again
+
+
+def test_another_net0_is_applied_when_allowed_keeping_what_the_spec_does_not_name(module, served):
+    ct = served.pve.ct(VMID)
+    done = run_served(module, served, disruptive=True)
+    assert "net0" in done["updated"], done
+    net0 = dict(part.split("=", 1) for part in merged(ct)["net0"].split(","))
     assert net0 == {
         "name": "eth0",
         "bridge": "vmbr0",
         "ip": "192.0.2.111/24",
         "gw": "192.0.2.1",
         "hwaddr": "BC:24:11:00:00:01",  # the MAC kept: a new one would be a new interface
+        "tag": "20",  # a VLAN the spec does not name stays
         "type": "veth",
     }
-    assert "size=32G" in ct.config["rootfs"]
-    assert done["pending"] == sorted(k for k in ct.pending), (done, ct.pending)  # what waits for its next start
-    assert config["startup"] == "order=2,up=30"
+    assert not run_served(module, served, disruptive=True)["changed"]
 
-    again = run_served(module, served)
-    assert not again["changed"] and again["updated"] == [] and again["differences"] == [], again
+
+def test_less_memory_waits_while_the_ct_runs_and_is_applied_once_it_is_stopped(module, served):
+    ct = served.pve.ct(VMID)
+    as_created = {"nesting": False, "net0": {**SPEC["net0"], "ip": "192.0.2.110/24"}, "rootfs_size": 16}
+    running = run_served(module, served, memory=1024, **as_created)
+    assert not running["changed"] and [d["field"] for d in running["differences"]] == ["memory"], running
+    assert ct.config["memory"] == 2048
+    ct.status = "stopped"
+    next(g for g in served.pve.ct_resources(None) if g["vmid"] == VMID)  # the cluster lists it stopped now
+    stopped = run_served(module, served, memory=1024, **as_created)
+    assert stopped["changed"] and stopped["updated"] == ["memory"] and ct.config["memory"] == 1024, stopped
 
 
 def test_a_smaller_disk_another_storage_or_privilege_is_reported_and_never_applied(module, served, capsys):
